@@ -1,0 +1,1 @@
+"""Advanced batching strategies: a small, legible serving-engine core for the book's chapter 7."""

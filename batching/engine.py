@@ -1,0 +1,197 @@
+"""One engine loop for every scheduler and every executor (all sections of chapter 7).
+
+Ask the scheduler for a plan, have the executor run it, advance the virtual clock by the
+step's duration, commit the result. When nothing can run, the clock jumps to the next
+arrival (or the scheduler's wake-up, e.g. a static batch's timeout): neither the simulator
+nor the real engine ever sleeps through idle time.
+
+Fast path: between two events (an arrival that could be admitted, a finish, a KV limit)
+every step is a decode step of the same batch whose cost changes only with context
+length. If the executor can predict such a run (``decode_run``), the loop advances it in
+one go, with the same per-token timestamps, bit for bit, as stepping one at a time.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from .plan import StepPlan, StepWork
+from .request import Request
+from .schedulers.base import Scheduler
+
+
+@dataclass
+class StepResult:
+    duration: float                          # seconds, predicted or measured
+    token_ids: dict[int, int] | None = None  # rid -> token emitted (real executors)
+
+
+class Executor(Protocol):
+    def execute(self, plan: StepPlan) -> StepResult: ...
+
+    def decode_run(self, plan: StepPlan, k: int) -> np.ndarray | None:
+        """Durations of ``k`` consecutive decode-only steps of ``plan``'s batch, or None."""
+        ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class SimExecutor:
+    """Executes a plan on a simulated clock: the duration comes from a cost model."""
+
+    def __init__(self, cost: Any) -> None:
+        self.cost = cost
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        return StepResult(self.cost.step_time(plan.work()))
+
+    def decode_run(self, plan: StepPlan, k: int) -> np.ndarray | None:
+        w = plan.work()
+        return self.cost.decode_run(w.decode_rows, w.decode_ctx, len(plan.decodes), k)
+
+    def describe(self) -> dict[str, Any]:
+        return {"executor": "simulated", **self.cost.describe()}
+
+
+class StepLog:
+    """Per-step log, one row per step or per run of identical decode steps (``n``)."""
+
+    COLUMNS = ("t", "dur", "n", "prefill", "pad", "decode", "dead", "emitted", "slots",
+               "kv_reserved", "kv_used", "waiting", "running", "flops", "bytes")
+
+    def __init__(self, record_slots: bool = False) -> None:
+        self.cols: dict[str, list] = {c: [] for c in self.COLUMNS}
+        self.record_slots = record_slots
+        self.occupancy: list[list[tuple[int, int, str, int, int]]] = []
+
+    def add(self, **row: Any) -> None:
+        for c in self.COLUMNS:
+            self.cols[c].append(row[c])
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {c: np.asarray(v, dtype=float) for c, v in self.cols.items()}
+
+    def records(self) -> list[dict[str, Any]]:
+        rows = [dict(zip(self.COLUMNS, vals)) for vals in zip(*self.cols.values())]
+        if self.record_slots:
+            for row, occ in zip(rows, self.occupancy):
+                row["slots_detail"] = [list(o) for o in occ]
+        return rows
+
+    def __len__(self) -> int:
+        return len(self.cols["t"])
+
+
+def occupancy(plan: StepPlan) -> list[tuple[int, int, str, int, int]]:
+    """(slot, rid, kind, tokens, pad) for every busy row: P prefill chunk, D decode, X dead row."""
+    occ = [(c.req.slot, c.req.rid, "P", c.n, c.pad) for c in plan.prefills]
+    occ += [(r.slot, r.rid, "D", 1, 0) for r in plan.decodes]
+    occ += [(r.slot, r.rid, "X", 1, 0) for r in plan.dead]
+    return sorted(occ)
+
+
+@dataclass
+class RunResult:
+    requests: list[Request]
+    log: StepLog
+    scheduler: dict[str, Any]
+    executor: dict[str, Any]
+    preemptions: int
+    wall_s: float
+    fast_steps: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_steps(self) -> int:
+        return int(sum(self.log.cols["n"]))
+
+
+def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *,
+        record_slots: bool = False, fast: bool = True, progress: bool = False) -> RunResult:
+    """Serve ``requests`` (fresh, sorted by arrival) with ``scheduler`` on ``executor``."""
+    reqs = list(requests)
+    if not reqs:
+        raise ValueError("empty workload: nothing to run")
+    for a, b in zip(reqs, reqs[1:]):
+        if b.arrival < a.arrival:
+            raise ValueError(f"arrivals must be sorted: request {b.rid} arrival={b.arrival} "
+                             f"comes after request {a.rid} arrival={a.arrival}")
+    for r in reqs:
+        if r.generated or r.num_computed or r.slot is not None:
+            raise ValueError(f"request {r.rid} has already run: pass fresh requests (Workload.fresh())")
+        scheduler.validate(r)  # refuse up front what could never run
+
+    cost = getattr(executor, "cost", None)
+    log = StepLog(record_slots)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(reqs), unit="req", mininterval=0.5)
+    wall0 = time.perf_counter()
+    n, i, t = len(reqs), 0, reqs[0].arrival
+    fast_steps = 0
+    while True:
+        while i < n and reqs[i].arrival <= t:
+            scheduler.on_arrival(reqs[i])
+            i += 1
+        plan = scheduler.schedule(t)
+        if plan is None:
+            if i == n and not scheduler.has_work:
+                break
+            nxt = min(reqs[i].arrival if i < n else math.inf, scheduler.wakeup() or math.inf)
+            if not nxt > t:
+                raise RuntimeError(f"scheduler {scheduler.name} is stuck at t={t}: "
+                                   f"{len(scheduler.waiting)} waiting, {len(scheduler.running)} running")
+            t = nxt
+            continue
+        work = plan.work()
+        t0 = t
+        emitted = len(plan.emitting)  # before commit: a completed prefill no longer "completes"
+        occ = occupancy(plan) if record_slots else None
+        k = plan.steady if (fast and plan.is_decode_only) else 1
+        durs = executor.decode_run(plan, k) if k > 1 else None
+        if durs is not None:
+            # Sequential accumulation from t gives the same floats as stepping one at a time.
+            ends = np.cumsum(np.concatenate(([t], durs)))[1:]
+            if plan.arrival_sensitive and i < n:
+                starts = np.concatenate(([t], ends[:-1]))
+                k = int(np.searchsorted(starts, reqs[i].arrival, side="left"))
+                ends = ends[:k]
+            scheduler.commit_run(plan, ends.tolist())
+            t = float(ends[-1])
+            fast_steps += k
+        else:
+            k = 1
+            res = executor.execute(plan)
+            if not (res.duration > 0 and math.isfinite(res.duration)):
+                raise RuntimeError(f"executor returned step duration={res.duration!r}")
+            t = t0 + res.duration
+            scheduler.commit(plan, t, res.token_ids)
+        flops = bytes_ = 0.0
+        if cost is not None:
+            last = StepWork(work.prefill_tokens, work.prefill_attn, work.decode_rows,
+                            work.decode_ctx + (k - 1) * len(plan.decodes))
+            # Both are affine in the decode context, so the run's total is k x the mean.
+            flops = k * (cost.flops(work) + cost.flops(last)) / 2
+            bytes_ = k * (cost.bytes_moved(work) + cost.bytes_moved(last)) / 2
+        log.add(t=t0, dur=t - t0, n=k, prefill=sum(c.n for c in plan.prefills),
+                pad=sum(c.pad for c in plan.prefills), decode=len(plan.decodes), dead=len(plan.dead),
+                emitted=emitted, slots=plan.slots, kv_reserved=scheduler.kv.reserved,
+                kv_used=scheduler.kv.used, waiting=len(scheduler.waiting), running=len(scheduler.running),
+                flops=flops, bytes=bytes_)
+        if record_slots:
+            log.occupancy.append(occ)
+        if bar is not None:
+            bar.n = scheduler.num_finished
+            bar.refresh() if bar.n == n else bar.update(0)
+    if bar is not None:
+        bar.close()
+    scheduler.check_idle()
+    assert all(r.done for r in reqs), "a request did not finish"
+    return RunResult(requests=reqs, log=log, scheduler=scheduler.config(), executor=executor.describe(),
+                     preemptions=scheduler.preemptions, wall_s=time.perf_counter() - wall0,
+                     fast_steps=fast_steps)

@@ -1,0 +1,88 @@
+"""KV-cache capacity accounting, in tokens (7.2's admission limit; the closing section's slab vs exact).
+
+Two reservation policies (``shared/notes/conventions.md``):
+
+- ``slab``: an admitted request reserves the model's whole context (``max_context``
+  tokens) up front, the naive one-slab-per-slot layout the chapter ends on;
+- ``exact``: a request reserves only the tokens it actually holds, growing step by step.
+
+Check-then-act, as nano-vllm's block manager: ``can_reserve`` before ``reserve``.
+This class only counts; the real engine's tensors live in the model runner.
+"""
+from __future__ import annotations
+
+import math
+
+from .request import Request
+
+POLICIES = ("slab", "exact")
+
+
+class ConfigError(ValueError):
+    """A scheduler or engine configuration that cannot work."""
+
+
+class KVCache:
+    def __init__(self, capacity: float, policy: str, max_context: int) -> None:
+        if policy not in POLICIES:
+            raise ConfigError(f"kv policy={policy!r}: must be one of {', '.join(POLICIES)}")
+        if not (isinstance(max_context, int) and max_context >= 1):
+            raise ConfigError(f"max_context={max_context!r}: must be an integer >= 1")
+        if not (capacity == math.inf or (isinstance(capacity, int) and capacity >= 1)):
+            raise ConfigError(f"kv capacity={capacity!r}: must be an integer number of tokens >= 1 (or inf)")
+        if policy == "slab" and capacity < max_context:
+            raise ConfigError(
+                f"kv capacity={capacity} tokens cannot hold one slab of max_context={max_context}")
+        self.capacity = capacity
+        self.policy = policy
+        self.max_context = max_context
+        self.reserved = 0
+        self._held: dict[int, int] = {}  # rid -> tokens reserved
+        self._reqs: dict[int, Request] = {}
+
+    # ------------------------------------------------------------ queries
+    @property
+    def free(self) -> float:
+        return self.capacity - self.reserved
+
+    @property
+    def used(self) -> int:
+        """KV tokens actually written by the holders (what ``exact`` would need)."""
+        return sum(r.kv_tokens for r in self._reqs.values())
+
+    @property
+    def num_holders(self) -> int:
+        return len(self._held)
+
+    def holds(self, req: Request) -> bool:
+        return req.rid in self._held
+
+    def need(self, req: Request, new_tokens: int) -> int:
+        """Extra tokens to reserve so that ``req`` can add ``new_tokens`` KV entries."""
+        if self.policy == "slab":
+            return 0 if req.rid in self._held else self.max_context
+        return new_tokens
+
+    def fits_alone(self, total_tokens: int) -> bool:
+        """Whether a request needing ``total_tokens`` could ever run (empty cache)."""
+        return (self.max_context if self.policy == "slab" else total_tokens) <= self.capacity
+
+    # ------------------------------------------------------------ actions
+    def can_reserve(self, req: Request, new_tokens: int) -> bool:
+        return self.need(req, new_tokens) <= self.free
+
+    def reserve(self, req: Request, new_tokens: int) -> None:
+        n = self.need(req, new_tokens)
+        assert n <= self.free, f"KV overflow: request {req.rid} needs {n}, free {self.free}"
+        assert req.kv_tokens + new_tokens <= self.max_context, (req.rid, req.kv_tokens, new_tokens)
+        self._held[req.rid] = self._held.get(req.rid, 0) + n
+        self._reqs[req.rid] = req
+        self.reserved += n
+
+    def free_request(self, req: Request) -> None:
+        self.reserved -= self._held.pop(req.rid)
+        del self._reqs[req.rid]
+
+    def check_empty(self) -> None:
+        """Leak check: after a run nothing may stay reserved."""
+        assert self.reserved == 0 and not self._held, f"KV leak: {self.reserved} tokens held by {list(self._held)}"

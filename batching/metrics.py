@@ -1,0 +1,131 @@
+"""Serving metrics: per request and per run (every chapter's figures read these).
+
+Definitions follow ``shared/notes/conventions.md``: TTFT = first token - arrival; E2E =
+last token - arrival; TPOT = (E2E - TTFT) / (N - 1), None when N = 1; ITL = gaps between
+consecutive tokens; percentiles by linear interpolation; throughput over the window from
+the first arrival to the last finish.
+
+Slot utilization = output tokens emitted / (slots x steps executed): the fraction of the
+batch's token slots that produced a token the user keeps. The prefill step counts, since it
+emits each request's first token, so a static batch of 20- and 2,000-token outputs scores
+(20 + 2000) / (2 x 2000). Hardware utilization (achieved FLOP/s or bytes/s over the
+device's peak) is a different quantity; both are reported.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .engine import RunResult
+from .request import Request
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """vLLM's ``--goodput ttft:<ms> tpot:<ms>``: a request counts when it meets every bound."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"SLO {name}={v!r}: must be a positive number of milliseconds")
+
+    @staticmethod
+    def parse(spec: str) -> "SLO":
+        """Parse ``"ttft:500 tpot:50"`` (milliseconds), vLLM's goodput syntax."""
+        kw: dict[str, float] = {}
+        for part in spec.replace(",", " ").split():
+            key, _, val = part.partition(":")
+            if key not in ("ttft", "tpot", "e2e") or not val:
+                raise ValueError(f"goodput SLO {part!r}: expected ttft:<ms>, tpot:<ms> or e2e:<ms>")
+            try:
+                kw[f"{key}_ms"] = float(val)
+            except ValueError:
+                raise ValueError(f"goodput SLO {part!r}: {val!r} is not a number of milliseconds") from None
+        return SLO(**kw)
+
+    def met(self, rec: dict[str, Any]) -> bool:
+        ok = self.ttft_ms is None or rec["ttft"] * 1e3 <= self.ttft_ms
+        ok &= self.tpot_ms is None or rec["tpot"] is None or rec["tpot"] * 1e3 <= self.tpot_ms
+        ok &= self.e2e_ms is None or rec["e2e"] * 1e3 <= self.e2e_ms
+        return bool(ok)
+
+
+def request_record(r: Request) -> dict[str, Any]:
+    """One row of the per-request table."""
+    assert r.done and r.finish_time is not None and r.admit_time is not None, r.rid
+    times = np.asarray(r.token_times)
+    ttft = times[0] - r.arrival
+    e2e = times[-1] - r.arrival
+    itl = np.diff(times)
+    return {
+        "rid": r.rid, "arrival": r.arrival, "prompt_len": r.prompt_len, "output_len": r.output_len,
+        "queue": r.admit_time - r.arrival, "ttft": float(ttft), "e2e": float(e2e),
+        "tpot": float((e2e - ttft) / (r.output_len - 1)) if r.output_len > 1 else None,
+        "itl_max": float(itl.max()) if itl.size else None,
+        "finish": r.finish_time, "preemptions": r.preemptions,
+    }
+
+
+def _dist(x: np.ndarray) -> dict[str, float | None]:
+    if x.size == 0:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None}
+    q = np.percentile(x, PERCENTILES)
+    return {"mean": float(x.mean()), **{f"p{p}": float(v) for p, v in zip(PERCENTILES, q)},
+            "max": float(x.max())}
+
+
+def summarize(result: RunResult, records: list[dict[str, Any]] | None = None,
+              slo: SLO | None = None) -> dict[str, Any]:
+    """Aggregate metrics of one run."""
+    reqs = result.requests
+    records = records if records is not None else [request_record(r) for r in reqs]
+    L = result.log.arrays()
+    n_steps, dur = L["n"], L["dur"]
+    busy = float(dur.sum())
+    start = min(r.arrival for r in reqs)
+    window = max(r.finish_time for r in reqs) - start
+    out_tokens = sum(r.output_len for r in reqs)
+    slot_steps = float((L["slots"] * n_steps).sum())
+    prefill_all = float(L["prefill"].sum() + L["pad"].sum())
+    itl = np.concatenate([np.diff(r.token_times) for r in reqs]) if reqs else np.zeros(0)
+    col = lambda k: np.array([rec[k] for rec in records if rec[k] is not None], dtype=float)  # noqa: E731
+    s: dict[str, Any] = {
+        "num_requests": len(reqs),
+        "output_tokens": out_tokens,
+        "prompt_tokens": sum(r.prompt_len for r in reqs),
+        "duration_s": window,
+        "busy_s": busy,
+        "steps": int(n_steps.sum()),
+        "request_throughput": len(reqs) / window if window > 0 else None,
+        "output_throughput": out_tokens / window if window > 0 else None,
+        "slot_utilization": float((L["emitted"] * n_steps).sum() / slot_steps),
+        "slot_utilization_time_weighted": float((L["emitted"] / L["slots"] * dur).sum() / busy),
+        "padding_fraction": float(L["pad"].sum() / prefill_all) if prefill_all else 0.0,
+        "preemptions": result.preemptions,
+        "kv_reserved_peak": float(L["kv_reserved"].max()),
+        "kv_used_peak": float(L["kv_used"].max()),
+        "kv_reserved_mean": float((L["kv_reserved"] * dur).sum() / busy),
+        "kv_used_mean": float((L["kv_used"] * dur).sum() / busy),
+        "queue": _dist(col("queue")), "ttft": _dist(col("ttft")), "tpot": _dist(col("tpot")),
+        "e2e": _dist(col("e2e")), "itl": _dist(itl),
+    }
+    ex = result.executor
+    if ex.get("peak_flops") and L["flops"].sum() > 0:
+        s["hw_compute_utilization"] = float(L["flops"].sum() / (busy * ex["peak_flops"]))
+        s["hw_bandwidth_utilization"] = float(L["bytes"].sum() / (busy * ex["bandwidth"]))
+    if slo is not None:
+        good = sum(slo.met(rec) for rec in records)
+        s["goodput"] = {"slo": {k: v for k, v in vars(slo).items() if v is not None},
+                        "requests_ok": good, "fraction": good / len(reqs),
+                        "request_goodput": good / window if window > 0 else None}
+    return s

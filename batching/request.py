@@ -1,0 +1,160 @@
+"""A request that owns its serving state (used by every section of chapter 7).
+
+Token accounting follows ``shared/notes/conventions.md``: the step that completes a
+request's prefill emits its first output token; every later token comes from one decode
+step. The KV cache therefore holds ``prompt + generated - 1`` tokens while the request
+decodes, and a decode step writes one more.
+
+A request preempted under ``exact`` KV (vLLM's recompute policy) loses its cache and is
+prefilled again over its prompt *and* the tokens it has already generated; completing that
+recompute emits its next token. ``prefill_target`` is the length of that (re)prefill.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+class RequestError(ValueError):
+    """A request (or a workload row) whose fields cannot be served."""
+
+
+def check_length(name: str, value: object, rid: object = None) -> int:
+    """Return ``value`` as an int >= 1, or raise naming the field and the value."""
+    where = f" (request {rid})" if rid is not None else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, float) and not math.isfinite(value):
+        raise RequestError(f"{name}={value!r}{where}: must be a positive integer")
+    if int(value) != value or value < 1:
+        raise RequestError(f"{name}={value!r}{where}: must be a positive integer")
+    return int(value)
+
+
+@dataclass(eq=False)
+class Request:
+    """One inference request: what it asks for, and where it is in its life.
+
+    ``rid`` ids are unique within a workload; ``arrival`` is in seconds on the workload's
+    clock. State fields change only through the ``on_*`` methods, which re-check the
+    invariants.
+    """
+
+    rid: int
+    arrival: float
+    prompt_len: int
+    output_len: int
+    # --- state, owned by the request and changed only by the on_* methods ---
+    num_computed: int = field(default=0, init=False)   # tokens whose KV is in the cache
+    generated: int = field(default=0, init=False)      # output tokens emitted so far
+    prefill_target: int = field(default=0, init=False)  # tokens the current prefill must cover
+    padding: int = field(default=0, init=False)        # static batching: pad tokens added to the prompt
+    slot: int | None = field(default=None, init=False)  # batch row while admitted
+    admit_time: float | None = field(default=None, init=False)  # first admission
+    finish_time: float | None = field(default=None, init=False)
+    preemptions: int = field(default=0, init=False)
+    token_times: list[float] = field(default_factory=list, init=False, repr=False)
+    token_ids: list[int] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_len = check_length("prompt_len", self.prompt_len, self.rid)
+        self.output_len = check_length("output_len", self.output_len, self.rid)
+        if isinstance(self.arrival, bool) or not isinstance(self.arrival, (int, float)) or not math.isfinite(self.arrival):
+            raise RequestError(f"arrival={self.arrival!r} (request {self.rid}): must be a finite number")
+        if self.arrival < 0:
+            raise RequestError(f"arrival={self.arrival!r} (request {self.rid}): must be >= 0")
+        self.arrival = float(self.arrival)
+        self.prefill_target = self.prompt_len
+        self._check()
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def remaining_prefill(self) -> int:
+        return self.prefill_target - self.num_computed
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < self.prefill_target
+
+    @property
+    def remaining_output(self) -> int:
+        return self.output_len - self.generated
+
+    @property
+    def done(self) -> bool:
+        return self.generated == self.output_len
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV entries this request holds now (padding included)."""
+        return self.num_computed + self.padding
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    # ------------------------------------------------------------ transitions
+    def on_admit(self, slot: int, now: float) -> None:
+        assert self.slot is None, f"request {self.rid} admitted twice"
+        assert now >= self.arrival, f"request {self.rid} admitted at {now} before arrival {self.arrival}"
+        self.slot = slot
+        if self.admit_time is None:
+            self.admit_time = now
+
+    def on_prefill(self, n: int, pad: int = 0) -> None:
+        """Record ``n`` more prompt tokens computed (plus ``pad`` padding tokens beside them)."""
+        assert 0 < n <= self.remaining_prefill, (self.rid, n, self.remaining_prefill)
+        assert pad >= 0, (self.rid, pad)
+        self.num_computed += n
+        self.padding += pad
+
+    def on_decode(self) -> None:
+        """A decode step wrote the last emitted token's KV."""
+        assert not self.in_prefill and not self.done, self.rid
+        self.num_computed += 1
+
+    def on_token(self, now: float, token_id: int | None = None) -> None:
+        """Emit one output token at the end of the step that ends at ``now``."""
+        assert not self.in_prefill and not self.done, self.rid
+        assert not self.token_times or now >= self.token_times[-1], (self.rid, now)
+        self.generated += 1
+        self.token_times.append(now)
+        if token_id is not None:
+            self.token_ids.append(token_id)
+        if self.done:
+            self.finish_time = now
+        self._check()
+
+    def on_decode_run(self, times: list[float]) -> None:
+        """``len(times)`` consecutive decode steps at once (the engine's fast path)."""
+        k = len(times)
+        assert not self.in_prefill and k <= self.remaining_output, (self.rid, k)
+        assert times[0] >= self.token_times[-1], self.rid
+        self.num_computed += k
+        self.generated += k
+        self.token_times.extend(times)
+        if self.done:
+            self.finish_time = times[-1]
+        self._check()
+
+    def on_release(self) -> None:
+        """Leave the batch (finished, or preempted)."""
+        self.slot = None
+        self.padding = 0
+
+    def on_preempt(self) -> None:
+        """Lose the KV cache; the next prefill recomputes prompt and generated tokens."""
+        assert not self.done, self.rid
+        self.on_release()
+        self.num_computed = 0
+        self.prefill_target = self.prompt_len + self.generated
+        self.preemptions += 1
+        self._check()
+
+    def _check(self) -> None:
+        assert 0 <= self.generated <= self.output_len, (self.rid, self.generated)
+        assert 0 <= self.num_computed <= self.prompt_len + self.output_len, (self.rid, self.num_computed)
+        assert self.prefill_target >= self.prompt_len, self.rid
+        assert len(self.token_times) == self.generated, self.rid
+        # While decoding, the cache holds everything but the newest token.
+        if not self.in_prefill and self.generated > 0:
+            assert self.num_computed == self.prompt_len + self.generated - 1 or self.done, (
+                self.rid, self.num_computed, self.generated)

@@ -1,0 +1,72 @@
+"""Results files: one JSON per run and a per-request CSV (shape in ``shared/notes/conventions.md``).
+
+``meta`` holds what varies between identical runs (date, host, versions, wall time) and is
+left out of determinism checks; ``config`` holds everything needed to rerun.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import platform
+import socket
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .engine import RunResult
+from .metrics import SLO, request_record, summarize
+
+SCHEMA = 1
+
+
+def _versions() -> dict[str, str]:
+    v = {"python": platform.python_version(), "numpy": np.__version__}
+    try:
+        from importlib.metadata import version
+        v["batching"] = version("batching")
+    except Exception:  # not installed as a distribution (running from a checkout)
+        pass
+    return v
+
+
+def build(result: RunResult, config: dict[str, Any], slo: SLO | None = None,
+          include_steps: bool = True) -> dict[str, Any]:
+    """The results document of one run."""
+    records = [request_record(r) for r in result.requests]
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "meta": {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                 "host": socket.gethostname(), "versions": _versions(), "wall_s": result.wall_s,
+                 "fast_steps": result.fast_steps},
+        "config": {**config, "scheduler": result.scheduler, "executor": result.executor},
+        "summary": summarize(result, records, slo),
+        "requests": records,
+    }
+    if include_steps:
+        doc["steps"] = result.log.records()
+    return doc
+
+
+def write_json(doc: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def write_requests_csv(doc: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = doc["requests"]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a results document that identical runs must reproduce exactly."""
+    return {k: v for k, v in doc.items() if k != "meta"}

@@ -1,0 +1,165 @@
+"""What every scheduler shares: a waiting queue, slots, KV accounting, commit, preemption.
+
+A scheduler is torch-free: ``schedule(now)`` returns a :class:`~batching.plan.StepPlan`
+(or ``None`` when it has nothing to run until an arrival or ``wakeup()``), the engine's
+executor carries it out, and ``commit`` applies the step's result. One engine loop drives
+every scheduler (``batching/engine.py``).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from typing import Sequence
+
+from ..kv import ConfigError, KVCache
+from ..plan import StepPlan
+from ..request import Request, RequestError
+
+
+def check_int(name: str, value: object, lo: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ConfigError(f"{name}={value!r}: must be an integer >= {lo}")
+    return value
+
+
+def check_time(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name}={value!r}: must be a finite number of seconds >= 0")
+    return float(value)
+
+
+class Scheduler:
+    """Base class. Subclasses implement ``schedule`` (and may override ``wakeup``)."""
+
+    name = "base"
+
+    def __init__(self, max_slots: int, max_context: int, kv_capacity: float = math.inf,
+                 kv_policy: str = "slab") -> None:
+        self.max_slots = check_int("max_slots", max_slots)
+        self.kv = KVCache(kv_capacity, kv_policy, check_int("max_context", max_context))
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []          # holding a slot, in admission order
+        self._free_slots = list(range(self.max_slots))  # a heap: the lowest free row first
+        self.preemptions = 0
+        self.num_finished = 0
+
+    # ------------------------------------------------------------ config
+    def config(self) -> dict:
+        return {"scheduler": self.name, "max_slots": self.max_slots,
+                "max_context": self.kv.max_context, "kv_capacity": self.kv.capacity,
+                "kv_policy": self.kv.policy}
+
+    def validate(self, req: Request) -> None:
+        """Refuse up front a request that could never run (never leave it waiting forever)."""
+        total = req.prompt_len + req.output_len
+        if total > self.kv.max_context:
+            raise RequestError(
+                f"request {req.rid}: prompt_len={req.prompt_len} + output_len={req.output_len} = {total} "
+                f"exceeds the model's max_context={self.kv.max_context} (cap the workload to the context)")
+        if not self.kv.fits_alone(total):
+            raise RequestError(
+                f"request {req.rid}: needs {total} KV tokens, more than the kv capacity={self.kv.capacity}")
+
+    # ------------------------------------------------------------ engine API
+    def on_arrival(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def schedule(self, now: float) -> StepPlan | None:
+        raise NotImplementedError
+
+    def wakeup(self) -> float | None:
+        """The earliest time at which ``schedule`` may return work without a new arrival."""
+        return None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def commit(self, plan: StepPlan, now: float, token_ids: dict[int, int] | None = None) -> None:
+        """Apply one executed step that ended at ``now``."""
+        for c in plan.prefills:
+            done_prefill = c.completes
+            c.req.on_prefill(c.n, c.pad)
+            if done_prefill:
+                c.req.on_token(now, token_ids.get(c.req.rid) if token_ids else None)
+        for r in plan.decodes:
+            r.on_decode()
+            r.on_token(now, token_ids.get(r.rid) if token_ids else None)
+        self._retire(plan)
+
+    def commit_run(self, plan: StepPlan, ends: Sequence[float]) -> None:
+        """Apply ``len(ends)`` identical decode-only steps (the engine's fast path)."""
+        k = len(ends)
+        assert plan.is_decode_only and 1 <= k <= plan.steady, (k, plan.steady)
+        if self.kv.policy == "exact" and k > 1:
+            for r in plan.decodes:  # the first step's token was reserved by schedule()
+                self.kv.reserve(r, k - 1)
+        times = list(ends)
+        for r in plan.decodes:
+            r.on_decode_run(times)
+        self._retire(plan)
+
+    def _retire(self, plan: StepPlan) -> None:
+        """Free the slots and KV of requests that finished (static batching overrides)."""
+        for r in plan.emitting:
+            if r.done:
+                self._release(r)
+                self.num_finished += 1
+
+    # ------------------------------------------------------------ helpers
+    def _admit(self, req: Request, now: float, new_tokens: int) -> None:
+        assert self._free_slots, "no free slot"
+        self.kv.reserve(req, new_tokens)
+        req.on_admit(heapq.heappop(self._free_slots), now)
+        self.running.append(req)
+
+    def _release(self, req: Request) -> None:
+        heapq.heappush(self._free_slots, req.slot)
+        self.running.remove(req)
+        self.kv.free_request(req)
+        req.on_release()
+
+    def _preempt(self, req: Request) -> None:
+        """vLLM's recompute preemption: free everything, go back to the front of the queue."""
+        self._release(req)
+        req.on_preempt()
+        self.waiting.appendleft(req)
+        self.preemptions += 1
+
+    def _reserve_decodes(self, decodes: list[Request]) -> tuple[list[Request], bool]:
+        """Reserve one KV token per decode, oldest first, preempting the newest when full.
+
+        Returns the decodes that keep running and whether anything was preempted.
+        """
+        kept: list[Request] = []
+        preempted = False
+        queue = list(decodes)
+        while queue:
+            r = queue.pop(0)
+            while not self.kv.can_reserve(r, 1):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is r:
+                    break
+                if victim in queue:
+                    queue.remove(victim)
+            else:
+                self.kv.reserve(r, 1)
+                kept.append(r)
+        return kept, preempted
+
+    def _steady(self, decodes: list[Request]) -> int:
+        """How many identical decode-only steps can run before this state changes."""
+        k = min(r.remaining_output for r in decodes)
+        if self.kv.policy == "exact":
+            # Steps after the first reserve one token per decode each; stop before a preemption.
+            k = min(k, 1 + int(self.kv.free // len(decodes)))
+        return max(k, 1)
+
+    def check_idle(self) -> None:
+        """Leak check after a run: no queue, no slot, no KV held."""
+        assert not self.waiting and not self.running, (len(self.waiting), len(self.running))
+        assert len(self._free_slots) == self.max_slots, "slot leak"
+        self.kv.check_empty()

@@ -1,0 +1,80 @@
+"""7.3 Chunked prefill (Sarathi-Serve's stall-free batching, DeepSpeed's Dynamic SplitFuse).
+
+Every step first takes each running decode (one token each), then fills what is left of
+the step's ``token_budget`` with prefill chunks of at most ``chunk_size`` tokens, first
+come first served: requests already part-way through their prefill, then new admissions.
+A chunk that completes a prefill emits the request's first token in that step, so a long
+new prompt no longer stalls everyone's next token.
+"""
+from __future__ import annotations
+
+import math
+
+from ..kv import ConfigError
+from ..plan import PrefillChunk, StepPlan
+from .base import Scheduler, check_int
+
+
+class ChunkedPrefillScheduler(Scheduler):
+    name = "chunked"
+
+    def __init__(self, max_slots: int, max_context: int, token_budget: int = 512,
+                 chunk_size: int | None = None, kv_capacity: float = math.inf,
+                 kv_policy: str = "slab") -> None:
+        super().__init__(max_slots, max_context, kv_capacity, kv_policy)
+        self.token_budget = check_int("token_budget", token_budget)
+        self.chunk_size = check_int("chunk_size", token_budget if chunk_size is None else chunk_size)
+        if self.token_budget < self.max_slots:
+            raise ConfigError(
+                f"token_budget={token_budget} < max_slots={max_slots}: the decodes alone could exceed "
+                f"the budget; use token_budget >= max_slots")
+
+    def config(self) -> dict:
+        return {**super().config(), "token_budget": self.token_budget, "chunk_size": self.chunk_size}
+
+    def schedule(self, now: float) -> StepPlan | None:
+        decodes = [r for r in self.running if not r.in_prefill]
+        preempted = False
+        if self.kv.policy == "exact":
+            decodes, preempted = self._reserve_decodes(decodes)
+        budget = self.token_budget - len(decodes)
+        chunks: list[PrefillChunk] = []
+        stalled = False
+        # Requests already part-way through their prefill, in admission order.
+        for r in list(self.running):
+            if budget == 0:
+                break
+            if not r.in_prefill or r.slot is None:  # decoding, or preempted just now
+                continue
+            n = min(r.remaining_prefill, self.chunk_size, budget)
+            # Under exact KV, make room by preempting newer requests (never older ones,
+            # so the oldest prefill always progresses); failing that take what is free.
+            while not self.kv.can_reserve(r, n):
+                victim = next(v for v in reversed(self.running) if v.in_prefill)
+                if victim is r:
+                    break
+                self._preempt(victim)
+                preempted = True
+            n = min(n, int(self.kv.free)) if not self.kv.can_reserve(r, n) else n
+            if n == 0:
+                stalled = True
+                break
+            self.kv.reserve(r, n)
+            chunks.append(PrefillChunk(r, n))
+            budget -= n
+        # Then new admissions, FCFS; a request preempted in this step waits for the next.
+        while not (preempted or stalled) and budget > 0 and self.waiting and self._free_slots:
+            head = self.waiting[0]
+            n = min(head.remaining_prefill, self.chunk_size, budget)
+            if not self.kv.can_reserve(head, n):
+                break
+            self.waiting.popleft()
+            self._admit(head, now, n)
+            chunks.append(PrefillChunk(head, n))
+            budget -= n
+        if not chunks and not decodes:
+            return None
+        if chunks:
+            return StepPlan(prefills=chunks, decodes=decodes, slots=self.max_slots)
+        return StepPlan(decodes=decodes, slots=self.max_slots, steady=self._steady(decodes),
+                        arrival_sensitive=not self.waiting and bool(self._free_slots))

@@ -1,0 +1,68 @@
+"""7.2 Continuous batching: the batch is re-formed at every iteration (Orca, vLLM, TGI).
+
+Each step, finished requests have already left (their slot and KV freed in ``commit``);
+waiting requests take the free slots first come, first served, within ``max_slots`` and
+the KV capacity. A newly admitted request's whole prompt is prefilled in one step:
+
+- ``prefill_mode="mixed"``: in the same forward pass as the running decodes;
+- ``prefill_mode="separate"``: in a prefill-only step that pauses every decode, as early
+  vLLM did (prefill first, whenever a request can be admitted).
+"""
+from __future__ import annotations
+
+import math
+
+from ..kv import ConfigError
+from ..plan import PrefillChunk, StepPlan
+from ..request import Request
+from .base import Scheduler
+
+PREFILL_MODES = ("mixed", "separate")
+
+
+class ContinuousScheduler(Scheduler):
+    name = "continuous"
+
+    def __init__(self, max_slots: int, max_context: int, prefill_mode: str = "mixed",
+                 kv_capacity: float = math.inf, kv_policy: str = "slab") -> None:
+        super().__init__(max_slots, max_context, kv_capacity, kv_policy)
+        if prefill_mode not in PREFILL_MODES:
+            raise ConfigError(f"prefill_mode={prefill_mode!r}: must be one of {', '.join(PREFILL_MODES)}")
+        self.prefill_mode = prefill_mode
+
+    def config(self) -> dict:
+        return {**super().config(), "prefill_mode": self.prefill_mode}
+
+    def _admit_waiting(self, now: float) -> list[PrefillChunk]:
+        """FCFS: admit from the head while a slot and the KV for the whole prompt are free."""
+        new: list[PrefillChunk] = []
+        while self.waiting and self._free_slots:
+            head = self.waiting[0]
+            if not self.kv.can_reserve(head, head.remaining_prefill):
+                break  # no skipping ahead of the head: FCFS, so nobody starves
+            self.waiting.popleft()
+            self._admit(head, now, head.remaining_prefill)
+            new.append(PrefillChunk(head, head.remaining_prefill))
+        return new
+
+    def schedule(self, now: float) -> StepPlan | None:
+        decodes = [r for r in self.running if not r.in_prefill]
+        if self.prefill_mode == "separate":
+            new = self._admit_waiting(now)
+            if new:
+                return StepPlan(prefills=new, slots=self.max_slots)
+            preempted = False
+            if self.kv.policy == "exact":
+                decodes, preempted = self._reserve_decodes(decodes)
+        else:
+            preempted = False
+            if self.kv.policy == "exact":
+                decodes, preempted = self._reserve_decodes(decodes)
+            # A request preempted in this step is not re-admitted in the same step.
+            new = [] if preempted else self._admit_waiting(now)
+            if new:
+                return StepPlan(prefills=new, decodes=decodes, slots=self.max_slots)
+        if not decodes:
+            return None
+        return StepPlan(decodes=decodes, slots=self.max_slots, steady=self._steady(decodes),
+                        arrival_sensitive=not self.waiting and bool(self._free_slots))

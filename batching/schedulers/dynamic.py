@@ -1,0 +1,35 @@
+"""7.1 Dynamic batching: the batch stays open until the executor takes it.
+
+The executor, when free, takes up to ``batch_size`` waiting requests as soon as that many
+wait or the oldest has waited ``max_wait``; requests that arrive while a batch forms (or
+while the previous batch runs) join it. Once decoding starts it is a static batch: same
+padding, same first-finisher problem.
+"""
+from __future__ import annotations
+
+import math
+
+from ..request import Request
+from .base import check_time
+from .static import DenseBatchScheduler
+
+
+class DynamicScheduler(DenseBatchScheduler):
+    name = "dynamic"
+
+    def __init__(self, batch_size: int, max_context: int, max_wait: float = 0.0,
+                 kv_capacity: float = math.inf, kv_policy: str = "slab") -> None:
+        super().__init__(batch_size, max_context, kv_capacity, kv_policy)
+        self.max_wait = check_time("max_wait", max_wait)
+
+    def config(self) -> dict:
+        return {**super().config(), "max_wait": self.max_wait}
+
+    def _next_batch(self, now: float) -> list[Request]:
+        w = self.waiting
+        if len(w) >= self.max_slots or (w and w[0].arrival + self.max_wait <= now):
+            return [w.popleft() for _ in range(min(len(w), self.max_slots))]
+        return []
+
+    def wakeup(self) -> float | None:
+        return self.waiting[0].arrival + self.max_wait if self.waiting and not self.batch else None

@@ -150,7 +150,6 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
             continue
         work = plan.work()
         t0 = t
-        emitted = len(plan.emitting)  # before commit: a completed prefill no longer "completes"
         occ = occupancy(plan) if record_slots else None
         k = plan.steady if (fast and plan.is_decode_only) else 1
         durs = executor.decode_run(plan, k) if k > 1 else None
@@ -180,7 +179,7 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
             bytes_ = k * (cost.bytes_moved(work) + cost.bytes_moved(last)) / 2
         log.add(t=t0, dur=t - t0, n=k, prefill=sum(c.n for c in plan.prefills),
                 pad=sum(c.pad for c in plan.prefills), decode=len(plan.decodes), dead=len(plan.dead),
-                emitted=emitted, slots=plan.slots, kv_reserved=scheduler.kv.reserved,
+                emitted=len(plan.emitting), slots=plan.slots, kv_reserved=scheduler.kv.reserved,
                 kv_used=scheduler.kv.used, waiting=len(scheduler.waiting), running=len(scheduler.running),
                 flops=flops, bytes=bytes_)
         if record_slots:

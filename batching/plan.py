@@ -22,11 +22,13 @@ class PrefillChunk:
     req: Request
     n: int
     pad: int = 0
+    # Whether this chunk finishes the prefill (and so emits a token); fixed when the plan
+    # is made, since committing the step moves the request's counters.
+    completes: bool = field(init=False)
 
-    @property
-    def completes(self) -> bool:
-        """Whether this chunk finishes the prefill (and so emits a token)."""
-        return self.n == self.req.remaining_prefill
+    def __post_init__(self) -> None:
+        assert 0 < self.n <= self.req.remaining_prefill and self.pad >= 0, (self.req.rid, self.n, self.pad)
+        object.__setattr__(self, "completes", self.n == self.req.remaining_prefill)
 
 
 @dataclass

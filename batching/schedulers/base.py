@@ -79,14 +79,13 @@ class Scheduler:
     def commit(self, plan: StepPlan, now: float, token_ids: dict[int, int] | None = None) -> None:
         """Apply one executed step that ended at ``now``."""
         for c in plan.prefills:
-            done_prefill = c.completes
             c.req.on_prefill(c.n, c.pad)
-            if done_prefill:
+            if c.completes:
                 c.req.on_token(now, token_ids.get(c.req.rid) if token_ids else None)
         for r in plan.decodes:
             r.on_decode()
             r.on_token(now, token_ids.get(r.rid) if token_ids else None)
-        self._retire(plan)
+        self._retire(plan.emitting)
 
     def commit_run(self, plan: StepPlan, ends: Sequence[float]) -> None:
         """Apply ``len(ends)`` identical decode-only steps (the engine's fast path)."""
@@ -98,11 +97,11 @@ class Scheduler:
         times = list(ends)
         for r in plan.decodes:
             r.on_decode_run(times)
-        self._retire(plan)
+        self._retire(plan.decodes)
 
-    def _retire(self, plan: StepPlan) -> None:
+    def _retire(self, emitted: list[Request]) -> None:
         """Free the slots and KV of requests that finished (static batching overrides)."""
-        for r in plan.emitting:
+        for r in emitted:
             if r.done:
                 self._release(r)
                 self.num_finished += 1
@@ -153,7 +152,7 @@ class Scheduler:
     def _steady(self, decodes: list[Request]) -> int:
         """How many identical decode-only steps can run before this state changes."""
         k = min(r.remaining_output for r in decodes)
-        if self.kv.policy == "exact":
+        if self.kv.policy == "exact" and math.isfinite(self.kv.free):
             # Steps after the first reserve one token per decode each; stop before a preemption.
             k = min(k, 1 + int(self.kv.free // len(decodes)))
         return max(k, 1)

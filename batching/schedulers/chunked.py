@@ -76,5 +76,5 @@ class ChunkedPrefillScheduler(Scheduler):
             return None
         if chunks:
             return StepPlan(prefills=chunks, decodes=decodes, slots=self.max_slots)
-        return StepPlan(decodes=decodes, slots=self.max_slots, steady=self._steady(decodes),
+        return StepPlan(decodes=decodes, slots=self.max_slots, steady=1 if preempted else self._steady(decodes),
                         arrival_sensitive=not self.waiting and bool(self._free_slots))

@@ -64,5 +64,5 @@ class ContinuousScheduler(Scheduler):
                 return StepPlan(prefills=new, decodes=decodes, slots=self.max_slots)
         if not decodes:
             return None
-        return StepPlan(decodes=decodes, slots=self.max_slots, steady=self._steady(decodes),
+        return StepPlan(decodes=decodes, slots=self.max_slots, steady=1 if preempted else self._steady(decodes),
                         arrival_sensitive=not self.waiting and bool(self._free_slots))

@@ -56,7 +56,7 @@ class DenseBatchScheduler(Scheduler):
         return StepPlan(prefills=[PrefillChunk(r, r.prefill_target, longest - r.prefill_target) for r in members],
                         slots=self.max_slots, arrival_sensitive=False)
 
-    def _retire(self, plan: StepPlan) -> None:
+    def _retire(self, emitted: list[Request]) -> None:
         # Finished members keep their row (and KV) until the whole batch is done.
         if all(r.done for r in self.batch):
             for r in self.batch:

@@ -1,0 +1,416 @@
+"""How long one engine step takes: the simulator's clock (7.2 simulator, "Why batching").
+
+Two cost models share one interface (:class:`CostModel`):
+
+* :class:`RooflineCost` -- step time = max(bytes / bandwidth, FLOPs / peak) + overhead, per
+  device under tensor parallelism, plus all-reduces. Used for the GPU figures (8B on H100,
+  70B on 2 x H200) and the "Why batching" roofline.
+* :class:`ProfileCost` -- interpolation in a profile measured by the real engine
+  (``data/profiles/<device>-<model>.json``).
+
+Both compute every step time through one vectorized function, so that ``decode_run`` (k
+decode-only steps at once, the simulator's fast path) returns exactly the floats that k
+``step_time`` calls would.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from .devices import DeviceSpec, get_device
+from .models import ModelShape, canonical_dtype, get_model
+from .plan import StepWork
+
+#: Fraction of device memory kept for activations, CUDA graphs, the runtime and
+#: fragmentation (vLLM's default gpu_memory_utilization is 0.9).
+MEM_RESERVE = 0.10
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """What the simulator asks of a cost model.
+
+    ``peak_flops`` and ``bandwidth`` are the aggregate over all devices the step runs on,
+    so that ``flops(work) / step_time(work) / peak_flops`` is the compute utilization and
+    ``bytes_moved(work) / step_time(work) / bandwidth`` the memory one (conventions,
+    "Measures").
+    """
+
+    peak_flops: float
+    bandwidth: float
+
+    def step_time(self, work: StepWork) -> float: ...
+
+    def decode_run(self, rows: int, ctx0: int, growth: int, k: int) -> np.ndarray: ...
+
+    def flops(self, work: StepWork) -> float: ...
+
+    def bytes_moved(self, work: StepWork) -> float: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def kv_capacity(self, mem_fraction: float = ...) -> int: ...
+
+
+class _VectorCost:
+    """Shared plumbing: subclasses define ``_times`` on float64 arrays (elementwise only)."""
+
+    model: ModelShape
+    device: DeviceSpec
+    tp: int = 1
+
+    def usable_bytes(self, mem_fraction: float = 1 - MEM_RESERVE) -> float:
+        """Memory of the ``tp`` devices left after the reserve."""
+        return self.tp * self.device.mem_bytes * mem_fraction
+
+    def kv_capacity(self, mem_fraction: float = 1 - MEM_RESERVE) -> int:
+        """KV tokens that fit in ``mem_fraction`` of the devices' memory after the weights."""
+        free = self.usable_bytes(mem_fraction) - self.model.weight_bytes
+        return max(0, int(free // self.model.kv_bytes_per_token))
+
+    def _times(self, pt: np.ndarray, pa: np.ndarray, rows: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def step_time(self, work: StepWork) -> float:
+        """Seconds for one step; 0.0 for a step that computes nothing."""
+        one = [np.array([v], dtype=np.float64) for v in
+               (work.prefill_tokens, work.prefill_attn, work.decode_rows, work.decode_ctx)]
+        return float(self._times(*one)[0])
+
+    def decode_run(self, rows: int, ctx0: int, growth: int, k: int) -> np.ndarray:
+        """Durations of ``k`` decode-only steps of ``rows`` rows, summed context ``ctx0 + j*growth``.
+
+        ``growth`` is the number of live rows (dead rows of a static batch do not grow).
+        Bit-identical to ``step_time(StepWork(decode_rows=rows, decode_ctx=ctx0 + j*growth))``.
+        """
+        if k < 0 or rows < 0 or ctx0 < 0 or growth < 0:
+            raise ValueError(f"decode_run(rows={rows}, ctx0={ctx0}, growth={growth}, k={k}): "
+                             "arguments must be >= 0")
+        ctx = (ctx0 + np.arange(k, dtype=np.int64) * growth).astype(np.float64)
+        zeros = np.zeros(k, dtype=np.float64)
+        return self._times(zeros, zeros, np.full(k, float(rows)), ctx)
+
+    def flops(self, work: StepWork) -> float:
+        """Model FLOPs of the step, all devices together (see ``ModelShape.flops``)."""
+        return self.model.flops(work)
+
+    def bytes_moved(self, work: StepWork) -> float:
+        """Bytes the step moves, all devices together (see ``ModelShape.bytes_moved``)."""
+        return self.model.bytes_moved(work)
+
+
+# ---------------------------------------------------------------------------- roofline
+class RooflineCost(_VectorCost):
+    """Roofline step time, tensor-parallel over ``tp`` identical devices.
+
+    Per device, bytes and FLOPs divide by ``tp``; time = max(bytes / bandwidth, FLOPs /
+    peak) + step overhead, plus for ``tp > 1`` two ring all-reduces per layer (after
+    attention and after the MLP) of the step's bf16 activations (fp32 for fp32 models),
+    each 2(tp-1)/tp x bytes / link bandwidth + latency, not overlapped with compute.
+
+    Construction refuses a configuration whose weights plus ``kv_capacity_tokens`` of KV do
+    not fit ``tp`` devices less :data:`MEM_RESERVE`. ``dtype`` re-stores the model's weights
+    (``'fp8'`` for 70B on one H200).
+    """
+
+    def __init__(self, model: ModelShape, device: DeviceSpec, tp: int = 1, dtype: str | None = None,
+                 kv_capacity_tokens: int = 0) -> None:
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tp={tp!r} must be a positive integer")
+        if tp > 1 and (model.heads % tp or model.kv_heads % tp):
+            raise ValueError(f"tp={tp} must divide {model.name}'s {model.heads} heads and "
+                             f"{model.kv_heads} KV heads")
+        if tp > 1 and device.link_bandwidth <= 0:
+            raise ValueError(f"{device.name} has no tensor-parallel interconnect: use tp=1")
+        self.model = model if dtype is None else model.with_dtype(dtype)
+        self.device = device
+        self.tp = tp
+        self.device_peak = device.peak(self.model.dtype)
+        self.peak_flops = tp * self.device_peak
+        self.bandwidth = tp * device.bandwidth
+        self._check_fits(kv_capacity_tokens)
+
+    def _check_fits(self, kv_tokens: int) -> None:
+        m, need = self.model, self.model.weight_bytes + kv_tokens * self.model.kv_bytes_per_token
+        have = self.usable_bytes()
+        if need <= have:
+            return
+        what = "of weights" + (f" + {kv_tokens} KV tokens" if kv_tokens else "")
+        hints = []
+        for tp in (2, 4, 8):
+            if tp > self.tp and m.heads % tp == 0 and m.kv_heads % tp == 0 and need <= have / self.tp * tp:
+                hints.append(f"tp >= {tp}")
+                break
+        fp8 = m.with_dtype("fp8")
+        if (m.dtype != "fp8" and "fp8" in self.device.peak_flops
+                and fp8.weight_bytes + kv_tokens * fp8.kv_bytes_per_token <= have):
+            hints.append("fp8")
+        raise ValueError(f"{m.name} {m.dtype} needs {need / 1e9:.1f} GB {what}, {self.tp} x "
+                         f"{self.device.name} has {have / 1e9:.1f} GB usable "
+                         f"({1 - MEM_RESERVE:.0%} of memory)" + (f": use {' or '.join(hints)}" if hints else ""))
+
+    def bstar(self) -> float:
+        """Batch where decode turns compute-bound: peak x bytes per weight / (2 x bandwidth)."""
+        return self.device_peak * self.model.bytes_per_param / (2 * self.device.bandwidth)
+
+    def decode_step(self, batch: int = 1, ctx: int = 1) -> float:
+        """Seconds of one decode step of ``batch`` rows with ``ctx`` KV tokens each (quick checks)."""
+        return self.step_time(StepWork(decode_rows=batch, decode_ctx=batch * ctx))
+
+    def _parts(self, pt: np.ndarray, pa: np.ndarray, rows: np.ndarray,
+               ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-device memory time, compute time, and all-reduce time of steps."""
+        m, d, tp = self.model, self.device, float(self.tp)
+        mem_s = m.bytes_arrays(pt, pa, rows, ctx) / tp / d.bandwidth
+        cmp_s = m.flops_arrays(pt, pa, rows, ctx) / tp / self.device_peak
+        comm_s = np.zeros_like(mem_s)
+        if self.tp > 1:
+            act = 4.0 if m.dtype == "fp32" else 2.0
+            one = (2.0 * (tp - 1.0) / tp * ((pt + rows) * float(m.hidden) * act) / d.link_bandwidth
+                   + d.allreduce_latency_s)
+            comm_s = comm_s + 2.0 * m.layers * one
+        return mem_s, cmp_s, comm_s
+
+    def _times(self, pt: np.ndarray, pa: np.ndarray, rows: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        mem_s, cmp_s, comm_s = self._parts(pt, pa, rows, ctx)
+        t = np.maximum(mem_s, cmp_s) + self.device.step_overhead_s + comm_s
+        return np.where((pt + rows) > 0, t, 0.0)
+
+    def terms(self, work: StepWork) -> dict[str, float | str]:
+        """The step time's parts in seconds and which roof binds ("Why batching" figures)."""
+        one = [np.array([v], dtype=np.float64) for v in
+               (work.prefill_tokens, work.prefill_attn, work.decode_rows, work.decode_ctx)]
+        mem_s, cmp_s, comm_s = (float(x[0]) for x in self._parts(*one))
+        return {"memory_s": mem_s, "compute_s": cmp_s, "allreduce_s": comm_s,
+                "overhead_s": self.device.step_overhead_s,
+                "bound": "memory" if mem_s >= cmp_s else "compute"}
+
+    def describe(self) -> dict[str, Any]:
+        m, d = self.model, self.device
+        return {"kind": "roofline", "model": m.name, "dtype": m.dtype, "kv_dtype": m.kv_dtype,
+                "device": d.name, "tp": self.tp, "params": m.params, "weight_bytes": m.weight_bytes,
+                "device_bandwidth": d.bandwidth, "device_peak_flops": self.device_peak,
+                "step_overhead_s": d.step_overhead_s, "link_bandwidth": d.link_bandwidth,
+                "allreduce_latency_s": d.allreduce_latency_s, "mem_reserve": MEM_RESERVE,
+                "kv_capacity_tokens": self.kv_capacity(), "bstar": self.bstar(),
+                "device_source": d.source}
+
+
+# ----------------------------------------------------------------------------- profile
+class ProfileError(ValueError):
+    """A profile file or dict that does not follow the schema; the message names the field."""
+
+
+def _need(cond: bool, field: str, msg: str) -> None:
+    if not cond:
+        raise ProfileError(f"profile field {field!r}: {msg}")
+
+
+def _get(d: Any, key: str, field: str) -> Any:
+    _need(isinstance(d, dict), field.rsplit(".", 1)[0] if "." in field else "<root>", "must be an object")
+    _need(key in d, field, "missing")
+    return d[key]
+
+
+def _grid(v: Any, field: str, lo: float) -> np.ndarray:
+    _need(isinstance(v, list) and len(v) >= 2, field, "must be a list of at least 2 numbers")
+    _need(all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= lo
+              for x in v), field, f"values must be finite numbers >= {lo}")
+    a = np.asarray(v, dtype=np.float64)
+    _need(bool(np.all(np.diff(a) > 0)), field, "must be strictly increasing")
+    return a
+
+
+def _times_ms(v: Any, n: int, field: str) -> np.ndarray:
+    _need(isinstance(v, list) and len(v) == n, field, f"must be a list of {n} numbers")
+    _need(all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+              for x in v), field, "values must be finite numbers > 0 (milliseconds)")
+    return np.asarray(v, dtype=np.float64) / 1000.0
+
+
+def _segment(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Index of the grid segment for ``x`` (edge segments beyond the grid) and the weight in it."""
+    i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
+    return i, (x - grid[i]) / (grid[i + 1] - grid[i])
+
+
+class ProfileCost(_VectorCost):
+    """Step times interpolated in a profile the real engine measured.
+
+    Schema 1 (``data/profiles/<device>-<model>.json``; times in milliseconds)::
+
+        {"schema": 1,
+         "meta": {"device": "h200", "model": "llama-8b", "dtype": "bf16",
+                  "date": "2026-11-30", "torch": "2.13.0", "host": "..."},
+         "decode": {"batch": [1, 2, 4, ...],        # rows per step, increasing
+                    "ctx": [128, 1024, ...],          # KV tokens per row, increasing
+                    "ms": [[...], ...]},              # ms[i][j]: batch[i] rows at ctx[j]
+         "prefill": {"tokens": [32, 128, ...],      # one prompt from an empty cache
+                     "ms": [...]},
+         "mixed": {"prefill_tokens": [...], "decode_rows": [...],   # optional: measured
+                   "decode_ctx": [...], "ms": [...]}}               # mixed steps, ctx per row
+
+    ``meta.device``/``meta.model``/``meta.dtype``/``meta.date`` are required (registry names;
+    the model and device supply FLOPs, bytes and peaks for utilization); other meta fields
+    are kept as given.
+
+    Estimates:
+
+    * decode: bilinear in (rows, mean KV per row = ``decode_ctx / decode_rows``);
+    * prefill: linear in tokens; attention over context before a chunk (chunked prefill)
+      is not in the profile and is not added;
+    * mixed step: prefill(tokens) + decode(rows, ctx) - decode(batch[0], ctx[0]): the
+      step streams the weights and pays the launch overhead once, and the cheapest
+      measured step stands for that shared cost.
+
+    Beyond the grid both use the edge segment's line (floored at 0); each such query adds
+    one to ``extrapolated``, every query to ``queries``. A ``mixed`` section, if present,
+    is used only to report the mixed estimate's error in :meth:`describe`.
+    """
+
+    def __init__(self, meta: dict[str, Any], decode_batch: np.ndarray, decode_ctx: np.ndarray,
+                 decode_s: np.ndarray, prefill_tokens: np.ndarray, prefill_s: np.ndarray,
+                 model: ModelShape, device: DeviceSpec, mixed: dict[str, np.ndarray] | None = None,
+                 source: str | None = None) -> None:
+        self.meta, self.source = meta, source
+        self.db, self.dc, self.ds = decode_batch, decode_ctx, decode_s
+        self.pt, self.ps = prefill_tokens, prefill_s
+        self.model, self.device = model, device
+        self.peak_flops = device.peak(model.dtype)
+        self.bandwidth = device.bandwidth
+        self.mixed = mixed
+        self.queries = 0
+        self.extrapolated = 0
+
+    @classmethod
+    def from_json(cls, path: str | Path, model: ModelShape | None = None,
+                  device: DeviceSpec | None = None) -> "ProfileCost":
+        """Load a profile file; ProfileError naming the field if it breaks the schema."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ProfileError(f"{path}: not JSON ({e})") from e
+        return cls.from_dict(data, model=model, device=device, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: Any, model: ModelShape | None = None, device: DeviceSpec | None = None,
+                  source: str | None = None) -> "ProfileCost":
+        """Validate a profile dict (schema in the class docstring) and build the cost model.
+
+        ``model``/``device`` override the registry lookups of ``meta.model``/``meta.device``.
+        """
+        _need(isinstance(data, dict), "<root>", "must be an object")
+        _need(_get(data, "schema", "schema") == 1, "schema", f"must be 1, got {data['schema']!r}")
+        meta = _get(data, "meta", "meta")
+        for k in ("device", "model", "dtype", "date"):
+            _need(isinstance(_get(meta, k, f"meta.{k}"), str) and meta[k], f"meta.{k}", "must be a non-empty string")
+        try:
+            dtype = canonical_dtype(meta["dtype"])
+        except ValueError as e:
+            raise ProfileError(f"profile field 'meta.dtype': {e}") from None
+        for key, getter in (("model", get_model), ("device", get_device)):
+            if (model if key == "model" else device) is None:
+                try:
+                    found = getter(meta[key])
+                except ValueError as e:
+                    raise ProfileError(f"profile field 'meta.{key}': {e}") from None
+                if key == "model":
+                    model = found
+                else:
+                    device = found
+        assert model is not None and device is not None
+        model = model.with_dtype(dtype)
+        if dtype not in device.peak_flops:
+            raise ProfileError(f"profile field 'meta.dtype': {device.name} has no {dtype} peak")
+
+        dec = _get(data, "decode", "decode")
+        batch = _grid(_get(dec, "batch", "decode.batch"), "decode.batch", 1)
+        ctx = _grid(_get(dec, "ctx", "decode.ctx"), "decode.ctx", 0)
+        ms = _get(dec, "ms", "decode.ms")
+        _need(isinstance(ms, list) and len(ms) == len(batch), "decode.ms",
+              f"must be a list of {len(batch)} rows (one per decode.batch)")
+        decode_s = np.stack([_times_ms(row, len(ctx), f"decode.ms[{i}]") for i, row in enumerate(ms)])
+
+        pre = _get(data, "prefill", "prefill")
+        tokens = _grid(_get(pre, "tokens", "prefill.tokens"), "prefill.tokens", 1)
+        prefill_s = _times_ms(_get(pre, "ms", "prefill.ms"), len(tokens), "prefill.ms")
+
+        mixed = None
+        if data.get("mixed") is not None:
+            mx = data["mixed"]
+            ms_m = _get(mx, "ms", "mixed.ms")
+            _need(isinstance(ms_m, list) and len(ms_m) >= 1, "mixed.ms", "must be a non-empty list")
+            mixed = {"ms": _times_ms(ms_m, len(ms_m), "mixed.ms")}
+            for k in ("prefill_tokens", "decode_rows", "decode_ctx"):
+                v = _get(mx, k, f"mixed.{k}")
+                _need(isinstance(v, list) and len(v) == len(ms_m) and all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v),
+                    f"mixed.{k}", f"must be a list of {len(ms_m)} integers >= 0")
+                mixed[k] = np.asarray(v, dtype=np.float64)
+        return cls(dict(meta), batch, ctx, decode_s, tokens, prefill_s, model, device, mixed, source)
+
+    # ------------------------------------------------------------- estimates
+    def _decode(self, rows: np.ndarray, ctx_per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        i, u = _segment(self.db, rows)
+        j, v = _segment(self.dc, ctx_per_row)
+        g = self.ds
+        t = (1 - u) * ((1 - v) * g[i, j] + v * g[i, j + 1]) + u * ((1 - v) * g[i + 1, j] + v * g[i + 1, j + 1])
+        out = ((rows < self.db[0]) | (rows > self.db[-1])
+               | (ctx_per_row < self.dc[0]) | (ctx_per_row > self.dc[-1]))
+        return np.maximum(t, 0.0), out
+
+    def _prefill(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        i, w = _segment(self.pt, tokens)
+        t = (1 - w) * self.ps[i] + w * self.ps[i + 1]
+        return np.maximum(t, 0.0), (tokens < self.pt[0]) | (tokens > self.pt[-1])
+
+    def _times(self, pt: np.ndarray, pa: np.ndarray, rows: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        has_d, has_p = rows > 0, pt > 0
+        dec, d_out = self._decode(rows, ctx / np.maximum(rows, 1.0))
+        pre, p_out = self._prefill(pt)
+        dec, pre = np.where(has_d, dec, 0.0), np.where(has_p, pre, 0.0)
+        shared = np.where(has_d & has_p, self.ds[0, 0], 0.0)
+        self.queries += int(np.count_nonzero(has_d | has_p))
+        self.extrapolated += int(np.count_nonzero((has_d & d_out) | (has_p & p_out)))
+        return np.maximum(pre + dec - shared, np.maximum(pre, dec))
+
+    def mixed_error(self) -> float | None:
+        """Largest relative error of the mixed estimate against the profile's mixed points."""
+        if self.mixed is None:
+            return None
+        m = self.mixed
+        q, e = self.queries, self.extrapolated   # checking is not a query of the simulation
+        est = self._times(m["prefill_tokens"], np.zeros_like(m["ms"]), m["decode_rows"],
+                          m["decode_rows"] * m["decode_ctx"])
+        self.queries, self.extrapolated = q, e
+        return float(np.max(np.abs(est - m["ms"]) / m["ms"]))
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "profile", "source": self.source, "meta": self.meta,
+                "model": self.model.name, "dtype": self.model.dtype, "device": self.device.name,
+                "decode_batch": self.db.tolist(), "decode_ctx": self.dc.tolist(),
+                "prefill_tokens": self.pt.tolist(), "queries": self.queries,
+                "extrapolated": self.extrapolated, "mixed_max_rel_err": self.mixed_error()}
+
+
+# ----------------------------------------------------------------------------- factory
+def get_cost_model(model: str, device: str, tp: int = 1, profile: str | None = None,
+                   dtype: str | None = None) -> RooflineCost | ProfileCost:
+    """The CLI's cost model: a roofline, or the profile at path ``profile`` (which must
+    have been measured for this model and device, single device)."""
+    shape, dev = get_model(model), get_device(device)
+    if profile is None:
+        return RooflineCost(shape, dev, tp=tp, dtype=dtype)
+    if tp != 1:
+        raise ValueError(f"tp={tp}: profiles are measured on one device; use the roofline for tp > 1")
+    cost = ProfileCost.from_json(profile)
+    if cost.model.name != shape.name or cost.device.name != dev.name:
+        raise ValueError(f"profile {profile} was measured for {cost.model.name} on {cost.device.name}, "
+                         f"not {shape.name} on {dev.name}")
+    if dtype is not None and canonical_dtype(dtype) != cost.model.dtype:
+        raise ValueError(f"profile {profile} is {cost.model.dtype}, not {canonical_dtype(dtype)}")
+    return cost

@@ -1,0 +1,215 @@
+"""Named model shapes: the one registry that ``simulate``, ``run`` and ``measure`` share.
+
+A :class:`ModelShape` is everything the cost model needs to know about a Llama-style
+decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP): its parameter count, how many bytes a
+step streams and how many FLOPs it does. Used by the "Why batching" roofline, by the
+simulator (7.2, 70B on 2 x H200) and by the CPU demos (sizes measured in
+``shared/notes/cpu-decode-measurements.md``). Nothing here touches torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .plan import StepWork
+
+#: Bytes per element of each dtype the project uses.
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp8": 1}
+_DTYPE_ALIASES: dict[str, str] = {"float32": "fp32", "bfloat16": "bf16", "float8": "fp8",
+                                  "float8_e4m3fn": "fp8", "e4m3": "fp8"}
+_BYTES_DTYPE: dict[int, str] = {b: d for d, b in DTYPE_BYTES.items()}
+
+
+def canonical_dtype(dtype: str) -> str:
+    """``'bfloat16'`` -> ``'bf16'`` etc.; ValueError naming the valid dtypes otherwise."""
+    d = _DTYPE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
+    if d not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
+    return d
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A Llama-style decoder's shape and storage dtypes.
+
+    ``bytes_per_param`` is the weight dtype (2 bf16, 4 fp32, 1 fp8); ``kv_bytes`` the KV
+    cache's bytes per element. ``max_context`` is the serving context limit: it sets the
+    slab a ``slab`` KV policy reserves per request.
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    max_context: int
+    bytes_per_param: int = 2
+    kv_bytes: int = 2
+    tied_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for f in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "max_context"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{self.name}: {f}={v!r} must be a positive integer")
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError(f"{self.name}: hidden {self.hidden}, heads {self.heads}, kv_heads "
+                             f"{self.kv_heads}: heads must divide hidden and kv_heads divide heads")
+        for f in ("bytes_per_param", "kv_bytes"):
+            if getattr(self, f) not in _BYTES_DTYPE:
+                raise ValueError(f"{self.name}: {f}={getattr(self, f)!r} must be one of {sorted(_BYTES_DTYPE)}")
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def dtype(self) -> str:
+        """Weight dtype name (``fp32``, ``bf16``, ``fp8``)."""
+        return _BYTES_DTYPE[self.bytes_per_param]
+
+    @property
+    def kv_dtype(self) -> str:
+        return _BYTES_DTYPE[self.kv_bytes]
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """q, k, v, o projections + gate, up, down of one layer."""
+        q_o = 2 * self.hidden * self.heads * self.head_dim
+        k_v = 2 * self.hidden * self.kv_heads * self.head_dim
+        return q_o + k_v + 3 * self.hidden * self.ffn
+
+    @property
+    def params(self) -> int:
+        """Exact parameter count: embeddings, layers (+2 RMSNorm weights each), final norm, lm head unless tied."""
+        emb = self.vocab * self.hidden
+        per_layer = self.layer_matmul_params + 2 * self.hidden
+        head = 0 if self.tied_embeddings else emb
+        return emb + self.layers * per_layer + self.hidden + head
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes the weights occupy in memory."""
+        return self.params * self.bytes_per_param
+
+    @property
+    def weight_read_bytes(self) -> int:
+        """Bytes of weights one forward pass streams.
+
+        Every matrix is read in full (the lm head included) except an *untied* input
+        embedding table, of which a step gathers only its tokens' rows (ignored, like the
+        other activations). For llama-8b that is 15.0 GB, not the 16.1 GB it stores.
+        """
+        unread = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return (self.params - unread) * self.bytes_per_param
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer for one token."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes
+
+    @property
+    def flops_per_token(self) -> int:
+        """Dense FLOPs per token: 2 x the matmul params, lm head included, embeddings not."""
+        return 2 * (self.layers * self.layer_matmul_params + self.vocab * self.hidden)
+
+    @property
+    def attn_flops_per_pair(self) -> int:
+        """FLOPs per (query, key) pair: QK^T and PV, 2 each per head dimension."""
+        return 4 * self.layers * self.heads * self.head_dim
+
+    # ------------------------------------------------------- per-step totals
+    def flops_arrays(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
+        """FLOPs of steps given as float64 arrays (see :meth:`flops`); elementwise, no reductions.
+
+        Logits are computed for decode rows only: an engine samples at most one position per
+        prefill chunk, and those few rows of the lm head are ignored.
+        """
+        body = 2.0 * float(self.layers * self.layer_matmul_params)
+        head = 2.0 * float(self.vocab * self.hidden)
+        return body * (pt + rows) + head * rows + float(self.attn_flops_per_pair) * (pa + ctx)
+
+    def bytes_arrays(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
+        """Bytes moved by steps given as float64 arrays (see :meth:`bytes_moved`)."""
+        kv = float(self.kv_bytes_per_token)
+        # Keys before a prefill chunk, read once per chunk: exact for one chunk, since
+        # pa = n*start + n(n+1)/2; with several chunks it undercounts (clamped at 0).
+        earlier = np.maximum(pa - pt * (pt + 1.0) / 2.0, 0.0) / np.maximum(pt, 1.0)
+        weights = float(self.weight_read_bytes) * ((pt + rows) > 0)
+        return weights + kv * (ctx + earlier) + kv * (pt + rows)
+
+    def flops(self, work: StepWork) -> float:
+        """Model FLOPs of one step, all devices together.
+
+        Dense part: 2 x matmul params per token (lm head for decode rows only); attention:
+        :attr:`attn_flops_per_pair` per (query, key) pair, prefill and decode.
+        """
+        return float(self.flops_arrays(*_as_f64(work)))
+
+    def bytes_moved(self, work: StepWork) -> float:
+        """Bytes one step moves to and from memory, all devices together.
+
+        Weights read once per step (:attr:`weight_read_bytes`, only if the step computes
+        anything); KV read by decode rows (``decode_ctx`` tokens); KV of the context before
+        each prefill chunk read once (approximate, see :meth:`bytes_arrays`); KV written for
+        every computed token. Activations are ignored: at these sizes they are a few MB
+        against GBs of weights. A prefill chunk's own keys are not counted as read: they
+        are produced in the step and stay on chip in a fused attention kernel.
+        """
+        return float(self.bytes_arrays(*_as_f64(work)))
+
+    def with_dtype(self, weights: str, kv: str | None = None) -> "ModelShape":
+        """The same shape stored in another dtype (``'fp8'``, ``'bf16'``, ``'fp32'``).
+
+        ``kv`` defaults to the weight dtype, except for fp8 weights, where the KV cache keeps
+        its dtype (vLLM keeps KV in the activation dtype unless told otherwise).
+        """
+        w = canonical_dtype(weights)
+        k = canonical_dtype(kv) if kv is not None else (self.kv_dtype if w == "fp8" else w)
+        return replace(self, bytes_per_param=DTYPE_BYTES[w], kv_bytes=DTYPE_BYTES[k])
+
+
+def _as_f64(work: StepWork) -> tuple[np.float64, np.float64, np.float64, np.float64]:
+    return (np.float64(work.prefill_tokens), np.float64(work.prefill_attn),
+            np.float64(work.decode_rows), np.float64(work.decode_ctx))
+
+
+_LLAMA_VOCAB = 128256  # Llama 3 tokenizer (config.json of every Llama 3.x checkpoint)
+
+MODELS: dict[str, ModelShape] = {m.name: m for m in (
+    # Unit tests: small enough to reason about by hand; fp32 like the CPU runs.
+    ModelShape("tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256,
+               max_context=512, bytes_per_param=4, kv_bytes=4, tied_embeddings=True),
+    # CPU demo sizes S / M / L of shared/notes/cpu-decode-measurements.md (26.4M / 117.2M /
+    # 392.2M params there: tied embeddings). fp32 because bf16 is 6x slower on that CPU.
+    # max_context 2048: the longest prefill measured there, and enough for real traces
+    # divided 8-16x as the conventions prescribe for CPU runs.
+    ModelShape("cpu-s", layers=8, hidden=512, heads=8, kv_heads=2, ffn=1376, vocab=8192,
+               max_context=2048, bytes_per_param=4, kv_bytes=4, tied_embeddings=True),
+    ModelShape("cpu-m", layers=12, hidden=768, heads=12, kv_heads=4, ffn=3328, vocab=8192,
+               max_context=2048, bytes_per_param=4, kv_bytes=4, tied_embeddings=True),
+    ModelShape("cpu-l", layers=24, hidden=1024, heads=16, kv_heads=4, ffn=4352, vocab=8192,
+               max_context=2048, bytes_per_param=4, kv_bytes=4, tied_embeddings=True),
+    # Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json): trained to 131072 tokens; we serve
+    # 8192, a common serving limit, so that slab reservations stay comparable across models.
+    ModelShape("llama-1b", layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192,
+               vocab=_LLAMA_VOCAB, max_context=8192, tied_embeddings=True),
+    # Llama 3.1 8B / 70B (meta-llama/Llama-3.1-{8B,70B} config.json): 131072 trained, 8192 served.
+    ModelShape("llama-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336,
+               vocab=_LLAMA_VOCAB, max_context=8192),
+    ModelShape("llama-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672,
+               vocab=_LLAMA_VOCAB, max_context=8192),
+)}
+
+
+def get_model(name: str) -> ModelShape:
+    """The registered shape called ``name``; ValueError listing the valid names otherwise."""
+    m = MODELS.get(str(name).lower())
+    if m is None:
+        raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
+    return m

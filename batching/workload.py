@@ -1,0 +1,526 @@
+"""Workloads: the requests a run serves, synthetic or replayed (workloads for every section).
+
+A :class:`Workload` is an immutable list of requests sorted by arrival, with a ``name`` and
+an ``info`` dict that records where it came from (source, seed, scaling, capping), so a
+result file can say exactly what was served. Requests carry mutable serving state, so a
+workload hands each run brand-new copies through :meth:`Workload.fresh`.
+
+Synthetic arrivals follow vLLM's ``bench serve``: inter-arrival times are
+Gamma(shape=burstiness, scale=1/(rate*burstiness)), so ``burstiness=1`` is a Poisson process
+and smaller values are burstier (inter-arrival CV = 1/sqrt(burstiness)). Length
+distributions are small classes with ``sample(n, rng)``; the named presets rebuild the
+chapter's own examples.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Literal, Mapping, Protocol, Sequence, overload
+
+import numpy as np
+
+from .request import Request, RequestError, check_length
+
+__all__ = [
+    "WorkloadError", "Workload", "poisson_arrivals", "gamma_arrivals", "LengthDist",
+    "Fixed", "Uniform", "LogNormal", "Empirical", "as_length_dist", "synthetic", "preset",
+    "PRESETS", "QUANTILE_DIR", "quantile_table",
+]
+
+#: Derived length tables (see data/README.md); next to the package, not inside it.
+QUANTILE_DIR = Path(__file__).resolve().parent.parent / "data" / "length_quantiles"
+
+
+class WorkloadError(ValueError):
+    """A workload, or a parameter used to build one, that cannot be served or sampled."""
+
+
+def _positive_finite(name: str, value: object, *, allow_inf: bool = False) -> float:
+    """``value`` as a float > 0 (finite unless ``allow_inf``), or raise naming the field."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise WorkloadError(f"{name}={value!r}: must be a number > 0")
+    v = float(value)
+    if math.isnan(v) or v <= 0 or (math.isinf(v) and not allow_inf):
+        limit = "> 0" if allow_inf else "finite and > 0"
+        raise WorkloadError(f"{name}={value!r}: must be {limit}")
+    return v
+
+
+def _count(name: str, value: object, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise WorkloadError(f"{name}={value!r}: must be an integer >= {minimum}")
+    return int(value)
+
+
+def _round_half_up(x: np.ndarray) -> np.ndarray:
+    # np.rint rounds half to even; half-up keeps "divide by k" predictable for readers.
+    return np.floor(np.asarray(x, dtype=np.float64) + 0.5).astype(np.int64)
+
+
+# ----------------------------------------------------------------------------- Workload
+class Workload:
+    """Requests sorted by arrival, plus a ``name`` and provenance ``info`` (every section).
+
+    The workload keeps the four defining numbers of each request (rid, arrival, prompt and
+    output length) apart from the Request objects, so :meth:`fresh` returns pristine
+    requests even after a run has mutated the objects in :attr:`requests`. Give every run
+    its own ``fresh()`` list: a scheduler changes the requests it serves.
+    """
+
+    __slots__ = ("_requests", "_rid", "_arrival", "_prompt", "_output", "_name", "_info")
+
+    def __init__(self, requests: Iterable[Request], name: str = "workload",
+                 info: Mapping[str, object] | None = None) -> None:
+        reqs = list(requests)
+        if not reqs:
+            raise WorkloadError(f"empty workload {name!r}: it needs at least one request")
+        seen: set[int] = set()
+        prev = -math.inf
+        for r in reqs:
+            if not isinstance(r, Request):
+                raise WorkloadError(f"workload {name!r}: {r!r} is not a Request")
+            a = r.arrival
+            # Request checks its arrival at construction, but fields are assignable.
+            if not isinstance(a, (int, float)) or not math.isfinite(a) or a < 0:
+                raise WorkloadError(f"request {r.rid}: arrival={a!r} must be finite and >= 0")
+            if a < prev:
+                raise WorkloadError(
+                    f"request {r.rid}: arrival={a!r} is earlier than the previous request's "
+                    f"{prev!r}; a workload must be sorted by arrival")
+            prev = a
+            if r.rid in seen:
+                raise WorkloadError(f"request id {r.rid!r} appears twice in workload {name!r}")
+            seen.add(r.rid)
+        self._requests = tuple(reqs)
+        self._rid = tuple(r.rid for r in reqs)
+        self._arrival = np.array([r.arrival for r in reqs], dtype=np.float64)
+        self._prompt = np.array([r.prompt_len for r in reqs], dtype=np.int64)
+        self._output = np.array([r.output_len for r in reqs], dtype=np.int64)
+        for arr in (self._arrival, self._prompt, self._output):
+            arr.flags.writeable = False
+        self._name = str(name)
+        self._info = copy.deepcopy(dict(info or {}))
+
+    @classmethod
+    def from_arrays(cls, arrivals: Sequence[float] | np.ndarray, prompt_lens: Sequence[int] | np.ndarray,
+                    output_lens: Sequence[int] | np.ndarray, name: str = "workload",
+                    info: Mapping[str, object] | None = None,
+                    rids: Sequence[int] | None = None) -> "Workload":
+        """Build from parallel arrays; rids default to 0..n-1 (workloads for every section)."""
+        a = np.asarray(arrivals, dtype=np.float64)
+        p = np.asarray(prompt_lens)
+        o = np.asarray(output_lens)
+        if not (len(a) == len(p) == len(o)):
+            raise WorkloadError(f"arrays differ in length: arrivals {len(a)}, prompts {len(p)}, outputs {len(o)}")
+        ids = list(range(len(a))) if rids is None else list(rids)
+        if len(ids) != len(a):
+            raise WorkloadError(f"rids has {len(ids)} entries for {len(a)} requests")
+        # tolist() gives Python ints/floats, which check_length requires (and is faster than .item()).
+        reqs = [Request(*row) for row in zip(ids, a.tolist(), p.tolist(), o.tolist())]
+        return cls(reqs, name=name, info=info)
+
+    # -------------------------------------------------------------- read access
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def info(self) -> dict[str, object]:
+        """Provenance; a copy, so that editing it cannot change the workload's record."""
+        return copy.deepcopy(self._info)
+
+    @property
+    def requests(self) -> list[Request]:
+        """The request objects (a new list each call). Runs should use :meth:`fresh`."""
+        return list(self._requests)
+
+    @property
+    def rids(self) -> tuple[int, ...]:
+        return self._rid
+
+    @property
+    def arrivals(self) -> np.ndarray:
+        """Arrival times in seconds (read-only array)."""
+        return self._arrival
+
+    @property
+    def prompt_lens(self) -> np.ndarray:
+        return self._prompt
+
+    @property
+    def output_lens(self) -> np.ndarray:
+        return self._output
+
+    @property
+    def total_prompt_tokens(self) -> int:
+        return int(self._prompt.sum())
+
+    @property
+    def total_output_tokens(self) -> int:
+        return int(self._output.sum())
+
+    @property
+    def duration(self) -> float:
+        """Seconds from the first arrival to the last (0 when all arrive together)."""
+        return float(self._arrival[-1] - self._arrival[0])
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._requests)
+
+    @overload
+    def __getitem__(self, i: int) -> Request: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Request]: ...
+    def __getitem__(self, i: int | slice) -> Request | list[Request]:
+        r = self._requests[i]
+        return list(r) if isinstance(i, slice) else r
+
+    def __repr__(self) -> str:
+        return (f"Workload({self._name!r}, {len(self)} requests, {self.duration:.1f} s, "
+                f"{self.total_prompt_tokens} prompt + {self.total_output_tokens} output tokens)")
+
+    # ------------------------------------------------------------- derivations
+    def fresh(self) -> list[Request]:
+        """New Request objects with the same rid/arrival/lengths and no serving state.
+
+        Used by every section: each scheduler run mutates its requests, so comparing
+        schedulers on one workload needs one ``fresh()`` list per run.
+        """
+        return [Request(*row) for row in zip(self._rid, self._arrival.tolist(), self._prompt.tolist(),
+                                             self._output.tolist())]
+
+    def _derive(self, arrivals: np.ndarray, prompts: np.ndarray, outputs: np.ndarray,
+                info_update: Mapping[str, object]) -> "Workload":
+        info = dict(self._info)
+        info.update(info_update)
+        return Workload.from_arrays(arrivals, prompts, outputs, name=self._name, info=info, rids=self._rid)
+
+    def cap_to_context(self, max_context: int, mode: Literal["error", "cap"] = "error") -> tuple["Workload", int]:
+        """Make every request fit ``prompt_len + output_len <= max_context`` (7.2 and 7.3).
+
+        ``mode="error"`` raises a :class:`RequestError` naming the first request that does
+        not fit. ``mode="cap"`` shortens the prompt first (keeping the output, the quantity
+        the chapter measures; the prompt keeps at least one token) and then the output, and
+        returns the new workload with the number of capped requests, also recorded in
+        ``info["capped"]``: truncation is never silent.
+        """
+        max_context = _count("max_context", max_context, minimum=2)
+        if mode not in ("error", "cap"):
+            raise WorkloadError(f"mode={mode!r}: must be 'error' or 'cap'")
+        total = self._prompt + self._output
+        over = np.flatnonzero(total > max_context)
+        if mode == "error":
+            if len(over):
+                i = int(over[0])
+                raise RequestError(
+                    f"request {self._rid[i]}: prompt_len + output_len = {self._prompt[i]} + "
+                    f"{self._output[i]} = {int(total[i])} exceeds max_context={max_context} "
+                    f"({len(over)} request(s) too long; cap them with mode='cap')")
+            return self, 0
+        prompts = np.where(total > max_context, np.maximum(1, max_context - self._output), self._prompt)
+        outputs = np.minimum(self._output, max_context - prompts)
+        capped = {
+            "max_context": max_context,
+            "n_capped": int(len(over)),
+            "n_output_capped": int((outputs < self._output).sum()),
+            "prompt_tokens_removed": int((self._prompt - prompts).sum()),
+            "output_tokens_removed": int((self._output - outputs).sum()),
+            "rule": "prompt shortened first (>= 1 token), then output",
+        }
+        return self._derive(self._arrival, prompts, outputs, {"capped": capped}), int(len(over))
+
+    def scale(self, lengths: float = 1, time: float = 1) -> "Workload":
+        """Divide token lengths by ``lengths`` and replay ``time`` times faster (every section).
+
+        Lengths are rounded half-up with a floor of 1; inter-arrival gaps are divided by
+        ``time`` keeping the first arrival. The factors compose and land in
+        ``info["scale_lengths"]`` / ``info["time_scale"]`` (the names the results
+        ``config`` uses), since CPU runs are only comparable when their scaling is known.
+        """
+        k = _positive_finite("lengths", lengths)
+        t = _positive_finite("time", time)
+        a0 = self._arrival[0]
+        arrivals = a0 + (self._arrival - a0) / t
+        prompts = np.maximum(1, _round_half_up(self._prompt / k))
+        outputs = np.maximum(1, _round_half_up(self._output / k))
+        return self._derive(arrivals, prompts, outputs, {
+            "scale_lengths": float(self._info.get("scale_lengths", 1.0)) * k,
+            "time_scale": float(self._info.get("time_scale", 1.0)) * t,
+        })
+
+
+# ---------------------------------------------------------------------- arrivals
+def gamma_arrivals(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    """``n`` arrival times (s) starting at 0 with Gamma inter-arrivals, as vLLM bench serve.
+
+    Workloads for every section. The shape is ``burstiness`` and the scale
+    ``1/(rate*burstiness)``, so the mean rate is ``rate`` whatever the burstiness and the
+    inter-arrival CV is ``1/sqrt(burstiness)``. ``rate=inf`` sends everything at t=0.
+    """
+    n = _count("n", n)
+    rate = _positive_finite("rate", rate, allow_inf=True)
+    burstiness = _positive_finite("burstiness", burstiness)
+    if math.isinf(rate) or n == 0:
+        return np.zeros(n)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
+    # The first request goes at t=0 (vLLM sends before its first sleep); n-1 gaps follow.
+    return np.concatenate(([0.0], np.cumsum(gaps)))
+
+
+def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
+    """Poisson arrivals at ``rate`` req/s starting at t=0 (workloads for every section)."""
+    return gamma_arrivals(n, rate, 1.0, rng)
+
+
+# ----------------------------------------------------------------------- lengths
+class LengthDist(Protocol):
+    """Anything that draws ``n`` token lengths (ints >= 1)."""
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """Every request gets ``value`` tokens (7.1's padding and first-finisher examples)."""
+
+    value: int
+
+    def __post_init__(self) -> None:
+        try:
+            check_length("value", self.value)
+        except RequestError as e:
+            raise WorkloadError(f"Fixed: {e}") from None
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return np.full(_count("n", n), self.value, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Integers uniform on ``[lo, hi]`` inclusive (workloads for every section)."""
+
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        for f in ("lo", "hi"):
+            try:
+                check_length(f, getattr(self, f))
+            except RequestError as e:
+                raise WorkloadError(f"Uniform: {e}") from None
+        if self.hi < self.lo:
+            raise WorkloadError(f"Uniform: hi={self.hi!r} < lo={self.lo!r}")
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.integers(self.lo, self.hi + 1, size=_count("n", n), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """Long-tailed lengths: lognormal with this ``median`` and log-``sigma``, clipped to [lo, hi].
+
+    Workloads for every section (the chat/RAG mix of 7.2 and 7.3). Clipping keeps the tail
+    inside the model's context; ``hi=None`` leaves it open.
+    """
+
+    median: float
+    sigma: float
+    lo: int = 1
+    hi: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive_finite("LogNormal median", self.median)
+        if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float, np.integer, np.floating)) or not (
+                math.isfinite(self.sigma) and self.sigma >= 0):
+            raise WorkloadError(f"LogNormal sigma={self.sigma!r}: must be finite and >= 0")
+        try:
+            check_length("lo", self.lo)
+            if self.hi is not None:
+                check_length("hi", self.hi)
+        except RequestError as e:
+            raise WorkloadError(f"LogNormal: {e}") from None
+        if self.hi is not None and self.hi < self.lo:
+            raise WorkloadError(f"LogNormal: hi={self.hi!r} < lo={self.lo!r}")
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        x = rng.lognormal(mean=math.log(self.median), sigma=self.sigma, size=_count("n", n))
+        hi = np.inf if self.hi is None else self.hi
+        return _round_half_up(np.clip(x, self.lo, hi))
+
+
+@dataclass(frozen=True)
+class Empirical:
+    """Inverse-CDF sampling from a quantile table, linear between the given quantiles.
+
+    Workloads for every section: the ``azure-*-like`` presets draw from tables derived from
+    the real traces (``data/length_quantiles``). ``q`` must rise strictly from 0 to 1 and
+    ``values`` must not decrease.
+    """
+
+    q: tuple[float, ...]
+    values: tuple[float, ...]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        q = np.asarray(self.q, dtype=np.float64)
+        v = np.asarray(self.values, dtype=np.float64)
+        # Python floats for the messages: numpy 2 reprs read "np.float64(2.0)".
+        ql, vl = q.tolist(), v.tolist()
+        where = f" ({self.source})" if self.source else ""
+        if q.ndim != 1 or len(q) < 2 or len(q) != len(v):
+            raise WorkloadError(f"Empirical{where}: need >= 2 quantiles and as many values, got {len(q)} and {len(v)}")
+        if not (np.all(np.isfinite(q)) and np.all(np.isfinite(v))):
+            raise WorkloadError(f"Empirical{where}: quantiles and values must be finite")
+        if q[0] != 0.0 or q[-1] != 1.0:
+            raise WorkloadError(f"Empirical{where}: quantiles must run from 0 to 1, got {ql[0]!r}..{ql[-1]!r}")
+        bad = np.flatnonzero(np.diff(q) <= 0)
+        if len(bad):
+            raise WorkloadError(f"Empirical{where}: quantile q={ql[bad[0] + 1]!r} does not exceed the previous {ql[bad[0]]!r}")
+        bad = np.flatnonzero(np.diff(v) < 0)
+        if len(bad):
+            raise WorkloadError(f"Empirical{where}: value {vl[bad[0] + 1]!r} at q={ql[bad[0] + 1]!r} is below the previous {vl[bad[0]]!r}")
+        if v[0] < 1:
+            raise WorkloadError(f"Empirical{where}: value {vl[0]!r} at q=0 must be >= 1")
+
+    @classmethod
+    def from_csv(cls, path: str | Path, column: str) -> "Empirical":
+        """Read columns ``q`` and ``column`` from a CSV whose ``#`` lines are comments."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise WorkloadError(f"cannot read quantile table {path}: {e}") from None
+        rows = [(n, line) for n, line in enumerate(text.splitlines(), 1)
+                if line.strip() and not line.lstrip().startswith("#")]
+        if not rows:
+            raise WorkloadError(f"{path}: no header line (only comments or blank lines)")
+        header_line, header = rows[0]
+        cols = [c.strip() for c in next(csv.reader([header]))]
+        for need in ("q", column):
+            if need not in cols:
+                raise WorkloadError(f"{path}, line {header_line}: no column {need!r} (columns: {', '.join(cols)})")
+        iq, iv = cols.index("q"), cols.index(column)
+        qs: list[float] = []
+        vs: list[float] = []
+        for n, line in rows[1:]:
+            fields = next(csv.reader([line]))
+            if len(fields) != len(cols):
+                raise WorkloadError(f"{path}, line {n}: {len(fields)} fields, header has {len(cols)}")
+            for i, name, out in ((iq, "q", qs), (iv, column, vs)):
+                try:
+                    out.append(float(fields[i]))
+                except ValueError:
+                    raise WorkloadError(f"{path}, line {n}, column {name!r}: {fields[i]!r} is not a number") from None
+        return cls(tuple(qs), tuple(vs), source=f"{path.name}:{column}")
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        u = rng.random(_count("n", n))
+        return np.maximum(1, _round_half_up(np.interp(u, self.q, self.values)))
+
+    def quantile(self, p: float | np.ndarray) -> float | np.ndarray:
+        """The table's (interpolated) value at quantile ``p``."""
+        return np.interp(p, self.q, self.values)
+
+
+def quantile_table(name: str, column: Literal["prompt", "output"]) -> Empirical:
+    """Load ``data/length_quantiles/<name>.csv`` column ``prompt`` or ``output`` (every section)."""
+    path = QUANTILE_DIR / f"{name}.csv"
+    if not path.exists():
+        have = sorted(p.stem for p in QUANTILE_DIR.glob("*.csv")) if QUANTILE_DIR.is_dir() else []
+        raise WorkloadError(f"no quantile table {name!r}: {path} does not exist (tables: {', '.join(have) or 'none'})")
+    return Empirical.from_csv(path, column)
+
+
+def as_length_dist(spec: int | LengthDist, field: str = "length") -> LengthDist:
+    """An int means :class:`Fixed`; anything with ``sample(n, rng)`` passes through."""
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        return Fixed(int(spec))
+    if callable(getattr(spec, "sample", None)):
+        return spec
+    raise WorkloadError(f"{field}={spec!r}: must be an int or have a sample(n, rng) method")
+
+
+def _describe(d: object) -> str:
+    return repr(d) if not isinstance(d, Empirical) else f"Empirical({d.source or 'table'})"
+
+
+# ---------------------------------------------------------------------- builders
+def synthetic(n: int, rate: float, prompt: int | LengthDist, output: int | LengthDist,
+              burstiness: float = 1.0, seed: int = 0, name: str | None = None) -> Workload:
+    """A seeded synthetic workload (workloads for every section).
+
+    Draws, in this order from ``np.random.default_rng(seed)``: arrivals, prompt lengths,
+    output lengths. Same arguments, same workload.
+    """
+    n = _count("n", n, minimum=1)
+    p, o = as_length_dist(prompt, "prompt"), as_length_dist(output, "output")
+    rng = np.random.default_rng(seed)
+    arrivals = gamma_arrivals(n, rate, burstiness, rng)
+    prompts = p.sample(n, rng)
+    outputs = o.sample(n, rng)
+    info = {"source": "synthetic", "seed": seed, "n": n, "rate": float(rate), "burstiness": float(burstiness),
+            "prompt": _describe(p), "output": _describe(o)}
+    return Workload.from_arrays(arrivals, prompts, outputs, name=name or f"synthetic-{n}", info=info)
+
+
+#: Named workloads from the chapter, with a one-line description each.
+PRESETS: dict[str, str] = {
+    "padding-pair": "7.1: a 50-token prompt beside a 4,000-token prompt, both at t=0, 20 output tokens each",
+    "first-finisher": "7.1: 32 requests at t=0 with 128-token prompts; request 0 wants 2,000 output tokens, 31 want 20",
+    "chat-rag": "7.2/7.3: 80% chat (prompt ~300, output ~100, lognormal) + 20% RAG (prompt ~3,000, output <= 1,000), Poisson 4 req/s, n=500",
+    "azure-conv-like": "every section: lengths from the Azure 2023 conv trace's quantiles, Poisson at its mean 5.53 req/s, n=500",
+    "azure-code-like": "every section: lengths from the Azure 2023 code trace's quantiles, Poisson at its mean 2.57 req/s, n=500",
+}
+
+# The chat-rag mix; lengths chosen to match the chapter's description, not a measured trace.
+_CHAT_PROMPT = LogNormal(median=300, sigma=0.8, lo=16, hi=2048)
+_CHAT_OUTPUT = LogNormal(median=100, sigma=0.7, lo=4, hi=1000)
+_RAG_PROMPT = LogNormal(median=3000, sigma=0.25, lo=1024, hi=6000)
+_RAG_OUTPUT = LogNormal(median=300, sigma=0.6, lo=16, hi=1000)
+_RAG_FRACTION = 0.2
+_AZURE_RATES = {"azure-conv-like": ("azure-conv", 5.53), "azure-code-like": ("azure-code", 2.57)}
+
+
+def preset(name: str, seed: int = 0, *, n: int | None = None, rate: float | None = None) -> Workload:
+    """A named workload from :data:`PRESETS` (section given in each description).
+
+    ``n`` and ``rate`` override the defaults of the random presets (``chat-rag``,
+    ``azure-*-like``); the two fixed ones refuse them, since their sizes are the point.
+    """
+    if name not in PRESETS:
+        raise WorkloadError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+    info: dict[str, object] = {"source": "preset", "preset": name, "description": PRESETS[name]}
+    if name in ("padding-pair", "first-finisher"):
+        if n is not None or rate is not None:
+            raise WorkloadError(f"preset {name!r} has a fixed size and arrival time; n/rate cannot be set")
+        if name == "padding-pair":
+            return Workload.from_arrays([0.0, 0.0], [50, 4000], [20, 20], name=name, info=info)
+        return Workload.from_arrays(np.zeros(32), np.full(32, 128), [2000] + [20] * 31, name=name, info=info)
+    if name == "chat-rag":
+        n = _count("n", 500 if n is None else n, minimum=1)
+        rate = 4.0 if rate is None else rate
+        rng = np.random.default_rng(seed)
+        arrivals = poisson_arrivals(n, rate, rng)
+        is_rag = rng.random(n) < _RAG_FRACTION
+        prompts = np.where(is_rag, _RAG_PROMPT.sample(n, rng), _CHAT_PROMPT.sample(n, rng))
+        outputs = np.where(is_rag, _RAG_OUTPUT.sample(n, rng), _CHAT_OUTPUT.sample(n, rng))
+        info.update(seed=seed, n=n, rate=float(rate), burstiness=1.0, rag_fraction=_RAG_FRACTION,
+                    n_rag=int(is_rag.sum()),
+                    chat={"prompt": repr(_CHAT_PROMPT), "output": repr(_CHAT_OUTPUT)},
+                    rag={"prompt": repr(_RAG_PROMPT), "output": repr(_RAG_OUTPUT)})
+        return Workload.from_arrays(arrivals, prompts, outputs, name=name, info=info)
+    table, default_rate = _AZURE_RATES[name]
+    w = synthetic(500 if n is None else n, default_rate if rate is None else rate,
+                  quantile_table(table, "prompt"), quantile_table(table, "output"), seed=seed, name=name)
+    info.update(w.info)
+    info["source"] = "preset"
+    info["table"] = str(Path("data") / "length_quantiles" / f"{table}.csv")
+    # Sampling prompt and output independently loses their correlation in the real trace.
+    info["note"] = "prompt and output drawn independently from the trace's marginal quantiles"
+    return Workload.from_arrays(w.arrivals, w.prompt_lens, w.output_lens, name=name, info=info)

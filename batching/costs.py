@@ -77,9 +77,10 @@ class _VectorCost:
 
     def step_time(self, work: StepWork) -> float:
         """Seconds for one step; 0.0 for a step that computes nothing."""
-        one = [np.array([v], dtype=np.float64) for v in
-               (work.prefill_tokens, work.prefill_attn, work.decode_rows, work.decode_ctx)]
-        return float(self._times(*one)[0])
+        # Python floats through the same expressions as the arrays of decode_run: the
+        # same IEEE operations in the same order, so the same bits, at a tenth of the cost.
+        return float(self._times(float(work.prefill_tokens), float(work.prefill_attn),
+                                 float(work.decode_rows), float(work.decode_ctx)))
 
     def decode_run(self, rows: int, ctx0: int, growth: int, k: int) -> np.ndarray:
         """Durations of ``k`` decode-only steps of ``rows`` rows, summed context ``ctx0 + j*growth``.
@@ -167,7 +168,7 @@ class RooflineCost(_VectorCost):
         m, d, tp = self.model, self.device, float(self.tp)
         mem_s = m.bytes_arrays(pt, pa, rows, ctx) / tp / d.bandwidth
         cmp_s = m.flops_arrays(pt, pa, rows, ctx) / tp / self.device_peak
-        comm_s = np.zeros_like(mem_s)
+        comm_s = 0.0 * mem_s
         if self.tp > 1:
             act = 4.0 if m.dtype == "fp32" else 2.0
             one = (2.0 * (tp - 1.0) / tp * ((pt + rows) * float(m.hidden) * act) / d.link_bandwidth
@@ -175,8 +176,12 @@ class RooflineCost(_VectorCost):
             comm_s = comm_s + 2.0 * m.layers * one
         return mem_s, cmp_s, comm_s
 
-    def _times(self, pt: np.ndarray, pa: np.ndarray, rows: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+    def _times(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
+        """Step times for float64 arrays or Python floats (see ``step_time``)."""
         mem_s, cmp_s, comm_s = self._parts(pt, pa, rows, ctx)
+        if isinstance(pt, float):
+            t = max(mem_s, cmp_s) + self.device.step_overhead_s + comm_s
+            return t if pt + rows > 0 else 0.0
         t = np.maximum(mem_s, cmp_s) + self.device.step_overhead_s + comm_s
         return np.where((pt + rows) > 0, t, 0.0)
 
@@ -368,7 +373,9 @@ class ProfileCost(_VectorCost):
         t = (1 - w) * self.ps[i] + w * self.ps[i + 1]
         return np.maximum(t, 0.0), (tokens < self.pt[0]) | (tokens > self.pt[-1])
 
-    def _times(self, pt: np.ndarray, pa: np.ndarray, rows: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+    def _times(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
+        if isinstance(pt, float):  # step_time's scalar call: the array path on length-1 arrays
+            return self._times(*(np.array([v]) for v in (pt, pa, rows, ctx)))[0]
         has_d, has_p = rows > 0, pt > 0
         dec, d_out = self._decode(rows, ctx / np.maximum(rows, 1.0))
         pre, p_out = self._prefill(pt)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -61,7 +61,7 @@ class StepLog:
     """Per-step log, one row per step or per run of identical decode steps (``n``)."""
 
     COLUMNS = ("t", "dur", "n", "prefill", "pad", "decode", "dead", "emitted", "slots",
-               "kv_reserved", "kv_used", "waiting", "running", "flops", "bytes")
+               "kv_reserved", "kv_used", "waiting", "running", "attn", "ctx")
 
     def __init__(self, record_slots: bool = False) -> None:
         self.cols: dict[str, list] = {c: [] for c in self.COLUMNS}
@@ -74,6 +74,20 @@ class StepLog:
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {c: np.asarray(v, dtype=float) for c, v in self.cols.items()}
+
+    def hardware(self, model: Any) -> tuple[np.ndarray, np.ndarray]:
+        """FLOPs and bytes of each row (a run of ``n`` steps: its total) from a model shape.
+
+        ``ctx`` is the decode context of a row's first step; it grows by ``decode`` per
+        step, and both quantities are affine in it, so a run's total is n x the mean.
+        """
+        L = self.arrays()
+        pt, pa, rows = L["prefill"] + L["pad"], L["attn"], L["decode"] + L["dead"]
+        first, last = L["ctx"], L["ctx"] + (L["n"] - 1) * L["decode"]
+        out = []
+        for f in (model.flops_arrays, model.bytes_arrays):
+            out.append(L["n"] * (f(pt, pa, rows, first) + f(pt, pa, rows, last)) / 2)
+        return out[0], out[1]
 
     def records(self) -> list[dict[str, Any]]:
         rows = [dict(zip(self.COLUMNS, vals)) for vals in zip(*self.cols.values())]
@@ -103,7 +117,7 @@ class RunResult:
     preemptions: int
     wall_s: float
     fast_steps: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
+    cost: Any = None  # the cost model that predicts (simulator) or accounts for (real engine) FLOPs and bytes
 
     @property
     def num_steps(self) -> int:
@@ -170,18 +184,11 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
                 raise RuntimeError(f"executor returned step duration={res.duration!r}")
             t = t0 + res.duration
             scheduler.commit(plan, t, res.token_ids)
-        flops = bytes_ = 0.0
-        if cost is not None:
-            last = StepWork(work.prefill_tokens, work.prefill_attn, work.decode_rows,
-                            work.decode_ctx + (k - 1) * len(plan.decodes))
-            # Both are affine in the decode context, so the run's total is k x the mean.
-            flops = k * (cost.flops(work) + cost.flops(last)) / 2
-            bytes_ = k * (cost.bytes_moved(work) + cost.bytes_moved(last)) / 2
         log.add(t=t0, dur=t - t0, n=k, prefill=sum(c.n for c in plan.prefills),
                 pad=sum(c.pad for c in plan.prefills), decode=len(plan.decodes), dead=len(plan.dead),
                 emitted=len(plan.emitting), slots=plan.slots, kv_reserved=scheduler.kv.reserved,
                 kv_used=scheduler.kv.used, waiting=len(scheduler.waiting), running=len(scheduler.running),
-                flops=flops, bytes=bytes_)
+                attn=work.prefill_attn, ctx=work.decode_ctx)
         if record_slots:
             log.occupancy.append(occ)
         if bar is not None:
@@ -193,4 +200,4 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
     assert all(r.done for r in reqs), "a request did not finish"
     return RunResult(requests=reqs, log=log, scheduler=scheduler.config(), executor=executor.describe(),
                      preemptions=scheduler.preemptions, wall_s=time.perf_counter() - wall0,
-                     fast_steps=fast_steps)
+                     fast_steps=fast_steps, cost=cost)

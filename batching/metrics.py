@@ -119,10 +119,10 @@ def summarize(result: RunResult, records: list[dict[str, Any]] | None = None,
         "queue": _dist(col("queue")), "ttft": _dist(col("ttft")), "tpot": _dist(col("tpot")),
         "e2e": _dist(col("e2e")), "itl": _dist(itl),
     }
-    ex = result.executor
-    if ex.get("peak_flops") and L["flops"].sum() > 0:
-        s["hw_compute_utilization"] = float(L["flops"].sum() / (busy * ex["peak_flops"]))
-        s["hw_bandwidth_utilization"] = float(L["bytes"].sum() / (busy * ex["bandwidth"]))
+    if result.cost is not None and getattr(result.cost, "model", None) is not None:
+        flops, bytes_ = result.log.hardware(result.cost.model)
+        s["hw_compute_utilization"] = float(flops.sum() / (busy * result.cost.peak_flops))
+        s["hw_bandwidth_utilization"] = float(bytes_.sum() / (busy * result.cost.bandwidth))
     if slo is not None:
         good = sum(slo.met(rec) for rec in records)
         s["goodput"] = {"slo": {k: v for k, v in vars(slo).items() if v is not None},

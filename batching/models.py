@@ -9,6 +9,7 @@ simulator (7.2, 70B on 2 x H200) and by the CPU demos (sizes measured in
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -73,18 +74,18 @@ class ModelShape:
     def kv_dtype(self) -> str:
         return _BYTES_DTYPE[self.kv_bytes]
 
-    @property
+    @cached_property  # the simulator asks for these on every step
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
-    @property
+    @cached_property  # the simulator asks for these on every step
     def layer_matmul_params(self) -> int:
         """q, k, v, o projections + gate, up, down of one layer."""
         q_o = 2 * self.hidden * self.heads * self.head_dim
         k_v = 2 * self.hidden * self.kv_heads * self.head_dim
         return q_o + k_v + 3 * self.hidden * self.ffn
 
-    @property
+    @cached_property  # the simulator asks for these on every step
     def params(self) -> int:
         """Exact parameter count: embeddings, layers (+2 RMSNorm weights each), final norm, lm head unless tied."""
         emb = self.vocab * self.hidden
@@ -92,12 +93,12 @@ class ModelShape:
         head = 0 if self.tied_embeddings else emb
         return emb + self.layers * per_layer + self.hidden + head
 
-    @property
+    @cached_property  # the simulator asks for these on every step
     def weight_bytes(self) -> int:
         """Bytes the weights occupy in memory."""
         return self.params * self.bytes_per_param
 
-    @property
+    @cached_property  # the simulator asks for these on every step
     def weight_read_bytes(self) -> int:
         """Bytes of weights one forward pass streams.
 
@@ -108,17 +109,17 @@ class ModelShape:
         unread = 0 if self.tied_embeddings else self.vocab * self.hidden
         return (self.params - unread) * self.bytes_per_param
 
-    @property
+    @cached_property  # the simulator asks for these on every step
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer for one token."""
         return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes
 
-    @property
+    @cached_property  # the simulator asks for these on every step
     def flops_per_token(self) -> int:
         """Dense FLOPs per token: 2 x the matmul params, lm head included, embeddings not."""
         return 2 * (self.layers * self.layer_matmul_params + self.vocab * self.hidden)
 
-    @property
+    @cached_property  # the simulator asks for these on every step
     def attn_flops_per_pair(self) -> int:
         """FLOPs per (query, key) pair: QK^T and PV, 2 each per head dimension."""
         return 4 * self.layers * self.heads * self.head_dim
@@ -139,7 +140,7 @@ class ModelShape:
         kv = float(self.kv_bytes_per_token)
         # Keys before a prefill chunk, read once per chunk: exact for one chunk, since
         # pa = n*start + n(n+1)/2; with several chunks it undercounts (clamped at 0).
-        earlier = np.maximum(pa - pt * (pt + 1.0) / 2.0, 0.0) / np.maximum(pt, 1.0)
+        earlier = _max(pa - pt * (pt + 1.0) / 2.0, 0.0) / _max(pt, 1.0)
         weights = float(self.weight_read_bytes) * ((pt + rows) > 0)
         return weights + kv * (ctx + earlier) + kv * (pt + rows)
 
@@ -172,6 +173,12 @@ class ModelShape:
         w = canonical_dtype(weights)
         k = canonical_dtype(kv) if kv is not None else (self.kv_dtype if w == "fp8" else w)
         return replace(self, bytes_per_param=DTYPE_BYTES[w], kv_bytes=DTYPE_BYTES[k])
+
+
+def _max(a: Any, b: float) -> Any:
+    """Elementwise max for arrays, plain max for Python floats (the simulator's scalar
+    path): the same IEEE operations either way, so both give bit-identical results."""
+    return max(a, b) if isinstance(a, float) else np.maximum(a, b)
 
 
 def _as_f64(work: StepWork) -> tuple[np.float64, np.float64, np.float64, np.float64]:

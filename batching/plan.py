@@ -49,6 +49,7 @@ class StepPlan:
     slots: int = 1
     steady: int = 1
     arrival_sensitive: bool = True
+    _work: "StepWork | None" = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def is_empty(self) -> bool:
@@ -69,7 +70,10 @@ class StepPlan:
         return [c.req for c in self.prefills if c.completes] + list(self.decodes)
 
     def work(self) -> "StepWork":
-        return StepWork.of(self)
+        """The step's cost inputs, computed once (before the step is committed)."""
+        if self._work is None:
+            self._work = StepWork.of(self)
+        return self._work
 
 
 @dataclass(frozen=True)

@@ -126,14 +126,14 @@ class Request:
     def on_decode_run(self, times: list[float]) -> None:
         """``len(times)`` consecutive decode steps at once (the engine's fast path)."""
         k = len(times)
-        assert not self.in_prefill and k <= self.remaining_output, (self.rid, k)
+        # The invariants of _check, kept cheap: this is the simulator's hottest path.
+        assert self.num_computed >= self.prefill_target and k <= self.output_len - self.generated, (self.rid, k)
         assert times[0] >= self.token_times[-1], self.rid
         self.num_computed += k
         self.generated += k
         self.token_times.extend(times)
-        if self.done:
+        if self.generated == self.output_len:
             self.finish_time = times[-1]
-        self._check()
 
     def on_release(self) -> None:
         """Leave the batch (finished, or preempted)."""
@@ -150,11 +150,10 @@ class Request:
         self._check()
 
     def _check(self) -> None:
-        assert 0 <= self.generated <= self.output_len, (self.rid, self.generated)
-        assert 0 <= self.num_computed <= self.prompt_len + self.output_len, (self.rid, self.num_computed)
-        assert self.prefill_target >= self.prompt_len, self.rid
-        assert len(self.token_times) == self.generated, self.rid
+        assert (0 <= self.generated <= self.output_len
+                and 0 <= self.num_computed <= self.prompt_len + self.output_len
+                and self.prefill_target >= self.prompt_len
+                and len(self.token_times) == self.generated), self
         # While decoding, the cache holds everything but the newest token.
-        if not self.in_prefill and self.generated > 0:
-            assert self.num_computed == self.prompt_len + self.generated - 1 or self.done, (
-                self.rid, self.num_computed, self.generated)
+        assert (self.generated == 0 or self.num_computed < self.prefill_target
+                or self.num_computed == self.prompt_len + self.generated - 1), self

@@ -12,5 +12,24 @@ SCHEDULERS = {
     "chunked": ChunkedPrefillScheduler,
 }
 
-__all__ = ["SCHEDULERS", "Scheduler", "StaticScheduler", "DynamicScheduler",
+__all__ = ["SCHEDULERS", "make_scheduler", "Scheduler", "StaticScheduler", "DynamicScheduler",
            "ContinuousScheduler", "ChunkedPrefillScheduler"]
+
+
+def make_scheduler(name: str, *, max_context: int, slots: int = 32, timeout: float = 0.0,
+                   prefill_mode: str = "mixed", token_budget: int = 512, chunk_size: int | None = None,
+                   kv_capacity: float = float("inf"), kv_policy: str = "slab") -> Scheduler:
+    """Build a scheduler by name with the CLI's option names (``slots`` is the batch size
+    for static and dynamic batching, ``timeout`` their collection timeout / max wait)."""
+    kv = {"kv_capacity": kv_capacity, "kv_policy": kv_policy}
+    if name == "static":
+        return StaticScheduler(slots, max_context, timeout=timeout, **kv)
+    if name == "dynamic":
+        return DynamicScheduler(slots, max_context, max_wait=timeout, **kv)
+    if name == "continuous":
+        return ContinuousScheduler(slots, max_context, prefill_mode=prefill_mode, **kv)
+    if name == "chunked":
+        return ChunkedPrefillScheduler(slots, max_context, token_budget=token_budget,
+                                       chunk_size=chunk_size, **kv)
+    from ..kv import ConfigError
+    raise ConfigError(f"scheduler={name!r}: must be one of {', '.join(SCHEDULERS)}")

@@ -47,7 +47,8 @@ class Scheduler:
     # ------------------------------------------------------------ config
     def config(self) -> dict:
         return {"scheduler": self.name, "max_slots": self.max_slots,
-                "max_context": self.kv.max_context, "kv_capacity": self.kv.capacity,
+                "max_context": self.kv.max_context,
+                "kv_capacity": None if self.kv.capacity == math.inf else self.kv.capacity,  # None: unlimited
                 "kv_policy": self.kv.policy}
 
     def validate(self, req: Request) -> None:

@@ -1,0 +1,287 @@
+"""Model shapes, devices and step-cost models (batching/models.py, devices.py, costs.py)."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from batching.costs import CostModel, ProfileCost, ProfileError, RooflineCost, get_cost_model
+from batching.devices import DEVICES, get_device
+from batching.models import MODELS, get_model
+from batching.plan import StepWork
+
+H100, H200 = get_device("h100"), get_device("h200")
+
+
+# ------------------------------------------------------------------------- models
+@pytest.mark.parametrize("name, published", [
+    ("llama-1b", 1.24e9), ("llama-8b", 8.03e9), ("llama-70b", 70.6e9),   # model cards
+    ("cpu-s", 26.4e6), ("cpu-m", 117.2e6), ("cpu-l", 392.2e6),          # cpu-decode-measurements.md
+])
+def test_param_counts_match_published(name: str, published: float) -> None:
+    assert get_model(name).params == pytest.approx(published, rel=0.01)
+
+
+def test_tiny_params_by_hand() -> None:
+    m = get_model("tiny")
+    # head_dim 16; per layer: q,o 64x64 each, k,v 64x32 each, gate/up/down 64x176, 2 norms.
+    layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64
+    assert m.head_dim == 16
+    assert m.params == 256 * 64 + 2 * layer + 64          # tied: no separate lm head
+    assert m.weight_bytes == 4 * m.params
+    assert m.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
+    assert m.attn_flops_per_pair == 4 * 2 * 4 * 16
+
+
+def test_llama_8b_sizes() -> None:
+    m = get_model("llama-8b")
+    assert m.params == 8_030_261_248
+    assert m.weight_bytes == pytest.approx(16.06e9, rel=1e-3)
+    assert m.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
+    # The untied input embedding (128256 x 4096) is gathered, not streamed.
+    assert m.weight_read_bytes == m.weight_bytes - 2 * 128256 * 4096
+    assert m.max_context == 8192 and m.dtype == "bf16"
+
+
+def test_flops_and_bytes_by_hand() -> None:
+    m = get_model("tiny")
+    w = StepWork(prefill_tokens=10, prefill_attn=10 * 5 + 55, decode_rows=3, decode_ctx=30)
+    body = 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176)
+    assert m.flops(w) == 2 * body * 13 + 2 * 256 * 64 * 3 + m.attn_flops_per_pair * (105 + 30)
+    # weights + KV: decode reads 30, the chunk reads its 5 earlier tokens, 13 tokens written
+    assert m.bytes_moved(w) == m.weight_read_bytes + m.kv_bytes_per_token * (30 + 5 + 13)
+    assert m.flops(StepWork()) == 0 and m.bytes_moved(StepWork()) == 0
+
+
+def test_with_dtype() -> None:
+    m = get_model("llama-70b")
+    f8 = m.with_dtype("fp8")
+    assert (f8.bytes_per_param, f8.kv_bytes, f8.params) == (1, 2, m.params)
+    assert m.with_dtype("float32").kv_bytes == 4
+    with pytest.raises(ValueError, match="fp32, bf16, fp8"):
+        m.with_dtype("int3")
+
+
+def test_unknown_names_list_valid_ones() -> None:
+    with pytest.raises(ValueError, match="'gpt-9'.*tiny.*llama-70b"):
+        get_model("gpt-9")
+    with pytest.raises(ValueError, match="'b200'.*H100-SXM.*cpu-here"):
+        get_device("b200")
+    with pytest.raises(ValueError, match="'gpt-9'.*llama-8b"):
+        get_cost_model("gpt-9", "h100")
+
+
+def test_device_aliases_and_sources() -> None:
+    assert get_device("h100").name == "H100-SXM" and get_device("H200").name == "H200-SXM"
+    assert get_device("a100") is DEVICES["A100-SXM"] and get_device("cpu").name == "cpu-here"
+    for d in DEVICES.values():
+        assert d.source and d.bandwidth > 0 and d.peak_flops
+
+
+# ----------------------------------------------------------------------- roofline
+def test_llama_8b_h100_batch1_by_hand() -> None:
+    c = RooflineCost(get_model("llama-8b"), H100)
+    w = StepWork(decode_rows=1, decode_ctx=1000)
+    # 15.01e9 weight bytes streamed + 1001 KV tokens x 131072 B, at 3.35 TB/s, + 0.3 ms
+    expected = (15_009_849_344 + 1001 * 131_072) / 3.35e12 + 300e-6
+    assert c.step_time(w) == pytest.approx(expected, rel=1e-12)
+    assert c.step_time(w) == pytest.approx(4.82e-3, rel=1e-3)
+    assert c.terms(w)["bound"] == "memory"
+    prefill = StepWork(prefill_tokens=8192, prefill_attn=8192 * 8193 // 2)
+    t = c.terms(prefill)
+    assert t["bound"] == "compute"
+    assert t["compute_s"] == pytest.approx(
+        (2 * 6_979_321_856 * 8192 + 4 * 32 * 32 * 128 * (8192 * 8193 // 2)) / 989e12, rel=1e-12)
+
+
+@pytest.mark.parametrize("device, dtype, bstar", [
+    ("h100", None, 295.2), ("h200", None, 206.0), ("a100", None, 153.0), ("h200", "fp8", 206.1)])
+def test_bstar(device: str, dtype: str | None, bstar: float) -> None:
+    assert RooflineCost(get_model("llama-8b"), get_device(device), dtype=dtype).bstar() == pytest.approx(bstar, abs=0.1)
+
+
+def test_bstar_cpu_fp32_is_twice_peak_over_bandwidth() -> None:
+    c = RooflineCost(get_model("cpu-m"), get_device("cpu"))
+    assert c.bstar() == pytest.approx(2 * 110e9 / 18.5e9)
+    assert 7 <= c.bstar() <= 12          # the CPU note's range
+
+
+def test_empty_step_costs_nothing() -> None:
+    assert RooflineCost(get_model("tiny"), H100).step_time(StepWork()) == 0.0
+
+
+def test_tp_halves_memory_term() -> None:
+    m, w = get_model("llama-8b"), StepWork(decode_rows=8, decode_ctx=8000)
+    one, two = RooflineCost(m, H100).terms(w), RooflineCost(m, H100, tp=2).terms(w)
+    assert two["memory_s"] == pytest.approx(one["memory_s"] / 2, rel=1e-12)
+    assert two["compute_s"] == pytest.approx(one["compute_s"] / 2, rel=1e-12)
+    # 2 all-reduces x 32 layers of 8 tokens x 4096 x 2 B, ring factor 1 at tp=2
+    assert two["allreduce_s"] == pytest.approx(64 * (8 * 4096 * 2 / 450e9 + 10e-6), rel=1e-12)
+    assert one["allreduce_s"] == 0.0
+
+
+@pytest.mark.parametrize("device, usable", [("h100", "72.0"), ("h200", "126.9")])
+def test_70b_bf16_refused_on_one_gpu(device: str, usable: str) -> None:
+    with pytest.raises(ValueError) as e:
+        get_cost_model("llama-70b", device)
+    msg = str(e.value)
+    assert "141.1 GB" in msg and f"{usable} GB usable" in msg and "tp >= 2" in msg and "fp8" in msg
+
+
+@pytest.mark.parametrize("device, tp, dtype", [("h100", 4, None), ("h200", 2, None), ("h200", 1, "fp8")])
+def test_70b_accepted(device: str, tp: int, dtype: str | None) -> None:
+    c = get_cost_model("llama-70b", device, tp=tp, dtype=dtype)
+    assert c.kv_capacity() > get_model("llama-70b").max_context
+
+
+def test_kv_capacity_and_kv_check() -> None:
+    m = get_model("llama-70b")
+    c = RooflineCost(m, H200, tp=2)
+    assert c.kv_capacity() == int((2 * 141e9 * 0.9 - m.weight_bytes) // 327_680)
+    RooflineCost(m, H200, tp=2, kv_capacity_tokens=c.kv_capacity())
+    with pytest.raises(ValueError, match="KV tokens"):
+        RooflineCost(m, H200, tp=2, kv_capacity_tokens=c.kv_capacity() + 1)
+
+
+def test_bad_tp_refused() -> None:
+    with pytest.raises(ValueError, match="tp=3"):
+        RooflineCost(get_model("llama-8b"), H100, tp=3)
+    with pytest.raises(ValueError, match="interconnect"):
+        RooflineCost(get_model("cpu-s"), get_device("cpu"), tp=2)
+    with pytest.raises(ValueError, match="no fp8"):
+        RooflineCost(get_model("llama-8b"), get_device("a100"), dtype="fp8")
+
+
+# ----------------------------------------------------------------------- profile
+def _profile() -> dict[str, Any]:
+    return {"schema": 1,
+            "meta": {"device": "cpu-here", "model": "cpu-s", "dtype": "float32",
+                     "date": "2026-11-30", "torch": "2.13.0+cpu", "host": "test"},
+            "decode": {"batch": [1, 3], "ctx": [100, 300], "ms": [[10, 12], [14, 20]]},
+            "prefill": {"tokens": [100, 300], "ms": [50, 130]},
+            "mixed": {"prefill_tokens": [200], "decode_rows": [1], "decode_ctx": [100], "ms": [100.0]}}
+
+
+def _dec(rows: int, ctx_per_row: int) -> StepWork:
+    return StepWork(decode_rows=rows, decode_ctx=rows * ctx_per_row)
+
+
+def test_profile_interpolation() -> None:
+    p = ProfileCost.from_dict(_profile())
+    assert [p.step_time(_dec(b, c)) for b, c in [(1, 100), (1, 300), (3, 100), (3, 300)]] == [
+        0.010, 0.012, 0.014, 0.020]                                    # grid points, exactly
+    assert p.step_time(_dec(2, 200)) == pytest.approx(0.014, rel=1e-12)  # mean of the 4 corners
+    assert p.step_time(_dec(1, 200)) == pytest.approx(0.011, rel=1e-12)
+    assert p.step_time(StepWork(prefill_tokens=100)) == 0.050
+    assert p.step_time(StepWork(prefill_tokens=200)) == pytest.approx(0.090, rel=1e-12)
+    # mixed: prefill + decode - the cheapest measured step (weights and overhead paid once)
+    assert p.step_time(StepWork(prefill_tokens=200, decode_rows=3, decode_ctx=900)) == pytest.approx(0.100)
+    assert p.step_time(StepWork()) == 0.0
+    assert (p.queries, p.extrapolated) == (9, 0)
+    assert p.describe()["mixed_max_rel_err"] == pytest.approx(0.1)   # 90 ms estimated, 100 measured
+    assert p.describe()["queries"] == 9                              # the check is not counted
+
+
+def test_profile_extrapolation_counted() -> None:
+    p = ProfileCost.from_dict(_profile())
+    assert p.step_time(StepWork(prefill_tokens=400)) == pytest.approx(0.170)   # 0.4 ms/token
+    assert p.step_time(_dec(5, 300)) == pytest.approx(0.028)                  # 4 ms/row at ctx 300
+    p.step_time(_dec(2, 50))
+    p.step_time(_dec(2, 150))
+    assert (p.queries, p.extrapolated) == (4, 3)
+    p.decode_run(rows=2, ctx0=500, growth=2, k=60)      # ctx/row 250..309: 301..309 are beyond
+    assert (p.queries, p.extrapolated) == (64, 12)
+    d = p.describe()
+    assert (d["queries"], d["extrapolated"], d["meta"]["torch"]) == (64, 12, "2.13.0+cpu")
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def f(d: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        for k in parents:
+            d = d[k]
+        if value is KeyError:
+            del d[last]
+        else:
+            d[last] = value
+    return f
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (_set("schema", KeyError), "'schema'"),
+    (_set("schema", 2), "'schema'"),
+    (_set("meta.device", KeyError), "'meta.device'"),
+    (_set("meta.model", "gpt-9"), "'meta.model'"),
+    (_set("meta.dtype", "int4"), "'meta.dtype'"),
+    (_set("decode", [1, 2]), "'decode'"),
+    (_set("decode.batch", [3, 1]), "'decode.batch'"),
+    (_set("decode.ctx", [100]), "'decode.ctx'"),
+    (_set("decode.ms", [[10, 12]]), "'decode.ms'"),
+    (_set("decode.ms", [[10, 12], [14]]), "'decode.ms[1]'"),
+    (_set("decode.ms", [[10, -1], [14, 20]]), "'decode.ms[0]'"),
+    (_set("prefill.ms", KeyError), "'prefill.ms'"),
+    (_set("prefill.tokens", [100, "300"]), "'prefill.tokens'"),
+    (_set("mixed.decode_rows", [1, 2]), "'mixed.decode_rows'"),
+])
+def test_malformed_profile_names_field(mutate: Callable[[dict[str, Any]], None], field: str) -> None:
+    d = copy.deepcopy(_profile())
+    mutate(d)
+    with pytest.raises(ProfileError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        ProfileCost.from_dict(d)
+
+
+def test_profile_from_json_and_factory(tmp_path: Path) -> None:
+    f = tmp_path / "cpu-here-cpu-s.json"
+    f.write_text(json.dumps(_profile()))
+    p = get_cost_model("cpu-s", "cpu", profile=str(f))
+    assert isinstance(p, ProfileCost) and p.describe()["source"] == str(f)
+    assert p.peak_flops == 110e9 and p.bandwidth == 18.5e9
+    assert p.kv_capacity() == int((25.3e9 * 0.9 - get_model("cpu-s").weight_bytes) // 8192)
+    with pytest.raises(ValueError, match="measured for cpu-s on cpu-here, not cpu-m"):
+        get_cost_model("cpu-m", "cpu", profile=str(f))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(ProfileError, match="not JSON"):
+        ProfileCost.from_json(bad)
+
+
+# ------------------------------------------------------------------ shared contract
+def _models() -> list[CostModel]:
+    return [RooflineCost(get_model("llama-8b"), H100),
+            RooflineCost(get_model("llama-70b"), H200, tp=2),
+            RooflineCost(get_model("cpu-m"), get_device("cpu")),
+            ProfileCost.from_dict(_profile())]
+
+
+def test_cost_models_follow_protocol() -> None:
+    for c in _models():
+        assert isinstance(c, CostModel)
+        assert isinstance(c.describe(), dict) and c.peak_flops > 0 and c.bandwidth > 0
+
+
+@settings(derandomize=True, deadline=None, max_examples=60)
+@given(rows=st.integers(0, 300), ctx0=st.integers(0, 200_000), growth=st.integers(0, 300),
+       k=st.integers(0, 40))
+def test_decode_run_equals_step_time(rows: int, ctx0: int, growth: int, k: int) -> None:
+    for c in _models():
+        run = c.decode_run(rows, ctx0, growth, k)
+        assert run.shape == (k,) and run.dtype == np.float64
+        one = [c.step_time(StepWork(decode_rows=rows, decode_ctx=ctx0 + j * growth)) for j in range(k)]
+        assert run.tolist() == one            # bit-identical, not approx
+
+
+@settings(derandomize=True, deadline=None, max_examples=60)
+@given(rows=st.integers(1, 512), ctx=st.integers(1, 8192), d_rows=st.integers(0, 64),
+       d_ctx=st.integers(0, 4096))
+def test_step_time_monotone_in_rows_and_ctx(rows: int, ctx: int, d_rows: int, d_ctx: int) -> None:
+    for c in _models():
+        base = c.step_time(_dec(rows, ctx))
+        assert c.step_time(_dec(rows + d_rows, ctx)) >= base
+        assert c.step_time(_dec(rows, ctx + d_ctx)) >= base
+        assert c.step_time(StepWork(decode_rows=rows, decode_ctx=rows * ctx + d_ctx)) >= base

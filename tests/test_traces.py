@@ -1,0 +1,321 @@
+"""Tests for batching.traces: Azure and Mooncake loaders, lookup, merge, quantile tables."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from batching import traces
+from batching.request import RequestError
+from batching.traces import TraceError, find_trace, load_azure, load_mooncake, load_trace, merge
+from batching.workload import QUANTILE_DIR, Empirical, Workload, WorkloadError, quantile_table
+
+HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
+
+
+def azure_csv(tmp_path: Path, rows: list[str], header: str = HEADER, name: str = "trace.csv") -> Path:
+    """A CRLF CSV like the real Azure files (7 fractional digits)."""
+    p = tmp_path / name
+    p.write_bytes(("\r\n".join([header] + rows) + "\r\n").encode())
+    return p
+
+
+def ts(seconds: float, base: str = "2023-11-16 18:15") -> str:
+    """A timestamp ``seconds`` after ``base``:00 with 7 fractional digits."""
+    whole = int(seconds)
+    frac = round((seconds - whole) * 1e7)
+    return f"{base}:{whole:02d}.{frac:07d}"
+
+
+SIX = [f"{ts(t)},{p},{o}" for t, p, o in
+       [(0, 100, 10), (1, 200, 20), (2, 300, 30), (3, 400, 40), (4, 500, 50), (5, 600, 60)]]
+
+
+def mooncake_jsonl(tmp_path: Path, recs: list[dict[str, object]] | list[str], name: str = "t.jsonl") -> Path:
+    p = tmp_path / name
+    p.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in recs))
+    return p
+
+
+def mc(t: int, i: int = 100, o: int = 10) -> dict[str, object]:
+    return {"timestamp": t, "input_length": i, "output_length": o, "hash_ids": [0, 1]}
+
+
+# --------------------------------------------------------------------- Azure
+def test_azure_exact_arrivals_crlf_7_digits(tmp_path: Path) -> None:
+    p = azure_csv(tmp_path, ["2023-11-16 18:15:46.6805900,374,44", "2023-11-16 18:15:48.1805900,396,109"])
+    w = load_azure(p)
+    assert w.arrivals.tolist() == [0.0, 1.5]
+    assert w.prompt_lens.tolist() == [374, 396] and w.output_lens.tolist() == [44, 109]
+    assert w.rids == (0, 1)
+    info = w.info
+    assert info["file"] == str(p) and info["epoch"] == "2023-11-16 18:15:46.680590"
+    assert "Splitwise" in info["attribution"] and "CC BY 4.0" in info["attribution"]
+    assert info["sha256"] == hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_azure_reordered_columns_and_trailing_blank_lines(tmp_path: Path) -> None:
+    p = azure_csv(tmp_path, ["5,2023-11-16 18:15:00.0000000,7", ""], header="GeneratedTokens,TIMESTAMP,ContextTokens")
+    w = load_azure(p)
+    assert (w.prompt_lens.tolist(), w.output_lens.tolist()) == ([7], [5])
+
+
+@pytest.mark.parametrize("header, rows, pattern", [
+    ("TIMESTAMP,Context,GeneratedTokens", SIX[:1], r"line 1: missing column\(s\) 'ContextTokens'"),
+    (HEADER, [SIX[0], "2023-13-16 18:15:01.0000000,5,5"],
+     r"line 3, column 'TIMESTAMP': '2023-13-16 18:15:01\.0000000' is not a timestamp"),
+    (HEADER, [SIX[0], "yesterday,5,5"], r"line 3, column 'TIMESTAMP': 'yesterday'"),
+    (HEADER, [f"{ts(0)},12,1a"], r"line 2, column 'GeneratedTokens': '1a' is not an integer"),
+    (HEADER, [f"{ts(0)},2.5,3"], r"line 2, column 'ContextTokens': '2\.5' is not an integer"),
+    (HEADER, [SIX[0], f"{ts(1)},0,3"], r"line 3, column 'ContextTokens': 0 tokens; lengths must be >= 1"),
+    (HEADER, [f"{ts(1)},4,-2"], r"line 2, column 'GeneratedTokens': -2 tokens"),
+    (HEADER, [SIX[0], SIX[2], SIX[1]],
+     r"line 4, column 'TIMESTAMP': '2023-11-16 18:15:01\.0000000' is earlier than line 3's"),
+    (HEADER, [SIX[0], f"{ts(1)},4"], r"line 3: 2 fields"),
+    (HEADER, [], r"header only, no requests"),
+])
+def test_azure_errors_name_line_column_value(tmp_path: Path, header: str, rows: list[str], pattern: str) -> None:
+    p = azure_csv(tmp_path, rows, header=header, name="bad.csv")
+    with pytest.raises(TraceError, match=pattern) as e:
+        load_azure(p)
+    assert str(p) in str(e.value)
+
+
+def test_azure_empty_file_and_missing_file(tmp_path: Path) -> None:
+    p = tmp_path / "empty.csv"
+    p.write_bytes(b"")
+    with pytest.raises(TraceError, match=re.escape(f"{p}: empty file")):
+        load_azure(p)
+    with pytest.raises(TraceError, match="cannot open Azure trace .*nope.csv"):
+        load_azure(tmp_path / "nope.csv")
+
+
+def test_azure_window_limit_time_scale(tmp_path: Path) -> None:
+    p = azure_csv(tmp_path, SIX)
+    w = load_azure(p, window=(1, 4))
+    assert len(w) == 3 and w.arrivals.tolist() == [0.0, 1.0, 2.0]
+    assert w.prompt_lens.tolist() == [200, 300, 400]
+    assert w.info["t_offset_s"] == 1.0 and w.info["window_s"] == [1.0, 4.0]
+    assert w.info["epoch"] == "2023-11-16 18:15:01"
+    assert len(load_azure(p, limit=2)) == 2
+    w = load_azure(p, window=(1.5, float("inf")), limit=2, time_scale=2)
+    assert w.prompt_lens.tolist() == [300, 400] and w.arrivals.tolist() == [0.0, 0.5]
+    assert w.info["time_scale"] == 2 and w.info["rows_in_file"] == 6 and w.info["rows_selected"] == 2
+    with pytest.raises(TraceError, match=r"no requests in window=\(10\.0, 20\.0\)"):
+        load_azure(p, window=(10, 20))
+    with pytest.raises(WorkloadError, match="limit=0"):
+        load_azure(p, limit=0)
+    with pytest.raises(WorkloadError, match="time_scale=0"):
+        load_azure(p, time_scale=0)
+    with pytest.raises(WorkloadError, match=r"window=\(3, 1\)"):
+        load_azure(p, window=(3, 1))
+
+
+def test_azure_max_context_error_and_cap(tmp_path: Path) -> None:
+    p = azure_csv(tmp_path, SIX)
+    assert len(load_azure(p, max_context=660)) == 6
+    with pytest.raises(RequestError, match=r"line 5: request 3: prompt_len \+ output_len = 400 \+ 40 = 440 "
+                                           r"exceeds max_context=400 \(3 of 6"):
+        load_azure(p, max_context=400)
+    w = load_azure(p, max_context=400, cap=True)
+    assert w.prompt_lens.tolist() == [100, 200, 300, 360, 350, 340]
+    assert w.output_lens.tolist() == [10, 20, 30, 40, 50, 60]
+    assert w.info["capped"]["n_capped"] == 3
+    with pytest.raises(WorkloadError, match="cap=True needs max_context"):
+        load_azure(p, cap=True)
+
+
+# ------------------------------------------------------------------ Mooncake
+def test_mooncake_buckets_spread(tmp_path: Path) -> None:
+    recs = [mc(0), mc(0), mc(0), mc(3000), mc(3000, o=1), mc(5999), mc(5999), mc(9000)]
+    p = mooncake_jsonl(tmp_path, recs)
+    w = load_mooncake(p)
+    # 3 s bucket over 3 requests; then 2 over 2.999 s (the gap to the next stamp), then 2 over 3 s.
+    assert w.arrivals.tolist() == pytest.approx([0, 1, 2, 3, 4.4995, 5.999, 7.499, 9.0])
+    assert w.output_lens.tolist()[4] == 1  # output length 1 occurs in the real trace
+    assert "spread" in w.info["spread"] and "Qin et al." in w.info["attribution"]
+    raw = load_mooncake(p, spread=False)
+    assert raw.arrivals.tolist() == [0, 0, 0, 3, 3, 5.999, 5.999, 9]
+    assert raw.info["spread"] is False
+    assert np.all(np.diff(w.arrivals) > 0)
+
+
+def test_mooncake_options(tmp_path: Path) -> None:
+    p = mooncake_jsonl(tmp_path, [mc(0, 500, 20), mc(0, 100), mc(3000, 300), mc(6000, 50)])
+    w = load_mooncake(p, window=(1.0, 7.0), time_scale=3)
+    assert w.prompt_lens.tolist() == [100, 300, 50] and w.arrivals.tolist() == pytest.approx([0, 0.5, 1.5])
+    assert len(load_mooncake(p, limit=3)) == 3
+    w = load_mooncake(p, max_context=256, cap=True)
+    assert w.prompt_lens.tolist() == [236, 100, 246, 50] and w.info["capped"]["n_capped"] == 2
+    with pytest.raises(RequestError, match=r"line 1: request 0: prompt_len \+ output_len = 500 \+ 20"):
+        load_mooncake(p, max_context=256)
+
+
+@pytest.mark.parametrize("recs, pattern", [
+    ([mc(0), mc(0, o=0)], r"line 2, field 'output_length': 0 tokens"),
+    ([mc(0), {"timestamp": 5, "input_length": 3}], r"line 2: missing field 'output_length'"),
+    ([mc(0), "{not json"], r"line 2: not valid JSON"),
+    ([mc(3000), mc(0)], r"line 2, field 'timestamp': 0 is earlier than line 1's 3000"),
+    ([mc(0), {"timestamp": 1, "input_length": "12", "output_length": 3}], r"line 2, field 'input_length': '12' is not an integer"),
+    ([{"timestamp": "soon", "input_length": 1, "output_length": 3}], r"line 1, field 'timestamp': 'soon'"),
+    ([], r"empty file"),
+])
+def test_mooncake_errors(tmp_path: Path, recs: list[object], pattern: str) -> None:
+    p = mooncake_jsonl(tmp_path, recs, name="bad.jsonl")  # type: ignore[arg-type]
+    with pytest.raises(TraceError, match=pattern) as e:
+        load_mooncake(p)
+    assert str(p) in str(e.value)
+
+
+# ------------------------------------------------------------- finding, merge
+@pytest.fixture
+def no_traces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point every lookup location into tmp_path (env dir, repo sibling, cache)."""
+    monkeypatch.setenv("BATCHING_TRACES", str(tmp_path / "env"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(traces, "_repo_root", lambda: tmp_path / "repo")
+    return tmp_path
+
+
+def test_load_trace_dispatch(tmp_path: Path) -> None:
+    a = load_trace(azure_csv(tmp_path, SIX[:2]), limit=1)
+    assert len(a) == 1 and a.info["format"] == "azure-2023-csv"
+    m = load_trace(str(mooncake_jsonl(tmp_path, [mc(0)])), spread=False)
+    assert m.info["format"] == "mooncake-jsonl"
+    (tmp_path / "x.parquet").write_text("")
+    with pytest.raises(TraceError, match=r"extension '\.parquet'"):
+        load_trace(tmp_path / "x.parquet")
+
+
+def test_named_trace_not_found_says_where(no_traces: Path) -> None:
+    with pytest.raises(TraceError) as e:
+        load_trace("azure-conv")
+    msg = str(e.value)
+    rel = "azure-2023/AzureLLMInferenceTrace_conv.csv"
+    for d in ("env", "shared/traces", "cache/batching/traces"):
+        assert str(no_traces / d / rel) in msg
+    assert "BATCHING_TRACES" in msg and "download=True" in msg
+    with pytest.raises(TraceError, match="unknown trace 'azure'; known traces: azure-conv, azure-code, mooncake-conv"):
+        find_trace("azure")
+
+
+def test_named_trace_found_via_env(no_traces: Path) -> None:
+    d = no_traces / "env" / "azure-2023"
+    d.mkdir(parents=True)
+    azure_csv(d, SIX, name="AzureLLMInferenceTrace_conv.csv")
+    w = load_trace("azure-conv", limit=4)
+    assert len(w) == 4 and w.name == "AzureLLMInferenceTrace_conv"
+
+
+def test_download_checks_sha(no_traces: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = azure_csv(no_traces, SIX, name="remote.csv")
+    good = hashlib.sha256(src.read_bytes()).hexdigest()
+    entry = dict(traces.TRACES["azure-code"], url=src.as_uri(), sha256="0" * 64)
+    monkeypatch.setitem(traces.TRACES, "azure-code", entry)
+    dest = no_traces / "cache" / "batching" / "traces" / entry["path"]
+    with pytest.raises(TraceError, match="has sha256 .* expected 0000"):
+        load_trace("azure-code", download=True)
+    assert not dest.exists() and not list(dest.parent.glob("*.part"))
+    monkeypatch.setitem(traces.TRACES, "azure-code", dict(entry, sha256=good))
+    assert len(load_trace("azure-code", download=True)) == 6
+    assert dest.is_file()
+
+
+def test_merge_aligns_on_epoch(tmp_path: Path) -> None:
+    a = load_azure(azure_csv(tmp_path, [f"{ts(10)},1,1", f"{ts(12)},2,2"], name="a.csv"))
+    b = load_azure(azure_csv(tmp_path, [f"{ts(11)},3,3", f"{ts(12)},4,4", f"{ts(20)},5,5"], name="b.csv"))
+    m = merge(a, b)
+    assert m.prompt_lens.tolist() == [1, 3, 2, 4, 5]  # tie at 12 s keeps argument order
+    assert m.arrivals.tolist() == [0, 1, 2, 2, 10]
+    assert m.rids == (0, 1, 2, 3, 4)
+    assert m.info["align"] == "epoch" and m.info["epoch"] == "2023-11-16 18:15:10"
+    assert [part["offset_s"] for part in m.info["parts"]] == [0.0, 1.0]
+    # Merging again stays aligned.
+    c = load_azure(azure_csv(tmp_path, [f"{ts(15)},6,6"], name="c.csv"))
+    assert merge(m, c).arrivals.tolist() == [0, 1, 2, 2, 5, 10]
+    s = merge(a, b, align="start")
+    assert s.prompt_lens.tolist() == [1, 3, 4, 2, 5] and s.arrivals.tolist() == [0, 0, 1, 2, 9]
+    fast = merge(load_azure(a.info["file"], time_scale=2), load_azure(b.info["file"], time_scale=2))
+    assert fast.arrivals.tolist() == [0, 0.5, 1, 1, 5]
+    with pytest.raises(WorkloadError, match="different time_scale"):
+        merge(a, load_azure(b.info["file"], time_scale=2))
+    syn = Workload.from_arrays([0.0], [1], [1])
+    with pytest.raises(WorkloadError, match="carry no info\\['epoch'\\]"):
+        merge(a, syn, align="epoch")
+    assert merge(a, syn).info["align"] == "start"
+
+
+# ------------------------------------------------------- committed quantiles
+@pytest.mark.parametrize("name, stats", [
+    # min, p10, p50, p90, p99, max from shared/traces/README.md.
+    ("azure-conv", {"prompt": [2, 207, 1020, 2734.5, 4142, 14050], "output": [7, 54, 129, 424, 601, 1000]}),
+    ("azure-code", {"prompt": [3, 147, 1469, 5187.6, 7436, 7437], "output": [6, 7, 13, 55, 251.5, 1899]}),
+])
+def test_committed_quantile_tables(name: str, stats: dict[str, list[float]]) -> None:
+    path = QUANTILE_DIR / f"{name}.csv"
+    text = path.read_text()
+    comments = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    for needed in ("b469a11", "CC BY 4.0", "Splitwise", "Generated", "derive_quantiles.py"):
+        assert needed in comments
+    for col, want in stats.items():
+        e = quantile_table(name, col)  # type: ignore[arg-type]
+        assert len(e.q) == 101 and e.q[1] == 0.01
+        got = e.quantile(np.array([0, 0.1, 0.5, 0.9, 0.99, 1.0]))
+        assert got.tolist() == pytest.approx(want, abs=0.05)
+
+
+# -------------------------------------------------------------- real traces
+def _real(name: str) -> Path | None:
+    try:
+        return find_trace(name)
+    except TraceError:
+        return None
+
+
+AZURE_CONV, AZURE_CODE, MOONCAKE = _real("azure-conv"), _real("azure-code"), _real("mooncake-conv")
+needs_azure = pytest.mark.skipif(AZURE_CONV is None or AZURE_CODE is None, reason="Azure traces not available")
+
+
+@needs_azure
+def test_real_azure_traces_match_readme() -> None:
+    conv, code = load_trace("azure-conv"), load_trace("azure-code")
+    assert (len(conv), len(code)) == (19366, 8819)
+    assert conv.duration == pytest.approx(3501.7, abs=0.05) and code.duration == pytest.approx(3435.9, abs=0.05)
+    assert conv.info["trace"] == "azure-conv" and code.info["trace"] == "azure-code"  # sha256 as in README
+    for w, p50s, means in [(conv, (1020, 129), (1154.7, 211.1)), (code, (1469, 13), (2047.8, 27.9))]:
+        assert (np.median(w.prompt_lens), np.median(w.output_lens)) == p50s
+        assert (w.prompt_lens.mean(), w.output_lens.mean()) == pytest.approx(means, abs=0.05)
+    gaps = np.diff(code.arrivals)
+    assert gaps.std() / gaps.mean() == pytest.approx(13.2, abs=0.05)
+    both = merge(conv, code)
+    assert len(both) == 28185 and len(both) / both.duration == pytest.approx(8.0, abs=0.05)
+    # Static batches of 32 consecutive requests: useful fraction of decode slots.
+    for w, want in [(conv, 0.38), (code, 0.12), (both, 0.30)]:
+        o = w.output_lens[: len(w) // 32 * 32].reshape(-1, 32)
+        assert o.sum() / (32 * o.max(axis=1)).sum() == pytest.approx(want, abs=0.005)
+
+
+@needs_azure
+def test_committed_tables_regenerate_from_traces() -> None:
+    for name, path in (("azure-conv", AZURE_CONV), ("azure-code", AZURE_CODE)):
+        w = load_azure(path)  # type: ignore[arg-type]
+        for col, lens in (("prompt", w.prompt_lens), ("output", w.output_lens)):
+            e = Empirical.from_csv(QUANTILE_DIR / f"{name}.csv", col)
+            assert np.array(e.values) == pytest.approx(np.percentile(lens, np.array(e.q) * 100), abs=1e-3)
+
+
+@pytest.mark.skipif(MOONCAKE is None, reason="Mooncake trace not available")
+def test_real_mooncake_trace() -> None:
+    w = load_trace("mooncake-conv")
+    assert len(w) == 12031 and w.info["trace"] == "mooncake-conv"
+    assert w.duration == pytest.approx(3537, abs=3)
+    assert np.median(w.prompt_lens) == 6909 and np.percentile(w.prompt_lens, 90) == 27367
+    assert np.median(w.output_lens) == 350 and w.output_lens.min() == 1
+    assert np.all(np.diff(w.arrivals) > 0)  # spread leaves no two requests at one instant
+    capped = load_trace("mooncake-conv", limit=200, max_context=8192, cap=True)
+    assert len(capped) == 200 and capped.info["capped"]["n_capped"] > 0
+    assert (capped.prompt_lens + capped.output_lens).max() <= 8192

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_left
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -65,12 +67,14 @@ class StepLog:
 
     def __init__(self, record_slots: bool = False) -> None:
         self.cols: dict[str, list] = {c: [] for c in self.COLUMNS}
+        self._lists = list(self.cols.values())
         self.record_slots = record_slots
         self.occupancy: list[list[tuple[int, int, str, int, int]]] = []
 
-    def add(self, **row: Any) -> None:
-        for c in self.COLUMNS:
-            self.cols[c].append(row[c])
+    def add(self, row: tuple) -> None:
+        """Append one row, its values in ``COLUMNS`` order."""
+        for col, v in zip(self._lists, row):
+            col.append(v)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {c: np.asarray(v, dtype=float) for c, v in self.cols.items()}
@@ -168,14 +172,14 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
         k = plan.steady if (fast and plan.is_decode_only) else 1
         durs = executor.decode_run(plan, k) if k > 1 else None
         if durs is not None:
-            # Sequential accumulation from t gives the same floats as stepping one at a time.
-            ends = np.cumsum(np.concatenate(([t], durs)))[1:]
+            # Sequential accumulation from t gives the same floats as stepping one at a time;
+            # bounds[j] is when step j starts (and step j-1 ends).
+            bounds = list(accumulate(durs.tolist(), initial=t))
             if plan.arrival_sensitive and i < n:
-                starts = np.concatenate(([t], ends[:-1]))
-                k = int(np.searchsorted(starts, reqs[i].arrival, side="left"))
-                ends = ends[:k]
-            scheduler.commit_run(plan, ends.tolist())
-            t = float(ends[-1])
+                # Keep the steps that start before the next arrival (step 0 starts at t).
+                k = bisect_left(bounds, reqs[i].arrival, 0, k)
+            scheduler.commit_run(plan, bounds[1:k + 1])
+            t = bounds[k]
             fast_steps += k
         else:
             k = 1
@@ -184,11 +188,11 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
                 raise RuntimeError(f"executor returned step duration={res.duration!r}")
             t = t0 + res.duration
             scheduler.commit(plan, t, res.token_ids)
-        log.add(t=t0, dur=t - t0, n=k, prefill=sum(c.n for c in plan.prefills),
-                pad=sum(c.pad for c in plan.prefills), decode=len(plan.decodes), dead=len(plan.dead),
-                emitted=len(plan.emitting), slots=plan.slots, kv_reserved=scheduler.kv.reserved,
-                kv_used=scheduler.kv.used, waiting=len(scheduler.waiting), running=len(scheduler.running),
-                attn=work.prefill_attn, ctx=work.decode_ctx)
+        pre = plan.prefills
+        log.add((t0, t - t0, k, sum(c.n for c in pre), sum(c.pad for c in pre), len(plan.decodes),
+                 len(plan.dead), sum(c.completes for c in pre) + len(plan.decodes), plan.slots,
+                 scheduler.kv.reserved, scheduler.kv.used, len(scheduler.waiting),
+                 len(scheduler.running), work.prefill_attn, work.decode_ctx))
         if record_slots:
             log.occupancy.append(occ)
         if bar is not None:

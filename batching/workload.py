@@ -221,7 +221,7 @@ class Workload:
                 raise RequestError(
                     f"request {self._rid[i]}: prompt_len + output_len = {self._prompt[i]} + "
                     f"{self._output[i]} = {int(total[i])} exceeds max_context={max_context} "
-                    f"({len(over)} request(s) too long; cap them with mode='cap')")
+                    f"({len(over)} request(s) too long; cap them: mode='cap', or --cap on the command line)")
             return self, 0
         prompts = np.where(total > max_context, np.maximum(1, max_context - self._output), self._prompt)
         outputs = np.minimum(self._output, max_context - prompts)

@@ -92,8 +92,11 @@ class _VectorCost:
             raise ValueError(f"decode_run(rows={rows}, ctx0={ctx0}, growth={growth}, k={k}): "
                              "arguments must be >= 0")
         ctx = (ctx0 + np.arange(k, dtype=np.int64) * growth).astype(np.float64)
-        zeros = np.zeros(k, dtype=np.float64)
-        return self._times(zeros, zeros, np.full(k, float(rows)), ctx)
+        return self._decode_times(float(rows), ctx)
+
+    def _decode_times(self, rows: float, ctx: np.ndarray) -> np.ndarray:
+        zeros = np.zeros(len(ctx), dtype=np.float64)
+        return self._times(zeros, zeros, np.full(len(ctx), rows), ctx)
 
     def flops(self, work: StepWork) -> float:
         """Model FLOPs of the step, all devices together (see ``ModelShape.flops``)."""
@@ -176,10 +179,15 @@ class RooflineCost(_VectorCost):
             comm_s = comm_s + 2.0 * m.layers * one
         return mem_s, cmp_s, comm_s
 
+    def _decode_times(self, rows: float, ctx: np.ndarray) -> np.ndarray:
+        # Only the context varies along a decode run: the rest stays Python floats, and
+        # numpy broadcasts them through the same expressions (same operations, same bits).
+        return np.asarray(self._times(0.0, 0.0, rows, ctx), dtype=np.float64)
+
     def _times(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
         """Step times for float64 arrays or Python floats (see ``step_time``)."""
         mem_s, cmp_s, comm_s = self._parts(pt, pa, rows, ctx)
-        if isinstance(pt, float):
+        if isinstance(mem_s, float):
             t = max(mem_s, cmp_s) + self.device.step_overhead_s + comm_s
             return t if pt + rows > 0 else 0.0
         t = np.maximum(mem_s, cmp_s) + self.device.step_overhead_s + comm_s

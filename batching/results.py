@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .engine import RunResult
-from .metrics import SLO, request_record, summarize
+from .metrics import SLO, request_records, summarize
 
 SCHEMA = 1
 
@@ -34,7 +34,7 @@ def _versions() -> dict[str, str]:
 def build(result: RunResult, config: dict[str, Any], slo: SLO | None = None,
           include_steps: bool = True) -> dict[str, Any]:
     """The results document of one run."""
-    records = [request_record(r) for r in result.requests]
+    records = request_records(result.requests)
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "meta": {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

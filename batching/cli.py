@@ -60,6 +60,16 @@ def add_scheduler_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-tokens", type=int, help="KV capacity in tokens (default: what the device memory leaves)")
 
 
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    o = p.add_argument_group("output")
+    o.add_argument("--out", help="results JSON")
+    o.add_argument("--csv", help="per-request CSV")
+    o.add_argument("--steps", action="store_true", help="include the per-step log in the JSON")
+    o.add_argument("--slot-log", action="store_true", help="record each slot's occupant per step")
+    o.add_argument("--goodput", help="SLOs in ms, vLLM style: 'ttft:500 tpot:50'")
+    o.add_argument("--no-progress", action="store_true")
+
+
 def load_workload(a: argparse.Namespace, max_context: int) -> Workload:
     if a.trace:
         w = load_trace(a.trace, limit=a.limit, window=a.window)
@@ -73,20 +83,17 @@ def load_workload(a: argparse.Namespace, max_context: int) -> Workload:
     return w
 
 
-def cmd_simulate(a: argparse.Namespace) -> int:
-    cost = get_cost_model(a.model, a.device, tp=a.tp, profile=a.profile, dtype=a.dtype)
-    max_ctx = get_model(a.model).max_context
-    w = load_workload(a, max_ctx)
-    kv_tokens = a.kv_tokens if a.kv_tokens is not None else cost.kv_capacity()
-    sched = make_scheduler(a.scheduler, max_context=max_ctx, slots=a.slots, timeout=a.timeout,
-                           prefill_mode=a.prefill_mode, token_budget=a.token_budget,
-                           chunk_size=a.chunk_size, kv_capacity=kv_tokens, kv_policy=a.kv_policy)
+def _scheduler(a: argparse.Namespace, max_ctx: int, kv_tokens: float):
+    return make_scheduler(a.scheduler, max_context=max_ctx, slots=a.slots, timeout=a.timeout,
+                          prefill_mode=a.prefill_mode, token_budget=a.token_budget,
+                          chunk_size=a.chunk_size, kv_capacity=kv_tokens, kv_policy=a.kv_policy)
+
+
+def _report(a: argparse.Namespace, res, w: Workload, config: dict[str, Any]) -> int:
     slo = SLO.parse(a.goodput) if a.goodput else None
-    res = run(w.fresh(), sched, SimExecutor(cost), record_slots=a.slot_log,
-              progress=not a.no_progress and sys.stderr.isatty())
-    config = {"command": "simulate", "workload": {"name": w.name, "info": w.info, "requests": len(w)},
-              "model": a.model, "device": a.device, "tp": a.tp, "dtype": a.dtype, "profile": a.profile,
-              "seed": a.seed, "scale_lengths": a.scale_lengths, "time_scale": a.time_scale}
+    config = {**config, "workload": {"name": w.name, "info": w.info, "requests": len(w)},
+              "model": a.model, "device": a.device, "dtype": a.dtype, "seed": a.seed,
+              "scale_lengths": a.scale_lengths, "time_scale": a.time_scale}
     doc = results.build(res, config, slo, include_steps=a.steps)
     print(summary_table(doc))
     if a.out:
@@ -94,6 +101,39 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     if a.csv:
         print(f"wrote {results.write_requests_csv(doc, a.csv)}")
     return 0
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    if a.goodput:
+        SLO.parse(a.goodput)  # bad SLO text fails before the run, not after
+    cost = get_cost_model(a.model, a.device, tp=a.tp, profile=a.profile, dtype=a.dtype)
+    max_ctx = get_model(a.model).max_context
+    w = load_workload(a, max_ctx)
+    kv_tokens = cost.kv_capacity()
+    if a.kv_tokens is not None:
+        if a.kv_tokens > kv_tokens:  # the devices' memory decides, not the flag
+            raise ValueError(f"--kv-tokens={a.kv_tokens}: {a.model} on {a.tp} x {a.device} leaves room "
+                             f"for {kv_tokens} KV tokens after the weights")
+        kv_tokens = a.kv_tokens
+    sched = _scheduler(a, max_ctx, kv_tokens)
+    res = run(w.fresh(), sched, SimExecutor(cost), record_slots=a.slot_log,
+              progress=not a.no_progress and sys.stderr.isatty())
+    return _report(a, res, w, {"command": "simulate", "tp": a.tp, "profile": a.profile})
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    if a.goodput:
+        SLO.parse(a.goodput)
+    from .real import run_real  # torch is needed here only
+    max_ctx = a.max_len or get_model(a.model).max_context
+    w = load_workload(a, max_ctx)
+    # The runner allocates one slab per slot, so the slab layout's capacity is what it holds.
+    kv_tokens = a.kv_tokens if a.kv_tokens is not None else a.slots * max_ctx
+    sched = _scheduler(a, max_ctx, kv_tokens)
+    res = run_real(w, sched, a.model, device=a.device, dtype=a.dtype, seed=a.seed, threads=a.threads,
+                   max_len=a.max_len, record_slots=a.slot_log,
+                   progress=not a.no_progress and sys.stderr.isatty())
+    return _report(a, res, w, {"command": "run", "max_len": a.max_len, "threads": a.threads})
 
 
 def _ms(x: float | None) -> str:
@@ -124,6 +164,46 @@ def summary_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
+
+
+def cmd_measure(a: argparse.Namespace) -> int:
+    import json
+
+    from .measure import measure  # torch is needed here only
+    gpu = a.device == "cuda" or (a.device == "auto" and _cuda())
+    batches = a.batches or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 2, 4, 8, 16, 32, 64, 128])
+    ctxs = a.ctxs or ([128, 1024, 4096] if gpu else [128, 512, 1024])
+    prefill = a.prefill or ([128, 512, 2048, 8192] if gpu else [32, 128, 512, 1024, 2048])
+    mixed = [(a.mixed_chunk, r, a.mixed_ctx) for r in (a.mixed_rows or [1, 8, 32])]
+    doc = measure(a.model, a.device, a.dtype, batches=batches, ctxs=ctxs, prefill_tokens=prefill,
+                  mixed=mixed, reps=a.reps, seed=a.seed, progress=not a.no_progress and sys.stderr.isatty())
+    d, m = doc["device"], doc["meta"]
+    print(f"{m['model']} {m['dtype']} on {m['device_name']} ({m['device']}), torch {m['torch']}, "
+          f"{m['threads']} threads, {m['wall_s']:.0f} s")
+    print(f"  bandwidth GB/s: copy {d['bandwidth']['copy']['GBps_best']:.1f}, read "
+          f"{d['bandwidth']['read']['GBps_best']:.1f}, matvec {d['bandwidth']['matvec']['GBps_best']:.1f};"
+          f"  matmul {d['matmul_peak']['TFLOPs_best'] * 1e3:,.0f} GFLOP/s")
+    print("  decode ms (rows x ctx): " + "  ".join(
+        f"B={b}: " + "/".join(f"{x:.1f}" for x in row) for b, row in zip(doc["decode"]["batch"], doc["decode"]["ms"])))
+    print("  prefill ms: " + "  ".join(f"{t}: {x:.1f}" for t, x in zip(doc["prefill"]["tokens"], doc["prefill"]["ms"])))
+    if a.out:
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {out}")
+    return 0
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m batching", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -136,14 +216,36 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     g.add_argument("--dtype", help="weight dtype override, e.g. fp8")
     g.add_argument("--profile", help="measured profile JSON instead of the roofline")
-    o = s.add_argument_group("output")
-    o.add_argument("--out", help="results JSON")
-    o.add_argument("--csv", help="per-request CSV")
-    o.add_argument("--steps", action="store_true", help="include the per-step log in the JSON")
-    o.add_argument("--slot-log", action="store_true", help="record each slot's occupant per step")
-    o.add_argument("--goodput", help="SLOs in ms, vLLM style: 'ttft:500 tpot:50'")
-    o.add_argument("--no-progress", action="store_true")
+    add_output_args(s)
     s.set_defaults(func=cmd_simulate)
+
+    r = sub.add_parser("run", help="run a workload through a scheduler on a real torch model")
+    add_workload_args(r)
+    add_scheduler_args(r)
+    g = r.add_argument_group("model")
+    g.add_argument("--model", default="cpu-s")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    g.add_argument("--dtype", help="fp32 (CPU default) or bf16 (CUDA default)")
+    g.add_argument("--max-len", type=int, help="slab length per slot (default: the model's context)")
+    g.add_argument("--threads", type=int, help="torch intra-op threads")
+    add_output_args(r)
+    r.set_defaults(func=cmd_run)
+
+    m = sub.add_parser("measure", help="measure step costs of a model on this device into a profile")
+    m.add_argument("--model", default="cpu-m")
+    m.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    m.add_argument("--dtype", help="fp32 (CPU default) or bf16 (CUDA default)")
+    m.add_argument("--batches", type=_ints, help="decode batch sizes, e.g. 1,2,4,8")
+    m.add_argument("--ctxs", type=_ints, help="decode context lengths per row")
+    m.add_argument("--prefill", type=_ints, help="prefill lengths")
+    m.add_argument("--mixed-rows", type=_ints, help="decode rows beside a prefill chunk")
+    m.add_argument("--mixed-chunk", type=int, default=512)
+    m.add_argument("--mixed-ctx", type=int, default=256)
+    m.add_argument("--reps", type=int, default=5)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--out", help="profile JSON, e.g. data/profiles/cpu-here-cpu-m.json")
+    m.add_argument("--no-progress", action="store_true")
+    m.set_defaults(func=cmd_measure)
     return p
 
 

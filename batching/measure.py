@@ -1,0 +1,189 @@
+"""Measure what a step costs on this device: ``python -m batching measure`` ("Why batching").
+
+One run measures the device's copy/read bandwidth and matmul peak, then the model's
+decode step time against batch size and context length, prefill time against tokens, and
+mixed steps (a prefill chunk plus decodes), each with warm-up, repetitions, the median and
+the spread. The result is a profile (``ProfileCost``'s schema 1) that the simulator
+interpolates, with the metadata that says how, where and when it was measured.
+
+Only torch and numpy are needed (the GPU machine has no jupyter). Decode sweeps do not run
+real prefills: the KV slab's contents do not change a step's cost, so rows simply sit at
+the context length being measured (conventions, "Practical notes").
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import socket
+import statistics
+import time
+from typing import Any, Callable, Iterable
+
+import torch
+
+from .models import get_model
+from .real import device_name, resolve_device, resolve_dtype, _CUDA_NAMES, _REGISTRY_DTYPE
+from .runner import ModelRunner, _Chunk
+
+PROFILE_SCHEMA = 1
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_fn(fn: Callable[[], Any], device: torch.device, reps: int, warmup: int = 2) -> list[float]:
+    """Wall-clock seconds of ``reps`` calls after ``warmup`` untimed ones (synchronized)."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def stats(ts: list[float]) -> dict[str, float]:
+    """Median and spread (min, quartiles, max) in milliseconds."""
+    q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
+    return {"median_ms": statistics.median(ts) * 1e3, "min_ms": min(ts) * 1e3,
+            "p25_ms": q[0] * 1e3, "p75_ms": q[2] * 1e3, "max_ms": max(ts) * 1e3, "reps": len(ts)}
+
+
+# ------------------------------------------------------------------ the device
+@torch.inference_mode()
+def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int = 10) -> dict[str, Any]:
+    """Memory bandwidth three ways ("Why batching"): copy into an existing tensor (read +
+    write), a reduction (read), and a matrix-vector product over ``nbytes`` of weights, the
+    best a decode step's weight stream can hope for. ``clone()`` is not used: it page-faults
+    fresh memory and reports a fraction of the real figure."""
+    n = nbytes // torch.empty(0, dtype=dtype).element_size()
+    src = torch.rand(n, dtype=torch.float32, device=device).to(dtype)
+    dst = torch.empty_like(src)
+    cols = 4096
+    w = src[: (n // cols) * cols].view(-1, cols)
+    x = torch.rand(cols, 1, dtype=dtype, device=device)
+    out: dict[str, Any] = {"bytes": nbytes}
+    for name, fn, moved in (("copy", lambda: dst.copy_(src), 2 * src.nbytes),
+                            ("read", lambda: src.sum(), src.nbytes),
+                            ("matvec", lambda: w @ x, w.nbytes)):
+        ts = time_fn(fn, device, reps)
+        out[name] = {"GBps_best": moved / min(ts) / 1e9, "GBps_median": moved / statistics.median(ts) / 1e9}
+    return out
+
+
+@torch.inference_mode()
+def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, reps: int = 5) -> dict[str, float]:
+    """FLOP/s of an n x n x n matrix product (the compute roof)."""
+    a = torch.rand(n, n, device=device).to(dtype)
+    b = torch.rand(n, n, device=device).to(dtype)
+    ts = time_fn(lambda: a @ b, device, reps)
+    return {"n": n, "TFLOPs_best": 2 * n**3 / min(ts) / 1e12, "TFLOPs_median": 2 * n**3 / statistics.median(ts) / 1e12}
+
+
+# ------------------------------------------------------------------ the model
+class StepTimer:
+    """Times synthetic steps on a runner's packed forward pass (the engine's real path)."""
+
+    def __init__(self, runner: ModelRunner, reps: int, warmup: int = 2) -> None:
+        self.r, self.reps, self.warmup = runner, reps, warmup
+
+    @torch.inference_mode()
+    def _time(self, ids: list[int], pos: list[int], slot: list[int], n_rows: int,
+              chunks: list[_Chunk], logit_rows: list[int]) -> dict[str, float]:
+        fn = lambda: self.r._forward_packed(ids, pos, slot, n_rows, chunks, logit_rows)  # noqa: E731
+        return stats(time_fn(fn, self.r.device, self.reps, self.warmup))
+
+    def decode(self, batch: int, ctx: int) -> dict[str, float]:
+        """``batch`` decode rows in slots 0..batch-1, each with ``ctx`` cached tokens."""
+        return self._time([1] * batch, [ctx] * batch, list(range(batch)), batch, [], list(range(batch)))
+
+    def prefill(self, tokens: int) -> dict[str, float]:
+        """One prompt of ``tokens`` tokens from an empty cache (slot 0)."""
+        return self._time([1] * tokens, list(range(tokens)), [0] * tokens, 0,
+                          [_Chunk(0, 0, 0, tokens)], [tokens - 1])
+
+    def mixed(self, tokens: int, rows: int, ctx: int) -> dict[str, float]:
+        """A ``tokens``-token chunk (slot 0) sharing the pass with ``rows`` decodes (slots 1..)."""
+        ids = [1] * (rows + tokens)
+        pos = [ctx] * rows + list(range(tokens))
+        slot = list(range(1, rows + 1)) + [0] * tokens
+        return self._time(ids, pos, slot, rows, [_Chunk(rows, 0, 0, tokens)], list(range(rows)) + [rows + tokens - 1])
+
+
+def registry_device(device: torch.device) -> str:
+    """The device registry name a profile is filed under (``cpu-here``, ``h200``...)."""
+    if device.type == "cpu":
+        return "cpu-here"
+    name = device_name(device).upper()
+    for key, reg in _CUDA_NAMES:
+        if key in name:
+            return reg
+    raise ValueError(f"GPU {device_name(device)!r} is not in the device registry (batching/devices.py): add it first")
+
+
+def _progress(items: list, desc: str, enabled: bool) -> Iterable:
+    if not enabled:
+        return items
+    from tqdm.auto import tqdm
+    return tqdm(items, desc=desc, leave=False)
+
+
+def measure(model: str, device: str = "auto", dtype: str | None = None, *,
+            batches: list[int], ctxs: list[int], prefill_tokens: list[int],
+            mixed: list[tuple[int, int, int]], reps: int = 5, seed: int = 0,
+            bandwidth_bytes: int | None = None, peak_n: int | None = None,
+            progress: bool = False) -> dict[str, Any]:
+    """Measure one model on one device; returns the profile document (schema 1)."""
+    shape = get_model(model)
+    dev = resolve_device(device)
+    tdt = resolve_dtype(dtype, dev)
+    if tdt not in _REGISTRY_DTYPE:
+        raise ValueError(f"dtype={dtype!r}: profiles are fp32 or bf16")
+    for name, vals in (("batches", batches), ("ctxs", ctxs), ("prefill_tokens", prefill_tokens)):
+        if not vals or sorted(set(vals)) != list(vals) or vals[0] < (0 if name == "ctxs" else 1):
+            raise ValueError(f"{name}={vals!r}: must be increasing and positive")
+    max_len = max([c + 1 for c in ctxs] + prefill_tokens + [t for t, _, _ in mixed] + [c + 1 for _, _, c in mixed])
+    if max_len > shape.max_context:
+        raise ValueError(f"a measured length of {max_len} exceeds {model}'s max_context={shape.max_context}")
+    slots = max(batches + [r + 1 for _, r, _ in mixed])
+    load0 = os.getloadavg()[0]
+    t_start = time.perf_counter()
+    runner = ModelRunner.from_shape(shape, slots, device=dev, dtype=tdt, seed=seed, max_len=max_len)
+    runner.warmup()
+    elem = torch.empty(0, dtype=tdt).element_size()
+    weight_bytes = shape.with_dtype(_REGISTRY_DTYPE[tdt]).weight_read_bytes
+    bw = bandwidth(dev, tdt, bandwidth_bytes or weight_bytes)
+    peak = matmul_peak(dev, tdt, peak_n or (2048 if dev.type == "cpu" else 8192))
+    timer = StepTimer(runner, reps)
+    grid = [[None] * len(ctxs) for _ in batches]
+    points = [(i, j) for i in range(len(batches)) for j in range(len(ctxs))]
+    for i, j in _progress(points, "decode", progress):
+        grid[i][j] = timer.decode(batches[i], ctxs[j])
+    pre = [timer.prefill(t) for t in _progress(prefill_tokens, "prefill", progress)]
+    mix = [timer.mixed(t, r, c) for t, r, c in _progress(mixed, "mixed", progress)]
+    return {
+        "schema": PROFILE_SCHEMA,
+        "meta": {
+            "device": registry_device(dev), "device_name": device_name(dev), "model": shape.name,
+            "dtype": _REGISTRY_DTYPE[tdt], "element_bytes": elem, "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "host": socket.gethostname(),
+            "python": platform.python_version(), "params": shape.params, "weight_read_bytes": weight_bytes,
+            "reps": reps, "seed": seed, "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+            "wall_s": time.perf_counter() - t_start,
+            "how": "python -m batching measure: synchronized wall clock around ModelRunner's packed forward "
+                   "pass; decode rows sit at the stated context in a zero-filled slab (no real prefill)",
+        },
+        "device": {"bandwidth": bw, "matmul_peak": peak},
+        "decode": {"batch": batches, "ctx": ctxs, "ms": [[p["median_ms"] for p in row] for row in grid],
+                   "spread": grid},
+        "prefill": {"tokens": prefill_tokens, "ms": [p["median_ms"] for p in pre], "spread": pre},
+        "mixed": {"prefill_tokens": [t for t, _, _ in mixed], "decode_rows": [r for _, r, _ in mixed],
+                  "decode_ctx": [c for _, _, c in mixed], "ms": [p["median_ms"] for p in mix], "spread": mix},
+    }

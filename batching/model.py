@@ -1,0 +1,278 @@
+"""A Llama-style decoder in one readable file (the real engine of chapter 7; "Why batching").
+
+RMSNorm, rotary positions (RoPE), grouped-query attention through
+``scaled_dot_product_attention``, a SwiGLU MLP, tied or untied lm head: the architecture of
+Llama 3, built from a registry :class:`~batching.models.ModelShape` with seeded random
+weights. No checkpoint is loaded: what batching costs and whether it changes a request's
+tokens do not depend on what the weights know.
+
+The model does not own a KV cache. :meth:`Llama.forward` runs every linear layer on all
+``T`` tokens of a step packed into one ``[T, hidden]`` matrix, so the weights are streamed
+once per step whatever the batch holds, and hands each layer's queries, keys and values to
+an ``attend`` callback: the runner (``runner.py``) writes them into its slabs and decides
+who attends to what. :meth:`Llama.forward_full` is the cache-free reference that tests
+compare against.
+
+Shapes in comments: T packed tokens, H query heads, K kv heads, D head dim, V vocab.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .models import ModelShape
+
+#: Query, key, value of one layer for the packed tokens -> attention output [T, H, D].
+AttendFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything needed to build the torch model; the sizes come from a ``ModelShape``."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    max_context: int
+    tied_embeddings: bool
+    # Llama 3 trains with theta 500,000 so that rotations stay distinguishable over 128K
+    # positions; the small demo shapes serve at most 2,048 positions, for which the
+    # original RoPE's 10,000 (RoFormer, Llama 1/2) is the usual choice.
+    rope_theta: float = 10_000.0
+    # Llama 3's rms_norm_eps.
+    norm_eps: float = 1e-5
+    # Embedding (and untied lm head) init, as Llama/GPT-2 initialize. The matrices inside
+    # the blocks are scaled by fan-in instead: see Llama._init_weights.
+    embed_std: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @classmethod
+    def from_shape(cls, shape: ModelShape) -> "ModelConfig":
+        """The config of a registry shape (``tiny``, ``cpu-m``, ``llama-8b``, ...): every real run of 7.1-7.3."""
+        theta = 500_000.0 if shape.name.startswith("llama") else 10_000.0
+        return cls(name=shape.name, layers=shape.layers, hidden=shape.hidden, heads=shape.heads,
+                   kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=shape.vocab,
+                   max_context=shape.max_context, tied_embeddings=shape.tied_embeddings,
+                   rope_theta=theta)
+
+    @property
+    def params(self) -> int:
+        """Parameter count, equal to ``ModelShape.params`` (tests check it)."""
+        hd = self.head_dim
+        per_layer = (self.hidden * (self.heads + 2 * self.kv_heads) * hd + self.heads * hd * self.hidden
+                     + 3 * self.hidden * self.ffn + 2 * self.hidden)
+        emb = self.vocab * self.hidden
+        return emb + self.layers * per_layer + self.hidden + (0 if self.tied_embeddings else emb)
+
+
+def default_dtype(device: str | torch.device) -> torch.dtype:
+    """fp32 on CPU (bf16 matmuls are ~6x slower on this project's CPU, which has no bf16
+    instructions: shared/notes/cpu-decode-measurements.md), bf16 on CUDA."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm (every real run, 7.1-7.3): x [T, d] -> [T, d], in at least fp32 as Llama does for bf16."""
+    xf = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return xf.to(x.dtype) * weight
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """RoPE helper (7.1-7.3): [..., D] -> [..., D], (x1, x2) -> (-x2, x1), the Hugging Face Llama convention."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE (7.1-7.3): x [T, n, D] rotated by its token's angles; cos, sin [T, D]. Positions come
+    from the plan, so a token's rotation does not depend on what else is in the batch."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2] if p.isdigit()) >= (2, 5)
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+    """Grouped-query attention (7.2 decode rows, 7.3 chunks): q [B, H, Tq, D], k, v [B, K, Tk, D] -> [B, H, Tq, D].
+
+    ``mask`` is boolean, True where a query may attend (broadcast to [B, H, Tq, Tk]).
+    """
+    if _SDPA_HAS_GQA:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+    rep = q.shape[1] // k.shape[1]  # torch < 2.5 has no enable_gqa: copy each kv head
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+
+
+#: Largest token count for which Llama.linear uses ``(W @ x.T).T`` on CPU. Measured here
+#: (quiet machine, best of 15): it is faster or equal up to 128 tokens (6656x768 matrix at
+#: T=4: 1.5 vs 2.8 ms; T=128: 12.1 vs 12.8 ms) and slower at 512 (43.7 vs 39.1 ms).
+WX_MAX_TOKENS = 256
+
+
+class Block(nn.Module):
+    """One decoder layer (7.1-7.3): x + attention(norm(x)), then + SwiGLU(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        d, hd = cfg.hidden, cfg.head_dim
+        kw = {"device": device, "dtype": dtype}
+        self.cfg = cfg
+        self.attn_norm = nn.Parameter(torch.ones(d, **kw), requires_grad=False)
+        # q, k and v share one matrix (and gate and up another): one matmul call each
+        # instead of three and two, which matters where per-call overhead is ~ms (CPU).
+        self.wqkv = nn.Parameter(torch.empty((cfg.heads + 2 * cfg.kv_heads) * hd, d, **kw), requires_grad=False)
+        self.wo = nn.Parameter(torch.empty(d, cfg.heads * hd, **kw), requires_grad=False)
+        self.mlp_norm = nn.Parameter(torch.ones(d, **kw), requires_grad=False)
+        self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.ffn, d, **kw), requires_grad=False)
+        self.w_down = nn.Parameter(torch.empty(d, cfg.ffn, **kw), requires_grad=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, attend: AttendFn,
+                linear: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+        cfg, T = self.cfg, x.shape[0]
+        H, K, D = cfg.heads, cfg.kv_heads, cfg.head_dim
+        qkv = linear(rms_norm(x, self.attn_norm, cfg.norm_eps), self.wqkv)   # [T, (H + 2K) D]
+        q, k, v = qkv.split([H * D, K * D, K * D], dim=-1)
+        q = apply_rope(q.reshape(T, H, D), cos, sin)                           # [T, H, D]
+        k = apply_rope(k.reshape(T, K, D), cos, sin)                           # [T, K, D]
+        a = attend(layer, q, k, v.reshape(T, K, D))                            # [T, H, D]
+        x = x + linear(a.reshape(T, H * D), self.wo)                           # [T, d]
+        gate, up = linear(rms_norm(x, self.mlp_norm, cfg.norm_eps), self.w_gate_up).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.w_down)                      # [T, d]
+
+
+class Llama(nn.Module):
+    """A Llama-style decoder with seeded random weights (the real engine of 7.1-7.3, "Why batching").
+
+    ``wx`` picks how a linear layer is computed (see :meth:`linear`); it defaults to
+    ``(W @ x.T).T`` on CPU and ``F.linear`` elsewhere.
+    """
+
+    def __init__(self, cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                 seed: int = 0, wx: bool | None = None) -> None:
+        super().__init__()
+        device = torch.device(device)
+        dtype = dtype or default_dtype(device)
+        self.cfg, self.device, self.dtype = cfg, device, dtype
+        self.wx = device.type == "cpu" if wx is None else wx
+        kw = {"device": device, "dtype": dtype}
+        self.embed = nn.Parameter(torch.empty(cfg.vocab, cfg.hidden, **kw), requires_grad=False)  # [V, d]
+        self.blocks = nn.ModuleList(Block(cfg, device, dtype) for _ in range(cfg.layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden, **kw), requires_grad=False)
+        self.lm_head = (self.embed if cfg.tied_embeddings
+                        else nn.Parameter(torch.empty(cfg.vocab, cfg.hidden, **kw), requires_grad=False))
+        self._init_weights(seed)
+        # RoPE angles for every servable position, computed in float64 once.
+        inv_freq = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim)
+        ang = torch.outer(torch.arange(cfg.max_context, dtype=torch.float64), inv_freq)   # [P, D/2]
+        ang = torch.cat((ang, ang), dim=-1)                                                # [P, D]
+        self.register_buffer("cos", ang.cos().to(**kw), persistent=False)
+        self.register_buffer("sin", ang.sin().to(**kw), persistent=False)
+
+    @torch.no_grad()
+    def _init_weights(self, seed: int) -> None:
+        """Seeded normal weights, drawn in fp32 on the target device and then cast, so a
+        float64 model holds exactly the fp32 model's weights (tests compare the two).
+
+        Embeddings (and an untied lm head) use std 0.02. Matrices inside the blocks use
+        std 1/sqrt(fan_in) (residual outputs further / sqrt(2 x layers), GPT-2's scaling):
+        with 0.02 everywhere, a random block's output is far smaller than the token's own
+        embedding, the tied lm head then scores the input token highest, and greedy
+        decoding repeats one token forever. Scaled by fan-in the blocks dominate the
+        residual stream. q and k get twice that, so attention scores spread by ~4 rather
+        than ~1: near-uniform attention averages the context into a slowly changing state
+        and about half the greedy tokens repeat their predecessor (measured on ``tiny``:
+        0.49); sharp attention, as in a trained model, brings that to ~0.03. Greedy tokens
+        then depend on the context and vary across positions, which the batch-invariance
+        tests need.
+        """
+        g = torch.Generator(device=self.device).manual_seed(seed)
+
+        def fill(p: Tensor, std: float) -> None:
+            p.copy_(torch.randn(p.shape, generator=g, device=self.device, dtype=torch.float32) * std)
+
+        cfg = self.cfg
+        fill(self.embed, cfg.embed_std)
+        resid = 1.0 / math.sqrt(2 * cfg.layers)
+        qk = cfg.heads * cfg.head_dim + cfg.kv_heads * cfg.head_dim   # rows of q and k in wqkv
+        for b in self.blocks:
+            fill(b.wqkv, 1.0 / math.sqrt(cfg.hidden))
+            b.wqkv[:qk] *= 2.0
+            fill(b.wo, resid / math.sqrt(cfg.heads * cfg.head_dim))
+            fill(b.w_gate_up, 1.0 / math.sqrt(cfg.hidden))
+            fill(b.w_down, resid / math.sqrt(cfg.ffn))
+        if not cfg.tied_embeddings:
+            fill(self.lm_head, cfg.embed_std)
+
+    def num_params(self) -> int:
+        """Parameters held (a tied head counted once), reported by the real runs of 7.1-7.3."""
+        return sum(p.numel() for p in self.parameters())
+
+    def linear(self, x: Tensor, w: Tensor) -> Tensor:
+        """x [T, in] @ W[out, in].T -> [T, out] ("Why batching": the decode step's cost).
+
+        On this project's CPU, ``F.linear`` (``x @ W.T``) leaves MKL's fast
+        matrix-vector kernel as soon as T = 2, so batch 2 costs ~1.9x batch 1 and the
+        flat region that makes batching pay disappears; ``(W @ x.T).T`` keeps the weights
+        as the left operand and the step flat up to batch ~4
+        (shared/notes/cpu-decode-measurements.md). GPUs have no such cliff: F.linear.
+
+        The result is made contiguous because the *next* linear's fast path needs a
+        row-major input: fed the transposed layout that ``(W @ x.T).T`` returns, the same
+        product took 2-3x longer (6656x768 at T=2: 4.1 vs 1.4 ms). Above
+        :data:`WX_MAX_TOKENS` tokens (prefill) both kernels are compute-bound and that copy
+        costs more than it saves, so F.linear runs there.
+        """
+        if self.wx and x.shape[0] <= WX_MAX_TOKENS:
+            return (w @ x.T).T.contiguous()
+        return F.linear(x, w)
+
+    def forward(self, ids: Tensor, pos: Tensor, attend: AttendFn, rows: Tensor | None = None) -> Tensor:
+        """One forward pass over ``T`` packed tokens of any number of sequences (7.1-7.3).
+
+        ids, pos [T] (int64); ``attend(layer, q, k, v)`` does attention (and caching);
+        ``rows`` [R] selects the tokens that need logits (the lm head is the largest
+        single matrix of a small model: never spend it on tokens nobody samples).
+        Returns logits [R, V] (all T rows if ``rows`` is None).
+        """
+        x = self.embed[ids]                                 # [T, d]
+        cos, sin = self.cos[pos], self.sin[pos]             # [T, D]
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, i, attend, self.linear)
+        if rows is not None:
+            x = x[rows]                                     # [R, d]
+        return self.linear(rms_norm(x, self.norm, self.cfg.norm_eps), self.lm_head)  # [R, V]
+
+    @torch.inference_mode()
+    def forward_full(self, ids: Tensor) -> Tensor:
+        """Reference for the 7.3 chunked-prefill and batch-invariance tests: logits [T, V] of one
+        whole sequence, causal attention, no cache."""
+        T = ids.shape[0]
+
+        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            o = sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal=True)
+            return o[0].transpose(0, 1)                     # [T, H, D]
+
+        return self.forward(ids.to(self.device), torch.arange(T, device=self.device), attend)
+
+    @torch.inference_mode()
+    def generate_full(self, prompt: list[int], n: int) -> list[int]:
+        """Greedy tokens of one sequence alone, recomputing everything each token (tests of 7.1-7.3)."""
+        seq = list(prompt)
+        for _ in range(n):
+            seq.append(int(self.forward_full(torch.tensor(seq))[-1].argmax()))
+        return seq[len(prompt):]

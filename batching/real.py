@@ -1,0 +1,189 @@
+"""The real executor: the engine loop's steps run on a torch model, timed by the wall clock.
+
+Same schedulers, same engine loop (``engine.run``) as the simulator; only the source of a
+step's duration changes, from a cost model's prediction to a measurement (conventions,
+"Requests, steps and time"). Used by every section of chapter 7 that shows a real run
+(7.1 static padding, 7.2 continuous, 7.3 chunked) and by the "Why batching" CPU curves.
+"""
+from __future__ import annotations
+
+import platform
+import time
+from typing import Any, Iterable
+
+import torch
+
+from .costs import RooflineCost
+from .devices import get_device
+from .engine import RunResult, StepResult, run
+from .model import ModelConfig
+from .models import ModelShape, get_model
+from .plan import StepPlan
+from .request import Request, RequestError
+from .runner import ModelRunner
+from .schedulers.base import Scheduler
+from .workload import Workload
+
+_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "float32": torch.float32,
+                                   "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+                                   "fp64": torch.float64, "float64": torch.float64}
+_REGISTRY_DTYPE: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+# Substring of torch.cuda.get_device_name() -> registry device (datasheet numbers of the SXM parts).
+_CUDA_NAMES: tuple[tuple[str, str], ...] = (("H200", "H200-SXM"), ("H100", "H100-SXM"), ("A100", "A100-SXM"))
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """Where real runs of 7.1-7.3 execute; ``"auto"``: CUDA when present, else the CPU."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The dtype of a real run (7.1-7.3). ``None``: fp32 on CPU, bf16 on CUDA; else a torch dtype or
+    a name (``fp32``, ``bf16``, ``fp64``)."""
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise ValueError(f"dtype={dtype!r}: must be one of {', '.join(_DTYPES)}") from None
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name from /proc/cpuinfo (recorded with every real run)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def registry_shape(cfg: ModelConfig) -> ModelShape | None:
+    """The registry shape the model was built from, if it has the same sizes ("Why batching" accounting)."""
+    try:
+        shape = get_model(cfg.name)
+    except ValueError:
+        return None
+    same = ModelConfig.from_shape(shape)
+    keys = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "tied_embeddings")
+    return shape if all(getattr(same, k) == getattr(cfg, k) for k in keys) else None
+
+
+def hardware_cost(runner: ModelRunner) -> RooflineCost | None:
+    """Accounting for hardware utilization ("Why batching"; conventions, "Measures"): the roofline of the
+    registry device this runs on, used for its FLOPs, bytes, peak and bandwidth, never for
+    durations. None where there is no registry entry (an unknown GPU, float64, a model
+    outside the registry): then the run reports no hardware utilization."""
+    shape = registry_shape(runner.cfg)
+    dt = _REGISTRY_DTYPE.get(runner.dtype)
+    if shape is None or dt is None:
+        return None
+    if runner.device.type == "cpu":
+        dev = get_device("cpu-here")
+    else:
+        name = device_name(runner.device).upper()
+        match = next((reg for key, reg in _CUDA_NAMES if key in name), None)
+        if match is None:
+            return None
+        dev = get_device(match)
+    try:
+        return RooflineCost(shape.with_dtype(dt), dev)
+    except ValueError:  # the device has no peak for this dtype, or the registry says it can't fit
+        return None
+
+
+class RealExecutor:
+    """Executes each step plan on the model and reports its measured duration (7.1-7.3).
+
+    ``cost`` is the hardware-accounting object (see :func:`hardware_cost`); ``decode_run``
+    always returns None, so the engine steps one plan at a time: a real model cannot
+    predict its next steps, it has to run them.
+    """
+
+    def __init__(self, runner: ModelRunner, device: str | torch.device | None = None,
+                 warmup: bool = True) -> None:
+        if device is not None and resolve_device(device).type != runner.device.type:
+            raise ValueError(f"device={device!r} but the runner's model is on {runner.device}")
+        self.runner = runner
+        self.device = runner.device
+        self.cost = hardware_cost(runner)
+        self.steps = 0
+        self.warmup_s = 0.0
+        if warmup:
+            # The first step of a fresh process pays one-off costs (kernel selection,
+            # OpenMP/CUDA start-up, first touch of buffers) of up to several step times;
+            # run one small step untimed so that it doesn't show up as the first request's TTFT.
+            t0 = time.perf_counter()
+            runner.warmup()
+            self._sync()
+            self.warmup_s = time.perf_counter() - t0
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run the plan as one forward pass (7.1-7.3); duration in wall-clock seconds."""
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            tokens = self.runner.execute(plan)  # ends in .tolist(): the host waits for the tokens
+            end.record()
+            end.synchronize()
+            duration = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            tokens = self.runner.execute(plan)
+            duration = time.perf_counter() - t0
+        self.steps += 1
+        return StepResult(duration=duration, token_ids=tokens)
+
+    def decode_run(self, plan: StepPlan, k: int) -> None:
+        """No fast path (the simulator's, 7.2): a real model has to run and time each step."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """What ran (model, dtype, device, torch, threads, matmul form): the results file's
+        executor record for every real run of 7.1-7.3."""
+        r = self.runner
+        return {"executor": "real", "model": r.cfg.name, "params": r.model.num_params(),
+                "dtype": str(r.dtype).removeprefix("torch."), "device": str(r.device),
+                "device_name": device_name(r.device), "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "linear": "(W @ x.T).T" if r.model.wx else "F.linear",
+                "slots": r.slots, "max_len": r.max_len, "kv_cache_bytes": r.kv_bytes, "seed": r.seed,
+                "rope_theta": r.cfg.rope_theta, "warmup_s": self.warmup_s,
+                "hardware": None if self.cost is None else self.cost.device.name}
+
+
+def run_real(workload_requests: Workload | Iterable[Request], scheduler: Scheduler, model_name: str,
+             device: str | torch.device = "auto", dtype: str | torch.dtype | None = None, seed: int = 0,
+             threads: int | None = None, max_len: int | None = None, **run_kw: Any) -> RunResult:
+    """Serve a workload with ``scheduler`` on a real model (7.1-7.3); ``run_kw`` go to ``engine.run``.
+
+    Every request stops at its trace output length (EOS ignored, as vLLM's benchmark
+    does). ``threads`` sets torch's intra-op threads for the whole process. ``max_len``
+    shrinks each slot's slab below the model's context to save memory; a request longer
+    than it is refused up front.
+    """
+    reqs = workload_requests.fresh() if isinstance(workload_requests, Workload) else list(workload_requests)
+    shape = get_model(model_name)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    limit = shape.max_context if max_len is None else max_len
+    for r in reqs:
+        if r.prompt_len + r.output_len > limit:
+            raise RequestError(f"request {r.rid}: prompt_len={r.prompt_len} + output_len={r.output_len} "
+                               f"exceeds the runner's max_len={limit}")
+    runner = ModelRunner.from_shape(shape, scheduler.max_slots, device=dev, dtype=dt, seed=seed, max_len=max_len)
+    return run(reqs, scheduler, RealExecutor(runner), **run_kw)

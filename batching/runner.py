@@ -1,0 +1,317 @@
+"""Run any :class:`~batching.plan.StepPlan` as one forward pass of the torch model (chapter 7).
+
+The KV cache is the naive layout the chapter ends on: one slab of ``max_len`` positions per
+slot, ``k_cache, v_cache: [layers, slots, kv_heads, max_len, head_dim]``, allocated up
+front whether a slot's request uses 10 positions or 2,000 (the ``slab`` policy of
+``kv.py`` counts exactly this reservation).
+
+A step packs every token of the plan into one ``[T, hidden]`` matrix, in this order:
+
+- decode rows (and static batching's dead rows), one token each, sorted by slot;
+- prefill chunks, each ``n`` prompt tokens plus its ``pad`` padding tokens.
+
+Every linear layer runs once on all ``T`` tokens (the weights are read once per step:
+"Why batching"). Attention is the only per-sequence part: one batched SDPA call for all
+decode rows and one call per prefill chunk.
+
+The workload only has lengths, so token ids are made up: a request's prompt is
+``numpy.random.default_rng([seed, rid]).integers(1, vocab, prompt_len)`` (id 0 is left for
+padding) and the runner keeps each request's history (prompt + generated ids), from which
+a recompute after preemption reads its prompt and generated tokens again.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .costs import MEM_RESERVE
+from .model import Llama, ModelConfig, default_dtype, sdpa
+from .models import ModelShape
+from .plan import StepPlan
+from .request import Request
+
+#: Token id of static batching's padding (7.1); prompts never contain it.
+PAD_ID = 0
+
+
+class DeviceMemoryError(MemoryError):
+    """The weights or the KV slabs would not fit the device's free memory."""
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory of ``device`` now (7.2's slab sizing): CUDA's free bytes, or the CPU's MemAvailable.
+
+    None if the platform does not say (then nothing is checked).
+    """
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(needed: int, available: int | None, what: str, device: torch.device) -> None:
+    """Raise :class:`DeviceMemoryError` with both numbers unless ``needed`` fits (7.2, slab KV).
+
+    Only ``1 - MEM_RESERVE`` of what is available counts, the headroom ``costs.py`` keeps
+    too (activations, allocator fragmentation, the rest of the process).
+    """
+    if available is None:
+        return
+    usable = int(available * (1 - MEM_RESERVE))
+    if needed > usable:
+        raise DeviceMemoryError(
+            f"{what} needs {needed / 1e9:.2f} GB (needed={needed:,} bytes) but {device} has "
+            f"{available / 1e9:.2f} GB available (available={available:,} bytes, "
+            f"{1 - MEM_RESERVE:.0%} of it usable): use fewer slots, a smaller max_len or a smaller model")
+
+
+def kv_cache_bytes(cfg: ModelConfig, slots: int, max_len: int, dtype: torch.dtype) -> int:
+    """Bytes of the K and V slabs (7.2, the slab layout): 2 x layers x slots x kv_heads x max_len x head_dim x elem."""
+    elem = torch.empty(0, dtype=dtype).element_size()
+    return 2 * cfg.layers * slots * cfg.kv_heads * max_len * cfg.head_dim * elem
+
+
+def prompt_ids(seed: int, rid: int, prompt_len: int, vocab: int) -> list[int]:
+    """Deterministic pseudo-random prompt of request ``rid`` (ids 1..vocab-1), for every real run of 7.1-7.3."""
+    return np.random.default_rng([seed, rid]).integers(1, vocab, prompt_len).tolist()
+
+
+@dataclass
+class StepOutput:
+    """What one step produced: the emitted token of each emitting request, and its logits
+    row (kept for tests; the executor only needs the tokens)."""
+
+    token_ids: dict[int, int] = field(default_factory=dict)
+    logits: dict[int, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """A prefill chunk's place in the packed batch: tokens ``offset .. offset+length-1``
+    at positions ``start .. start+length-1`` of ``slot`` (padding included)."""
+
+    offset: int
+    slot: int
+    start: int
+    length: int
+
+
+class ModelRunner:
+    """A model plus its slab KV cache; :meth:`execute` runs one step plan (7.1, 7.2, 7.3)."""
+
+    def __init__(self, model: Llama, slots: int, max_len: int | None = None, seed: int = 0,
+                 mem_available: int | None = None) -> None:
+        """``mem_available`` overrides the free-memory figure (tests simulate a small device)."""
+        cfg = model.cfg
+        max_len = cfg.max_context if max_len is None else max_len
+        if not (isinstance(slots, int) and slots >= 1):
+            raise ValueError(f"slots={slots!r}: must be an integer >= 1")
+        if not (isinstance(max_len, int) and 1 <= max_len <= cfg.max_context):
+            raise ValueError(f"max_len={max_len!r}: must be an integer in 1..{cfg.max_context} "
+                             f"({cfg.name}'s max_context; RoPE angles exist up to there)")
+        self.model, self.cfg = model, cfg
+        self.device, self.dtype = model.device, model.dtype
+        self.slots, self.max_len, self.seed = slots, max_len, seed
+        self.kv_bytes = kv_cache_bytes(cfg, slots, max_len, self.dtype)
+        shape = (cfg.layers, slots, cfg.kv_heads, max_len, cfg.head_dim)
+        check_fits(self.kv_bytes, available_bytes(self.device) if mem_available is None else mem_available,
+                   f"KV cache {list(shape)} x 2 (K, V) in {self.dtype}", self.device)
+        # Zeros, not empty: a decode batch reads every row's slab up to the batch's longest
+        # context and masks the rest; masked garbage that happened to be NaN would still
+        # poison the output (0 x NaN), so every position must hold a finite value.
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.history: dict[int, list[int]] = {}  # rid -> prompt ids + generated ids
+
+    @classmethod
+    def from_shape(cls, shape: ModelShape, slots: int, *, device: str | torch.device = "cpu",
+                   dtype: torch.dtype | None = None, seed: int = 0, max_len: int | None = None,
+                   mem_available: int | None = None, wx: bool | None = None) -> "ModelRunner":
+        """Build the model of a registry shape and its cache, checking first that both fit (7.1-7.3)."""
+        device = torch.device(device)
+        dtype = dtype or default_dtype(device)
+        cfg = ModelConfig.from_shape(shape)
+        elem = torch.empty(0, dtype=dtype).element_size()
+        weights = cfg.params * elem
+        kv = kv_cache_bytes(cfg, slots, cfg.max_context if max_len is None else max_len, dtype)
+        avail = available_bytes(device) if mem_available is None else mem_available
+        check_fits(weights + kv, avail, f"{shape.name} in {dtype}: {weights / 1e9:.2f} GB of weights + "
+                   f"{kv / 1e9:.2f} GB of KV slabs ({slots} slots)", device)
+        model = Llama(cfg, device, dtype, seed=seed, wx=wx)
+        return cls(model, slots, max_len, seed, None if mem_available is None else mem_available - weights)
+
+    # ------------------------------------------------------------------ tokens
+    def tokens(self, rid: int) -> list[int]:
+        """Request ``rid``'s ids so far: prompt, then generated (7.2 recompute reads them back)."""
+        return self.history[rid]
+
+    def _history_for_prefill(self, req: Request) -> list[int]:
+        if req.num_computed == 0 and req.generated == 0:
+            # A request's first prefill (or a restart before any token): its prompt. This
+            # also forgets the same rid from an earlier run through this runner.
+            self.history[req.rid] = prompt_ids(self.seed, req.rid, req.prompt_len, self.cfg.vocab)
+        hist = self.history.get(req.rid)
+        if hist is None or len(hist) < req.prefill_target:
+            raise RuntimeError(f"request {req.rid}: prefill to {req.prefill_target} tokens but the runner "
+                               f"holds {0 if hist is None else len(hist)} of its ids")
+        return hist
+
+    def _history_for_decode(self, req: Request) -> list[int]:
+        hist = self.history.get(req.rid)
+        # While decoding, the cache holds every id but the newest, which this step computes.
+        if hist is None or len(hist) != req.num_computed + 1:
+            raise RuntimeError(f"request {req.rid}: decode at position {req.num_computed} but the runner "
+                               f"holds {0 if hist is None else len(hist)} of its ids")
+        return hist
+
+    # ------------------------------------------------------------------ the step
+    def execute(self, plan: StepPlan) -> dict[int, int]:
+        """Run ``plan`` as one forward pass (7.1-7.3); {rid: greedy token} of every emitting request."""
+        return self.forward(plan).token_ids
+
+    @torch.inference_mode()
+    def forward(self, plan: StepPlan) -> StepOutput:
+        """Run ``plan`` as one forward pass (7.1 static padding and dead rows, 7.2 mixed
+        prefill + decode, 7.3 chunks) and return the tokens and logits it emits.
+
+        Positions come from the requests before the engine commits the step. Decode and
+        dead rows compute the token at position ``num_computed`` (their newest id) and
+        write its K/V there; a chunk computes positions ``num_computed .. +n-1`` and its
+        ``pad`` padding tokens after them. Logits are computed for decode rows, dead rows
+        (a dense batch computes them: their cost is real) and the last token of each chunk
+        that completes a prefill; dead rows' tokens are discarded.
+        """
+        ids: list[int] = []
+        pos: list[int] = []
+        slot: list[int] = []
+        # Decode rows sorted by slot: a batch whose slots form one range then reads its
+        # slabs as a view instead of gathering a copy (see _decode_attention).
+        rows = sorted([(r, True) for r in plan.decodes] + [(r, False) for r in plan.dead],
+                      key=lambda x: x[0].slot)
+        for r, _ in rows:
+            hist = self._history_for_decode(r)
+            ids.append(hist[r.num_computed])
+            pos.append(r.num_computed)
+            slot.append(r.slot)
+        chunks: list[_Chunk] = []
+        logit_rows = list(range(len(rows)))
+        emit: list[int | None] = [r.rid if live else None for r, live in rows]
+        for c in plan.prefills:
+            r, start = c.req, c.req.num_computed
+            hist = self._history_for_prefill(r)
+            m = c.n + c.pad
+            chunks.append(_Chunk(len(ids), r.slot, start, m))
+            # Right padding: pad tokens sit after the prompt, at positions the request's
+            # decode steps will overwrite before any query attends to them.
+            ids += hist[start:start + c.n] + [PAD_ID] * c.pad
+            pos += range(start, start + m)
+            slot += [r.slot] * m
+            if c.completes:
+                logit_rows.append(len(ids) - c.pad - 1)
+                emit.append(r.rid)
+        if not ids:
+            return StepOutput()
+        if max(pos) >= self.max_len or min(slot) < 0 or max(slot) >= self.slots:
+            raise RuntimeError(f"plan exceeds the cache: positions up to {max(pos)} (max_len {self.max_len}), "
+                               f"slots {min(slot)}..{max(slot)} (slots {self.slots})")
+        logits = self._forward_packed(ids, pos, slot, len(rows), chunks, logit_rows)   # [R, V]
+        tokens = logits.argmax(dim=-1).tolist()
+        out = StepOutput()
+        for i, rid in enumerate(emit):
+            if rid is not None:
+                out.token_ids[rid] = tokens[i]
+                out.logits[rid] = logits[i]
+                self.history[rid].append(tokens[i])
+        return out
+
+    def _forward_packed(self, ids: list[int], pos: list[int], slot: list[int], n_rows: int,
+                        chunks: list[_Chunk], logit_rows: list[int]) -> Tensor:
+        """The model over packed tokens (7.1-7.3); decode rows first (``n_rows``), then ``chunks``."""
+        dev = self.device
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+        pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        slot_t = torch.tensor(slot, dtype=torch.long, device=dev)
+        row_slots, row_pos = slot[:n_rows], pos[:n_rows]
+        dec = self._decode_index(row_slots, row_pos) if n_rows else None
+
+        def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            kc, vc = self.k_cache[layer], self.v_cache[layer]    # [S, K, L, D]
+            # One scatter writes every token's K/V (decode, prompt, padding) into its slab;
+            # a plan holds each request once, so no (slot, position) is written twice.
+            kc[slot_t, :, pos_t] = k                             # k [T, K, D]
+            vc[slot_t, :, pos_t] = v
+            outs = []
+            if dec is not None:
+                outs.append(self._decode_attention(q[:n_rows], kc, vc, *dec))
+            for c in chunks:
+                outs.append(self._chunk_attention(q[c.offset:c.offset + c.length], kc, vc, c))
+            return outs[0] if len(outs) == 1 else torch.cat(outs)   # [T, H, D]
+
+        return self.model(ids_t, pos_t, attend, torch.tensor(logit_rows, dtype=torch.long, device=dev))
+
+    def _decode_index(self, row_slots: list[int], row_pos: list[int]) -> tuple[slice | Tensor, int, Tensor | None]:
+        """How decode rows (7.2) read their slabs: slots (a slice if they form one range),
+        the longest context, and the mask of shorter rows (None if all are equally long)."""
+        n, length = len(row_slots), max(row_pos) + 1
+        s0 = row_slots[0]
+        sel: slice | Tensor = (slice(s0, s0 + n) if row_slots == list(range(s0, s0 + n))
+                               else torch.tensor(row_slots, dtype=torch.long, device=self.device))
+        mask = None
+        if min(row_pos) != max(row_pos):
+            p = torch.tensor(row_pos, device=self.device)
+            mask = (torch.arange(length, device=self.device)[None, :] <= p[:, None])[:, None, None, :]  # [R,1,1,L]
+        return sel, length, mask
+
+    @staticmethod
+    def _decode_attention(q: Tensor, kc: Tensor, vc: Tensor, sel: slice | Tensor, length: int,
+                          mask: Tensor | None) -> Tensor:
+        """All decode rows in one SDPA call (7.2): q [R, H, D] -> [R, H, D].
+
+        Each row reads its slab up to the batch's longest context; shorter rows mask the
+        tail. With the slab layout that tail is wasted reading, the price of not paging.
+        """
+        k = kc[sel, :, :length]                                   # [R, K, L, D]
+        v = vc[sel, :, :length]
+        return sdpa(q[:, :, None, :], k, v, mask)[:, :, 0, :]     # [R, H, D]
+
+    @staticmethod
+    def _chunk_attention(q: Tensor, kc: Tensor, vc: Tensor, c: _Chunk) -> Tensor:
+        """One prefill chunk (7.3): causal within the chunk, plus every cached position of
+        its slot before it. q [m, H, D] -> [m, H, D]."""
+        end = c.start + c.length
+        k = kc[c.slot:c.slot + 1, :, :end]                        # [1, K, end, D]
+        v = vc[c.slot:c.slot + 1, :, :end]
+        qh = q.transpose(0, 1)[None]                              # [1, H, m, D]
+        if c.start == 0:
+            o = sdpa(qh, k, v, causal=True)
+        else:
+            qpos = torch.arange(c.start, end, device=q.device)
+            mask = torch.arange(end, device=q.device)[None, :] <= qpos[:, None]   # [m, end]
+            o = sdpa(qh, k, v, mask)
+        return o[0].transpose(0, 1)                               # [m, H, D]
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        """One small mixed step (a decode row and a 4-token chunk) through every layer, so
+        that the first timed step doesn't pay one-off costs: kernel selection, thread-pool
+        start-up, first-touch allocation. It writes K/V into slots 0 and 1, which any
+        request's prefill overwrites before reading."""
+        m = min(4, self.max_len)
+        if self.slots == 1:  # no second slot for the decode row: the chunk alone
+            self._forward_packed([1] * m, list(range(m)), [0] * m, 0, [_Chunk(0, 0, 0, m)], [m - 1])
+            return
+        self._forward_packed([1] * (m + 1), [0] + list(range(m)), [1] + [0] * m, 1,
+                             [_Chunk(1, 0, 0, m)], [0, m])

@@ -1,0 +1,55 @@
+"""``python -m batching measure`` and ``run``: a profile the simulator can load, real runs
+in the same results format as simulated ones (torch, CPU, the ``tiny`` shape)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from batching.cli import main  # noqa: E402
+from batching.costs import ProfileCost  # noqa: E402
+from batching.measure import measure  # noqa: E402
+from batching.plan import StepWork  # noqa: E402
+
+GRID = dict(batches=[1, 2, 4], ctxs=[8, 32], prefill_tokens=[8, 32], mixed=[(16, 2, 16)], reps=2,
+            bandwidth_bytes=1 << 22, peak_n=128)
+
+
+def test_measured_profile_loads_and_interpolates_its_own_points():
+    doc = measure("tiny", "cpu", **GRID)
+    assert doc["meta"]["device"] == "cpu-here" and doc["meta"]["model"] == "tiny"
+    assert doc["meta"]["dtype"] == "fp32" and doc["meta"]["torch"]
+    assert len(doc["decode"]["ms"]) == 3 and all(len(row) == 2 for row in doc["decode"]["ms"])
+    assert all(p["min_ms"] <= p["median_ms"] <= p["max_ms"] for row in doc["decode"]["spread"] for p in row)
+    assert doc["device"]["bandwidth"]["copy"]["GBps_best"] > 0 and doc["device"]["matmul_peak"]["TFLOPs_best"] > 0
+    cost = ProfileCost.from_dict(json.loads(json.dumps(doc)))
+    # At a measured grid point the cost model returns the measured median exactly.
+    got = cost.step_time(StepWork(decode_rows=2, decode_ctx=2 * 32))
+    assert got == pytest.approx(doc["decode"]["ms"][1][1] / 1e3, rel=1e-12)
+    assert cost.step_time(StepWork(prefill_tokens=32, prefill_attn=32 * 33 // 2)) == pytest.approx(
+        doc["prefill"]["ms"][1] / 1e3, rel=1e-12)
+    assert cost.extrapolated == 0
+
+
+def test_measure_refuses_lengths_beyond_the_context():
+    with pytest.raises(ValueError, match="exceeds tiny's max_context=512"):
+        measure("tiny", "cpu", **{**GRID, "prefill_tokens": [8, 4096]})
+
+
+def test_run_and_simulate_write_the_same_results_shape(tmp_path, capsys):
+    common = ["--preset", "chat-rag", "-n", "6", "--rate", "100", "--scale-lengths", "40", "--cap",
+              "--scheduler", "continuous", "--slots", "4", "--model", "tiny", "--no-progress"]
+    real = tmp_path / "real.json"
+    assert main(["run", *common, "--device", "cpu", "--out", str(real)]) == 0
+    prof = tmp_path / "p.json"
+    assert main(["measure", "--model", "tiny", "--device", "cpu", "--batches", "1,2,4", "--ctxs", "8,64",
+                 "--prefill", "8,64", "--mixed-rows", "1", "--mixed-chunk", "8", "--mixed-ctx", "8",
+                 "--reps", "2", "--out", str(prof), "--no-progress"]) == 0
+    sim = tmp_path / "sim.json"
+    assert main(["simulate", *common, "--device", "cpu", "--profile", str(prof), "--out", str(sim)]) == 0
+    r, s = json.loads(real.read_text()), json.loads(sim.read_text())
+    assert set(r) == set(s) and set(r["summary"]) == set(s["summary"])
+    assert [q["output_len"] for q in r["requests"]] == [q["output_len"] for q in s["requests"]]
+    assert r["config"]["executor"]["executor"] == "real" and s["config"]["executor"]["kind"] == "profile"

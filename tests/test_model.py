@@ -1,0 +1,116 @@
+"""The torch model and its runner: cached, packed steps equal a cache-free forward pass."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from batching.model import Llama, ModelConfig  # noqa: E402
+from batching.models import MODELS, get_model  # noqa: E402
+from batching.plan import PrefillChunk, StepPlan  # noqa: E402
+from batching.request import Request  # noqa: E402
+from batching.runner import (DeviceMemoryError, ModelRunner, StepOutput, kv_cache_bytes,  # noqa: E402
+                             prompt_ids)
+
+pytestmark = pytest.mark.model
+F64 = torch.float64
+TINY = ModelConfig.from_shape(get_model("tiny"))
+
+
+@pytest.fixture(scope="module")
+def model64() -> Llama:
+    return Llama(TINY, "cpu", F64, seed=0)
+
+
+def commit(plan: StepPlan, out: StepOutput, t: float) -> None:
+    """What the engine's scheduler.commit does to the requests, without a scheduler."""
+    for c in plan.prefills:
+        c.req.on_prefill(c.n, c.pad)
+        if c.completes:
+            c.req.on_token(t, out.token_ids[c.req.rid])
+    for r in plan.decodes:
+        r.on_decode()
+        r.on_token(t, out.token_ids[r.rid])
+
+
+def admitted(rid: int, prompt: int, output: int, slot: int) -> Request:
+    r = Request(rid, 0.0, prompt, output)
+    r.on_admit(slot, 0.0)
+    return r
+
+
+def test_config_matches_the_registry_parameter_count() -> None:
+    for shape in MODELS.values():
+        assert ModelConfig.from_shape(shape).params == shape.params, shape.name
+    assert Llama(TINY, "cpu", torch.float32).num_params() == get_model("tiny").params
+    assert ModelConfig.from_shape(get_model("llama-8b")).rope_theta == 500_000.0
+
+
+def test_random_weights_give_varied_context_dependent_greedy_tokens(model64: Llama) -> None:
+    outs = [model64.generate_full(prompt_ids(0, rid, 8, TINY.vocab), 12) for rid in range(3)]
+    for out in outs:
+        assert len(set(out)) >= 4, out        # not one token repeated forever
+    assert len({tuple(o) for o in outs}) == 3  # different prompts, different continuations
+
+
+def test_chunked_prefill_and_decodes_equal_the_full_forward_pass(model64: Llama) -> None:
+    """7.3: chunks of 3 + 5 + 2 prompt tokens, then decodes, in slot 2 of 4: every emitted
+    logits row equals the cache-free forward pass over the same ids."""
+    runner = ModelRunner(model64, slots=4, max_len=32)
+    r = admitted(7, 10, 6, slot=2)
+    emitted: list[torch.Tensor] = []
+    for n in (3, 5, 2):
+        plan = StepPlan(prefills=[PrefillChunk(r, n)])
+        out = runner.forward(plan)
+        assert (r.rid in out.token_ids) == (n == 2)   # only the completing chunk emits
+        commit(plan, out, 1.0)
+    emitted.append(out.logits[r.rid])
+    while not r.done:
+        plan = StepPlan(decodes=[r])
+        out = runner.forward(plan)
+        emitted.append(out.logits[r.rid])
+        commit(plan, out, 1.0)
+    ids = runner.tokens(r.rid)
+    assert ids[:10] == prompt_ids(0, 7, 10, TINY.vocab) and ids[10:] == r.token_ids
+    ref = model64.forward_full(torch.tensor(ids))            # [16, V]
+    got = torch.stack(emitted)                               # logits of positions 9..14
+    torch.testing.assert_close(got, ref[9:15], rtol=0, atol=1e-11)
+    assert r.token_ids == ref[9:15].argmax(-1).tolist()
+
+
+def test_mixed_step_packs_decodes_chunks_and_padding_without_crosstalk(model64: Llama) -> None:
+    """7.1/7.2 in one pass: a decode row, a padded chunk and a chunk after cached context,
+    in shuffled slots; each request's logits equal its own cache-free pass."""
+    runner = ModelRunner(model64, slots=3, max_len=40)
+    a, b, c = admitted(0, 6, 3, slot=2), admitted(1, 9, 2, slot=0), admitted(2, 4, 2, slot=1)
+    first = StepPlan(prefills=[PrefillChunk(a, 6), PrefillChunk(b, 4)])
+    commit(first, runner.forward(first), 1.0)
+    # a decodes; b finishes its prompt (5 more after 4 cached); c's prompt padded by 7.
+    plan = StepPlan(prefills=[PrefillChunk(b, 5), PrefillChunk(c, 4, pad=7)], decodes=[a])
+    out = runner.forward(plan)
+    assert set(out.token_ids) == {0, 1, 2}
+    commit(plan, out, 2.0)
+    for r in (a, b, c):
+        ids = runner.tokens(r.rid)
+        ref = model64.forward_full(torch.tensor(ids))
+        torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
+
+
+def test_kv_slab_that_does_not_fit_is_refused_with_both_numbers(model64: Llama) -> None:
+    need = kv_cache_bytes(TINY, 8, 512, F64)
+    assert need == 2 * 2 * 8 * 2 * 512 * 16 * 8
+    with pytest.raises(DeviceMemoryError, match=r"needed=.*available=1,000,000 bytes"):
+        ModelRunner(model64, slots=8, mem_available=1_000_000)
+    with pytest.raises(DeviceMemoryError, match="needed.*available"):  # the machine's real free memory
+        ModelRunner(model64, slots=10**7)
+    # Weights are checked before they are allocated: 8B in fp32 is 32 GB.
+    with pytest.raises(DeviceMemoryError, match="llama-8b.*needed.*available"):
+        ModelRunner.from_shape(get_model("llama-8b"), 1, mem_available=8 * 10**9)
+
+
+def test_plan_beyond_the_slab_is_refused(model64: Llama) -> None:
+    runner = ModelRunner(model64, slots=1, max_len=8)
+    with pytest.raises(RuntimeError, match="max_len 8"):
+        runner.forward(StepPlan(prefills=[PrefillChunk(admitted(0, 9, 1, slot=0), 9)]))
+    with pytest.raises(ValueError, match="max_len"):
+        ModelRunner(model64, slots=1, max_len=TINY.max_context + 1)

@@ -8,7 +8,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -177,8 +176,8 @@ def cmd_measure(a: argparse.Namespace) -> int:
     from .measure import measure  # torch is needed here only
     gpu = a.device == "cuda" or (a.device == "auto" and _cuda())
     batches = a.batches or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 2, 4, 8, 16, 32, 64, 128])
-    ctxs = a.ctxs or ([128, 1024, 4096] if gpu else [128, 512, 1024])
-    prefill = a.prefill or ([128, 512, 2048, 8192] if gpu else [32, 128, 512, 1024, 2048])
+    ctxs = a.ctxs or ([128, 1024, 4096] if gpu else [32, 128, 512, 1024])
+    prefill = a.prefill or ([64, 256, 1024, 2048, 8192] if gpu else [8, 32, 128, 512, 1024, 2048])
     mixed = [(a.mixed_chunk, r, a.mixed_ctx) for r in (a.mixed_rows or [1, 8, 32])]
     doc = measure(a.model, a.device, a.dtype, batches=batches, ctxs=ctxs, prefill_tokens=prefill,
                   mixed=mixed, reps=a.reps, seed=a.seed, progress=not a.no_progress and sys.stderr.isatty())

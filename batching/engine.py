@@ -21,7 +21,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from .plan import StepPlan, StepWork
+from .plan import StepPlan
 from .request import Request
 from .schedulers.base import Scheduler
 

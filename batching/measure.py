@@ -100,8 +100,16 @@ class StepTimer:
         return stats(time_fn(fn, self.r.device, self.reps, self.warmup))
 
     def decode(self, batch: int, ctx: int) -> dict[str, float]:
-        """``batch`` decode rows in slots 0..batch-1, each with ``ctx`` cached tokens."""
-        return self._time([1] * batch, [ctx] * batch, list(range(batch)), batch, [], list(range(batch)))
+        """``batch`` decode rows with ``ctx`` cached tokens on average.
+
+        Like a live batch, the rows' contexts differ (spread evenly over ctx/2 .. 3ctx/2, so
+        attention masks the shorter ones) and their slots are not one ascending range (so
+        the slabs are gathered, not viewed): a uniform batch in slots 0..B-1 would time a
+        cheaper path than the engine ever takes.
+        """
+        pos = [ctx] if batch == 1 else [round(ctx * (0.5 + i / (batch - 1))) for i in range(batch)]
+        slots = list(range(batch))[::-1] if batch > 1 else [0]
+        return self._time([1] * batch, pos, slots, batch, [], list(range(batch)))
 
     def prefill(self, tokens: int) -> dict[str, float]:
         """One prompt of ``tokens`` tokens from an empty cache (slot 0)."""
@@ -148,7 +156,7 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
     for name, vals in (("batches", batches), ("ctxs", ctxs), ("prefill_tokens", prefill_tokens)):
         if not vals or sorted(set(vals)) != list(vals) or vals[0] < (0 if name == "ctxs" else 1):
             raise ValueError(f"{name}={vals!r}: must be increasing and positive")
-    max_len = max([c + 1 for c in ctxs] + prefill_tokens + [t for t, _, _ in mixed] + [c + 1 for _, _, c in mixed])
+    max_len = max([c * 3 // 2 + 2 for c in ctxs] + prefill_tokens + [t for t, _, _ in mixed] + [c + 1 for _, _, c in mixed])
     if max_len > shape.max_context:
         raise ValueError(f"a measured length of {max_len} exceeds {model}'s max_context={shape.max_context}")
     slots = max(batches + [r + 1 for _, r, _ in mixed])

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from batching.costs import CostModel, ProfileCost, ProfileError, RooflineCost, get_cost_model
 from batching.devices import DEVICES, get_device
-from batching.models import MODELS, get_model
+from batching.models import get_model
 from batching.plan import StepWork
 
 H100, H200 = get_device("h100"), get_device("h200")

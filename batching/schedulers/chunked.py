@@ -76,5 +76,6 @@ class ChunkedPrefillScheduler(Scheduler):
             return None
         if chunks:
             return StepPlan(prefills=chunks, decodes=decodes, slots=self.max_slots)
+        # After a preemption the freed KV may admit the queue head next step: not steady.
         return StepPlan(decodes=decodes, slots=self.max_slots, steady=1 if preempted else self._steady(decodes),
                         arrival_sensitive=not self.waiting and bool(self._free_slots))

@@ -14,7 +14,6 @@ import math
 
 from ..kv import ConfigError
 from ..plan import PrefillChunk, StepPlan
-from ..request import Request
 from .base import Scheduler
 
 PREFILL_MODES = ("mixed", "separate")
@@ -64,5 +63,6 @@ class ContinuousScheduler(Scheduler):
                 return StepPlan(prefills=new, decodes=decodes, slots=self.max_slots)
         if not decodes:
             return None
+        # After a preemption the freed KV may admit the queue head next step: not steady.
         return StepPlan(decodes=decodes, slots=self.max_slots, steady=1 if preempted else self._steady(decodes),
                         arrival_sensitive=not self.waiting and bool(self._free_slots))

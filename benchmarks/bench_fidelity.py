@@ -1,0 +1,86 @@
+"""Simulator fidelity: one workload through the real engine and through the simulator.
+
+The same requests (the first N of the Azure conversation trace, lengths divided by
+``--scale-lengths`` to suit a CPU model, replayed ``--time-scale`` times faster) go once
+through the real torch model (``run_real``) and once through the simulator driven by this
+machine's measured profile (``data/profiles/cpu-here-<model>.json``), with the same
+scheduler. Reported: median absolute relative error of per-request E2E latency (target
+<= 5%) and the output-throughput error (target <= 3%); Vidur reports under 9%.
+
+    python benchmarks/bench_fidelity.py --model cpu-s --requests 200
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+
+from batching.costs import ProfileCost
+from batching.engine import SimExecutor, run
+from batching.metrics import request_records, summarize
+from batching.real import run_real
+from batching.schedulers import make_scheduler
+from batching.traces import load_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def compare(real, sim) -> dict:
+    r, s = request_records(real.requests), request_records(sim.requests)
+    e2e_r = np.array([x["e2e"] for x in r])
+    e2e_s = np.array([x["e2e"] for x in s])
+    rel = np.abs(e2e_s - e2e_r) / e2e_r
+    sr, ss = summarize(real), summarize(sim)
+    return {
+        "e2e_median_abs_rel_err": float(np.median(rel)), "e2e_p90_abs_rel_err": float(np.percentile(rel, 90)),
+        "throughput_real": sr["output_throughput"], "throughput_sim": ss["output_throughput"],
+        "throughput_rel_err": abs(ss["output_throughput"] - sr["output_throughput"]) / sr["output_throughput"],
+        "steps_real": sr["steps"], "steps_sim": ss["steps"],
+        "busy_real_s": sr["busy_s"], "busy_sim_s": ss["busy_s"],
+        "e2e_p50_real": sr["e2e"]["p50"], "e2e_p50_sim": ss["e2e"]["p50"],
+        "e2e_p99_real": sr["e2e"]["p99"], "e2e_p99_sim": ss["e2e"]["p99"],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="cpu-s")
+    p.add_argument("--profile", help="default: data/profiles/cpu-here-<model>.json")
+    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--scale-lengths", type=float, default=16)
+    p.add_argument("--time-scale", type=float, default=2.0)
+    p.add_argument("--slots", type=int, default=16)
+    p.add_argument("--max-len", type=int, default=512)
+    p.add_argument("--schedulers", default="continuous,chunked")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity.json"))
+    a = p.parse_args()
+
+    profile = a.profile or str(ROOT / "data" / "profiles" / f"cpu-here-{a.model}.json")
+    w = load_trace("azure-conv", limit=a.requests).scale(lengths=a.scale_lengths, time=a.time_scale)
+    w, capped = w.cap_to_context(a.max_len, "cap")
+    out = {"benchmark": "simulator fidelity (real engine vs profile-driven simulator)",
+           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+           "model": a.model, "profile": os.path.relpath(profile, ROOT), "workload": w.info | {"requests": len(w)},
+           "capped": capped, "slots": a.slots, "max_len": a.max_len, "loadavg_before": os.getloadavg()[0],
+           "results": {}}
+    for name in a.schedulers.split(","):
+        mk = lambda: make_scheduler(name, max_context=a.max_len, slots=a.slots, token_budget=128,  # noqa: E731
+                                    kv_capacity=a.slots * a.max_len)
+        real = run_real(w, mk(), a.model, device="cpu", max_len=a.max_len)
+        cost = ProfileCost.from_json(profile)
+        sim = run(w.fresh(), mk(), SimExecutor(cost))
+        out["results"][name] = compare(real, sim) | {"profile_extrapolated": cost.extrapolated,
+                                                      "profile_queries": cost.queries}
+        print(name, json.dumps(out["results"][name], indent=1))
+    out["loadavg_after"] = os.getloadavg()[0]
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -61,7 +61,7 @@ class SLO:
         return bool(ok)
 
 
-def _token_times(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def token_times(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """All requests' token times at once: first and last per request, every ITL, and the
     largest ITL per request (-inf for one-token requests). One pass over a flat array,
     since a trace run holds millions of tokens."""
@@ -76,11 +76,14 @@ def _token_times(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return flat[starts], flat[ends - 1], gaps[gaps > -np.inf], itl_max
 
 
-def request_records(reqs: list[Request]) -> list[dict[str, Any]]:
-    """The per-request table: queueing, TTFT, E2E, TPOT (None for one token), largest ITL."""
+def request_records(reqs: list[Request], times: tuple | None = None) -> list[dict[str, Any]]:
+    """The per-request table: queueing, TTFT, E2E, TPOT (None for one token), largest ITL.
+
+    ``times`` is ``token_times(reqs)`` if the caller has it already (a trace run's
+    millions of timestamps are worth reading once)."""
     for r in reqs:
         assert r.done and r.admit_time is not None, f"request {r.rid} has not finished"
-    first, last, _, itl_max = _token_times(reqs)
+    first, last, _, itl_max = times or token_times(reqs)
     out = []
     for r, f, l, m in zip(reqs, first.tolist(), last.tolist(), itl_max.tolist()):
         ttft, e2e = f - r.arrival, l - r.arrival
@@ -108,10 +111,11 @@ def _dist(x: np.ndarray) -> dict[str, float | None]:
 
 
 def summarize(result: RunResult, records: list[dict[str, Any]] | None = None,
-              slo: SLO | None = None) -> dict[str, Any]:
-    """Aggregate metrics of one run."""
+              slo: SLO | None = None, times: tuple | None = None) -> dict[str, Any]:
+    """Aggregate metrics of one run (``records``/``times``: if the caller has them)."""
     reqs = result.requests
-    records = records if records is not None else request_records(reqs)
+    times = times or token_times(reqs)
+    records = records if records is not None else request_records(reqs, times)
     L = result.log.arrays()
     n_steps, dur = L["n"], L["dur"]
     busy = float(dur.sum())
@@ -120,7 +124,7 @@ def summarize(result: RunResult, records: list[dict[str, Any]] | None = None,
     out_tokens = sum(r.output_len for r in reqs)
     slot_steps = float((L["slots"] * n_steps).sum())
     prefill_all = float(L["prefill"].sum() + L["pad"].sum())
-    itl = _token_times(reqs)[2]
+    itl = times[2]
     col = lambda k: np.array([rec[k] for rec in records if rec[k] is not None], dtype=float)  # noqa: E731
     s: dict[str, Any] = {
         "num_requests": len(reqs),

@@ -61,6 +61,10 @@ def test_continuous_beats_static_on_long_tailed_traffic(tmp_path):
     (["--preset", "chat-rag", "--scheduler", "continuous", "--model", "llama-70b", "--device", "h100"],
      "needs 141.1 GB"),
     (["--trace", str(ROOT / "missing.csv"), "--scheduler", "static"], "missing.csv"),
+    (["--preset", "chat-rag", "--scheduler", "continuous", "--kv-tokens", "99999999"],
+     "--kv-tokens=99999999: llama-8b on 1 x h100 leaves room for"),
+    (["--preset", "chat-rag", "--scheduler", "static", "--kv-tokens", "8192"],
+     "batch_size=32 x max_context=8192 = 262144 KV tokens exceeds kv capacity=8192"),
 ])
 def test_bad_input_is_one_clear_line(args, message, capsys):
     assert main(["simulate", *args, "--no-progress"]) == 2

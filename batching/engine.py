@@ -60,7 +60,13 @@ class SimExecutor:
 
 
 class StepLog:
-    """Per-step log, one row per step or per run of identical decode steps (``n``)."""
+    """Per-step log, one row per step or per run of identical decode steps (``n``).
+
+    ``kv_reserved``, ``kv_used``, ``waiting`` and ``running`` are the state during the
+    row's first step (after its reservations and KV writes, before finished requests
+    leave); in a run, KV used grows by ``decode`` tokens per step, and so does KV
+    reserved under the ``exact`` policy (see ``kv_series``).
+    """
 
     COLUMNS = ("t", "dur", "n", "prefill", "pad", "decode", "dead", "emitted", "slots",
                "kv_reserved", "kv_used", "waiting", "running", "attn", "ctx")
@@ -78,6 +84,14 @@ class StepLog:
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {c: np.asarray(v, dtype=float) for c, v in self.cols.items()}
+
+    def kv_series(self, policy: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per row: KV reserved and used, each as (mean over the row's steps, peak)."""
+        L = self.arrays()
+        grow = L["decode"] * (L["n"] - 1)
+        res_grow = grow if policy == "exact" else 0 * grow
+        return (L["kv_reserved"] + res_grow / 2, L["kv_reserved"] + res_grow,
+                L["kv_used"] + grow / 2, L["kv_used"] + grow)
 
     def hardware(self, model: Any) -> tuple[np.ndarray, np.ndarray]:
         """FLOPs and bytes of each row (a run of ``n`` steps: its total) from a model shape.
@@ -169,6 +183,11 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
         work = plan.work()
         t0 = t
         occ = occupancy(plan) if record_slots else None
+        # The KV and queue state *during* the step: after its reservations and writes,
+        # before finished requests are released (for a run: during its first step).
+        pre = plan.prefills
+        state = (scheduler.kv.reserved, scheduler.kv.used + sum(c.n + c.pad for c in pre) + len(plan.decodes),
+                 len(scheduler.waiting), len(scheduler.running))
         k = plan.steady if (fast and plan.is_decode_only) else 1
         durs = executor.decode_run(plan, k) if k > 1 else None
         if durs is not None:
@@ -188,11 +207,9 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
                 raise RuntimeError(f"executor returned step duration={res.duration!r}")
             t = t0 + res.duration
             scheduler.commit(plan, t, res.token_ids)
-        pre = plan.prefills
         log.add((t0, t - t0, k, sum(c.n for c in pre), sum(c.pad for c in pre), len(plan.decodes),
                  len(plan.dead), sum(c.completes for c in pre) + len(plan.decodes), plan.slots,
-                 scheduler.kv.reserved, scheduler.kv.used, len(scheduler.waiting),
-                 len(scheduler.running), work.prefill_attn, work.decode_ctx))
+                 *state, work.prefill_attn, work.decode_ctx))
         if record_slots:
             log.occupancy.append(occ)
         if bar is not None:

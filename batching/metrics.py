@@ -117,6 +117,7 @@ def summarize(result: RunResult, records: list[dict[str, Any]] | None = None,
     times = times or token_times(reqs)
     records = records if records is not None else request_records(reqs, times)
     L = result.log.arrays()
+    res_mean, res_peak, used_mean, used_peak = result.log.kv_series(result.scheduler["kv_policy"])
     n_steps, dur = L["n"], L["dur"]
     busy = float(dur.sum())
     start = min(r.arrival for r in reqs)
@@ -139,10 +140,10 @@ def summarize(result: RunResult, records: list[dict[str, Any]] | None = None,
         "slot_utilization_time_weighted": float((L["emitted"] / L["slots"] * dur).sum() / busy),
         "padding_fraction": float(L["pad"].sum() / prefill_all) if prefill_all else 0.0,
         "preemptions": result.preemptions,
-        "kv_reserved_peak": float(L["kv_reserved"].max()),
-        "kv_used_peak": float(L["kv_used"].max()),
-        "kv_reserved_mean": float((L["kv_reserved"] * dur).sum() / busy),
-        "kv_used_mean": float((L["kv_used"] * dur).sum() / busy),
+        "kv_reserved_peak": float(res_peak.max()),
+        "kv_used_peak": float(used_peak.max()),
+        "kv_reserved_mean": float((res_mean * dur).sum() / busy),  # time-weighted
+        "kv_used_mean": float((used_mean * dur).sum() / busy),
         "queue": _dist(col("queue")), "ttft": _dist(col("ttft")), "tpot": _dist(col("tpot")),
         "e2e": _dist(col("e2e")), "itl": _dist(itl),
     }

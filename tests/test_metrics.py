@@ -89,3 +89,15 @@ def test_results_files_roundtrip(tmp_path):
     assert sum(s["n"] for s in back["steps"]) == back["summary"]["steps"] == 4
     rows = list(csv.DictReader(results.write_requests_csv(doc, tmp_path / "r.csv").open()))
     assert [r["rid"] for r in rows] == ["0", "1"] and rows[0]["ttft"] == "1.0"
+
+
+def test_kv_means_cover_whole_runs_of_steps():
+    # A static batch holds its two slabs from its prefill to its last step, and a run of
+    # identical decode steps is logged as one row: the mean must still be the two slabs.
+    R = reqs((0, 10, 5), (0, 10, 300))
+    s = summarize(run(R, StaticScheduler(2, 512), UNIT))
+    assert s["kv_reserved_mean"] == 2 * 512 and s["kv_reserved_peak"] == 2 * 512
+    # Used: (10 + 10) after the prefill, +1 per live row per step; the dead row stays at 14.
+    assert s["kv_used_peak"] == 10 + 299 + 14
+    slow = summarize(run(reqs((0, 10, 5), (0, 10, 300)), StaticScheduler(2, 512), UNIT, fast=False))
+    assert s["kv_used_mean"] == pytest.approx(slow["kv_used_mean"]) and s["kv_used_peak"] == slow["kv_used_peak"]

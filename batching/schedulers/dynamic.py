@@ -28,7 +28,11 @@ class DynamicScheduler(DenseBatchScheduler):
     def _next_batch(self, now: float) -> list[Request]:
         w = self.waiting
         if len(w) >= self.max_slots or (w and w[0].arrival + self.max_wait <= now):
-            return [w.popleft() for _ in range(min(len(w), self.max_slots))]
+            batch = [w.popleft()]
+            # FCFS: stop at the first request the dense batch cannot pad to.
+            while w and len(batch) < self.max_slots and self.fits_beside(batch, w[0]):
+                batch.append(w.popleft())
+            return batch
         return []
 
     def wakeup(self) -> float | None:

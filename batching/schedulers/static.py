@@ -38,6 +38,14 @@ class DenseBatchScheduler(Scheduler):
     def _next_batch(self, now: float) -> list[Request]:
         raise NotImplementedError
 
+    def fits_beside(self, members: list[Request], req: Request) -> bool:
+        """Whether ``req`` can join ``members`` in one dense batch: every row holds the
+        longest prompt plus its own output (the trace's output length stands for the
+        request's ``max_tokens``), so the longest prompt plus the longest output must fit."""
+        longest = max([m.prefill_target for m in members] + [req.prefill_target])
+        most = max([m.output_len for m in members] + [req.output_len])
+        return longest + most <= self.kv.max_context
+
     def schedule(self, now: float) -> StepPlan | None:
         if self.batch:
             live = [r for r in self.batch if not r.done]
@@ -96,6 +104,9 @@ class StaticScheduler(DenseBatchScheduler):
         # A timeout that expired before this arrival seals without it; one expiring at the
         # same instant fires after it (the engine delivers arrivals first, then schedules).
         self._seal_due(req.arrival, strict=True)
+        if self.forming and not self.fits_beside(self.forming, req):
+            self.sealed.append(self.forming)  # the batch cannot pad to this prompt: seal it now
+            self.forming = []
         self.forming.append(req)
         if len(self.forming) == self.max_slots:
             self.sealed.append(self.forming)

@@ -99,16 +99,21 @@ class StepTimer:
         fn = lambda: self.r._forward_packed(ids, pos, slot, n_rows, chunks, logit_rows)  # noqa: E731
         return stats(time_fn(fn, self.r.device, self.reps, self.warmup))
 
-    def decode(self, batch: int, ctx: int) -> dict[str, float]:
+    def decode(self, batch: int, ctx: int, uniform: bool = False) -> dict[str, float]:
         """``batch`` decode rows with ``ctx`` cached tokens on average.
 
-        Like a live batch, the rows' contexts differ (spread evenly over ctx/2 .. 3ctx/2, so
-        attention masks the shorter ones) and their slots are not one ascending range (so
-        the slabs are gathered, not viewed): a uniform batch in slots 0..B-1 would time a
-        cheaper path than the engine ever takes.
+        By default like a live batch: the rows' contexts differ (spread evenly over
+        ctx/2 .. 3ctx/2, so attention masks the shorter ones) and their slots are not one
+        ascending range (so the slabs are gathered, not viewed); a uniform batch would time
+        a cheaper path than the engine usually takes. ``uniform=True`` times exactly that
+        cheaper path (equal contexts, slots 0..B-1): the weight-streaming story of "Why
+        batching" without the slab layout's gather.
         """
-        pos = [ctx] if batch == 1 else [round(ctx * (0.5 + i / (batch - 1))) for i in range(batch)]
-        slots = list(range(batch))[::-1] if batch > 1 else [0]
+        if uniform or batch == 1:
+            pos, slots = [ctx] * batch, list(range(batch))
+        else:
+            pos = [round(ctx * (0.5 + i / (batch - 1))) for i in range(batch)]
+            slots = list(range(batch))[::-1]
         return self._time([1] * batch, pos, slots, batch, [], list(range(batch)))
 
     def prefill(self, tokens: int) -> dict[str, float]:

@@ -65,6 +65,7 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--csv", help="per-request CSV")
     o.add_argument("--steps", action="store_true", help="include the per-step log in the JSON")
     o.add_argument("--slot-log", action="store_true", help="record each slot's occupant per step")
+    o.add_argument("--token-times", action="store_true", help="every token's timestamp in each request record")
     o.add_argument("--goodput", help="SLOs in ms, vLLM style: 'ttft:500 tpot:50'")
     o.add_argument("--no-progress", action="store_true")
 
@@ -93,7 +94,7 @@ def _report(a: argparse.Namespace, res, w: Workload, config: dict[str, Any]) -> 
     config = {**config, "workload": {"name": w.name, "info": w.info, "requests": len(w)},
               "model": a.model, "device": a.device, "dtype": a.dtype, "seed": a.seed,
               "scale_lengths": a.scale_lengths, "time_scale": a.time_scale}
-    doc = results.build(res, config, slo, include_steps=a.steps)
+    doc = results.build(res, config, slo, include_steps=a.steps, include_token_times=a.token_times)
     print(summary_table(doc))
     if a.out:
         print(f"wrote {results.write_json(doc, a.out)}")

@@ -32,10 +32,14 @@ def _versions() -> dict[str, str]:
 
 
 def build(result: RunResult, config: dict[str, Any], slo: SLO | None = None,
-          include_steps: bool = True) -> dict[str, Any]:
-    """The results document of one run."""
+          include_steps: bool = True, include_token_times: bool = False) -> dict[str, Any]:
+    """The results document of one run; ``include_token_times`` adds every token's
+    timestamp to each request record (so every inter-token latency can be recomputed)."""
     times = token_times(result.requests)  # millions of timestamps on a trace: read them once
     records = request_records(result.requests, times)
+    if include_token_times:
+        for rec, r in zip(records, result.requests):
+            rec["token_times"] = list(r.token_times)
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "meta": {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -60,7 +64,7 @@ def write_json(doc: dict[str, Any], path: str | Path) -> Path:
 def write_requests_csv(doc: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = doc["requests"]
+    rows = [{k: v for k, v in r.items() if k != "token_times"} for r in doc["requests"]]
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

@@ -81,14 +81,15 @@ def test_fast_path_hardware_totals_match_stepping():
 def test_results_files_roundtrip(tmp_path):
     R = reqs((0, 8, 3), (0.5, 8, 1))
     res = run(R, ContinuousScheduler(1, 64), UNIT, record_slots=True)
-    doc = results.build(res, {"workload": "hand"})
+    doc = results.build(res, {"workload": "hand"}, include_token_times=True)
     assert set(doc) == {"schema", "meta", "config", "summary", "requests", "steps"}
     back = json.loads(results.write_json(doc, tmp_path / "r.json").read_text())
     assert back["requests"][1]["tpot"] is None and back["config"]["scheduler"]["max_slots"] == 1
+    assert back["requests"][0]["token_times"] == [1.0, 2.0, 3.0] and back["requests"][1]["token_times"] == [4.0]
     assert back["steps"][0]["slots_detail"] == [[0, 0, "P", 8, 0]]
     assert sum(s["n"] for s in back["steps"]) == back["summary"]["steps"] == 4
     rows = list(csv.DictReader(results.write_requests_csv(doc, tmp_path / "r.csv").open()))
-    assert [r["rid"] for r in rows] == ["0", "1"] and rows[0]["ttft"] == "1.0"
+    assert [r["rid"] for r in rows] == ["0", "1"] and rows[0]["ttft"] == "1.0" and "token_times" not in rows[0]
 
 
 def test_kv_means_cover_whole_runs_of_steps():

@@ -1,0 +1,78 @@
+"""Decode efficiency and the knee, measured side by side in one run ("Why batching").
+
+Decode efficiency at batch 1 = (weight + KV bytes read) / step time, as a fraction of the
+best read bandwidth a single matrix-vector product reaches over the same number of weight
+bytes in the same run (and of copy bandwidth). Target: >= 0.70 on the CPU for the CPU-demo
+model, >= 0.80 on an H200 for the 8B shape. The knee: the largest batch whose decode step
+stays within 1.25x (and 2x) of batch 1, beside the roofline
+B* = peak FLOP/s x bytes per weight / (2 x bandwidth) measured on the same device.
+Writes ``benchmarks/results/decode-<device>-<model>.json``.
+
+    python benchmarks/bench_decode.py --model cpu-m
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from batching.measure import StepTimer, bandwidth, matmul_peak, registry_device
+from batching.models import get_model
+from batching.real import device_name, resolve_device, resolve_dtype, _REGISTRY_DTYPE
+from batching.runner import ModelRunner
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="cpu-m")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--ctx", type=int, default=128)
+    p.add_argument("--batches", default="1,2,4,8,16,32,64")
+    p.add_argument("--reps", type=int, default=7)
+    a = p.parse_args()
+    dev = resolve_device(a.device)
+    dtype = resolve_dtype(None, dev)
+    shape = get_model(a.model).with_dtype(_REGISTRY_DTYPE[dtype])
+    batches = [int(x) for x in a.batches.split(",")]
+    load0 = os.getloadavg()[0]
+    runner = ModelRunner.from_shape(get_model(a.model), max(batches), device=dev, dtype=dtype,
+                                    max_len=a.ctx * 3 // 2 + 2)
+    runner.warmup()
+    timer = StepTimer(runner, a.reps)
+    steps = {b: timer.decode(b, a.ctx) for b in batches}
+    bw = bandwidth(dev, dtype, shape.weight_read_bytes)
+    peak = matmul_peak(dev, dtype, 2048 if dev.type == "cpu" else 8192)
+    t1 = steps[1]["median_ms"] / 1e3
+    read = shape.weight_read_bytes + shape.kv_bytes_per_token * (a.ctx + 1)
+    matvec = bw["matvec"]["GBps_best"] * 1e9
+    copy = bw["copy"]["GBps_best"] * 1e9
+    knee = {f"{x}x": max(b for b in batches if steps[b]["median_ms"] <= x * steps[1]["median_ms"])
+            for x in (1.25, 2.0)}
+    bstar = peak["TFLOPs_best"] * 1e12 * shape.bytes_per_param / (2 * matvec)
+    doc = {
+        "benchmark": "decode efficiency and knee", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": registry_device(dev), "device_name": device_name(dev), "model": a.model, "dtype": shape.dtype,
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "ctx": a.ctx,
+        "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+        "step_ms": {b: steps[b] for b in batches},
+        "bytes_read_batch1": read, "achieved_GBps_batch1": read / t1 / 1e9,
+        "efficiency_vs_matvec": read / t1 / matvec, "efficiency_vs_copy": read / t1 / copy,
+        "bandwidth": bw, "matmul_peak": peak, "knee": knee, "bstar_roofline": bstar,
+        "targets": {"efficiency_vs_matvec": 0.70 if dev.type == "cpu" else 0.80},
+    }
+    out = ROOT / "benchmarks" / "results" / f"decode-{registry_device(dev)}-{a.model}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps({k: doc[k] for k in ("achieved_GBps_batch1", "efficiency_vs_matvec", "efficiency_vs_copy",
+                                          "knee", "bstar_roofline")}, indent=1))
+    print({b: round(steps[b]["median_ms"], 1) for b in batches})
+
+
+if __name__ == "__main__":
+    main()

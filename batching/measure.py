@@ -99,21 +99,21 @@ class StepTimer:
         fn = lambda: self.r._forward_packed(ids, pos, slot, n_rows, chunks, logit_rows)  # noqa: E731
         return stats(time_fn(fn, self.r.device, self.reps, self.warmup))
 
-    def decode(self, batch: int, ctx: int, uniform: bool = False) -> dict[str, float]:
+    def decode(self, batch: int, ctx: int, uniform: bool = False, scattered: bool = False) -> dict[str, float]:
         """``batch`` decode rows with ``ctx`` cached tokens on average.
 
         By default like a live batch: the rows' contexts differ (spread evenly over
-        ctx/2 .. 3ctx/2, so attention masks the shorter ones) and their slots are not one
-        ascending range (so the slabs are gathered, not viewed); a uniform batch would time
-        a cheaper path than the engine usually takes. ``uniform=True`` times exactly that
-        cheaper path (equal contexts, slots 0..B-1): the weight-streaming story of "Why
-        batching" without the slab layout's gather.
+        ctx/2 .. 3ctx/2, so attention reads up to the longest and masks the shorter ones);
+        their slots are 0..B-1, as the schedulers' lowest-free-slot policy mostly leaves
+        them (a scattered batch also pays a gather of its slabs; ``scattered=True`` times
+        that). ``uniform=True`` gives every row the same context: the pure
+        weight-streaming story of "Why batching".
         """
         if uniform or batch == 1:
-            pos, slots = [ctx] * batch, list(range(batch))
+            pos = [ctx] * batch
         else:
             pos = [round(ctx * (0.5 + i / (batch - 1))) for i in range(batch)]
-            slots = list(range(batch))[::-1]
+        slots = list(range(batch))[::-1] if scattered and batch > 1 else list(range(batch))
         return self._time([1] * batch, pos, slots, batch, [], list(range(batch)))
 
     def prefill(self, tokens: int) -> dict[str, float]:

@@ -23,11 +23,27 @@ import numpy as np
 from batching.costs import ProfileCost
 from batching.engine import SimExecutor, run
 from batching.metrics import request_records, summarize
+from batching.plan import StepWork
 from batching.real import run_real
 from batching.schedulers import make_scheduler
 from batching.traces import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def per_step(real, cost: ProfileCost) -> dict:
+    """The profile's prediction for each step the real engine ran, against its measured
+    duration: the cost model's own error, free of the schedule divergence that E2E
+    comparisons add (a slower step lets more arrivals join the next one)."""
+    L = real.log.arrays()
+    pred = np.array([cost.step_time(StepWork(int(p + pd), int(a), int(d + x), int(c))) for p, pd, a, d, x, c in
+                     zip(L["prefill"], L["pad"], L["attn"], L["decode"], L["dead"], L["ctx"])])
+    err = (pred - L["dur"]) / L["dur"]
+    dec = L["prefill"] == 0
+    return {"step_median_rel_err": float(np.median(err)), "step_median_abs_rel_err": float(np.median(np.abs(err))),
+            "decode_step_median_rel_err": float(np.median(err[dec])) if dec.any() else None,
+            "mixed_step_median_rel_err": float(np.median(err[~dec])) if (~dec).any() else None,
+            "busy_pred_over_real": float(pred.sum() / L["dur"].sum())}
 
 
 def compare(real, sim) -> dict:
@@ -74,8 +90,8 @@ def main() -> None:
         real = run_real(w, mk(), a.model, device="cpu", max_len=a.max_len)
         cost = ProfileCost.from_json(profile)
         sim = run(w.fresh(), mk(), SimExecutor(cost))
-        out["results"][name] = compare(real, sim) | {"profile_extrapolated": cost.extrapolated,
-                                                      "profile_queries": cost.queries}
+        out["results"][name] = compare(real, sim) | per_step(real, ProfileCost.from_json(profile)) | {
+            "profile_extrapolated": cost.extrapolated, "profile_queries": cost.queries}
         print(name, json.dumps(out["results"][name], indent=1))
     out["loadavg_after"] = os.getloadavg()[0]
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

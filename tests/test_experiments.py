@@ -339,3 +339,207 @@ def test_real_engine_crosscheck_agrees_with_the_simulator_on_steps_and_iteration
     assert "agree exactly" in E.crosscheck_text(cc)
     header, rows = E.crosscheck_rows(cc)
     assert len(rows) == 2 and len(header) == len(rows[0])
+
+
+# ---------------------------------------------------------------------- why batching
+def test_knee_is_the_last_batch_before_the_curve_first_leaves_the_band():
+    b = [1, 2, 4, 8, 16, 32]
+    t = [10.0, 11.0, 12.4, 13.0, 25.0, 50.0]
+    assert E.knee(b, t, 1.25) == 4          # 12.4 <= 12.5 < 13
+    assert E.knee(b, t, 2.0) == 8           # 13 <= 20 < 25
+    assert E.knee(b, t, 100.0) == 32
+    # A later dip back under the band does not count: the run ended at the first exit.
+    assert E.knee([1, 2, 4, 8, 16], [10.0, 13.0, 12.0, 30.0, 15.0], 1.25) == 1
+    assert E.knee([1, 2, 4, 8, 16], [10.0, 13.0, 12.0, 30.0, 15.0], 2.0) == 4
+    with pytest.raises(ValueError):
+        E.knee(b, t, 0.9)
+    with pytest.raises(ValueError):
+        E.knee([1, 4, 2], [1.0, 1.0, 1.0], 2.0)
+    with pytest.raises(ValueError):
+        E.knee([1, 2], [1.0, float("nan")], 2.0)
+
+
+def test_bstar_matches_the_conventions_and_the_cost_model():
+    assert E.bstar_of(989e12, 3.35e12, 2) == pytest.approx(295.22, abs=0.01)
+    assert E.bstar_of(989e12, 4.8e12, 2) == pytest.approx(206.04, abs=0.01)
+    assert E.bstar_of(110e9, 18.5e9, 4) == pytest.approx(2 * 110 / 18.5)   # fp32: twice peak / bandwidth
+    for model, dev in (("llama-8b", "h100"), ("llama-8b", "h200"), ("cpu-m", "cpu")):
+        c = get_cost_model(model, dev)
+        assert E.bstar_of(c.peak_flops, c.bandwidth, c.model.bytes_per_param) == pytest.approx(c.bstar(), rel=1e-12)
+    with pytest.raises(ValueError):
+        E.bstar_of(0.0, 1.0, 2)
+
+
+def test_roofline_curve_values_and_crossing():
+    m = H100_8B.model
+    d = H100_8B.device
+    b = [1, 2, 64, 256, 512, 1024]
+    cur = E.roofline_curve(m, b, 128, d.bandwidth, H100_8B.peak_flops, d.step_overhead_s)
+    # Same numbers as the simulator's cost model, step by step.
+    for bi, t in zip(b, cur["time_s"]):
+        assert t == pytest.approx(H100_8B.decode_step(bi, 128), rel=1e-12)
+    assert cur["weights_s"][0] == pytest.approx(15.009849344e9 / 3.35e12)      # 4.48 ms: llama-8b's stream
+    assert np.all(np.diff(cur["memory_s"]) > 0)                                # KV grows with the batch
+    assert cur["compute_s"][3] / cur["compute_s"][0] == pytest.approx(256, rel=1e-3)
+    assert list(cur["bound"]) == [0, 0, 0, 0, 1, 1]
+    # With no context the memory and compute lines cross at B* (within the non-matmul params).
+    dense = np.arange(1, 600)
+    z = E.roofline_curve(m, dense, 0, d.bandwidth, H100_8B.peak_flops)
+    cross = dense[np.argmax(z["compute_s"] > z["memory_s"])]
+    assert abs(cross - H100_8B.bstar()) / H100_8B.bstar() < 0.02
+    assert np.allclose(z["tokens_per_s"], dense / z["time_s"])
+
+
+def test_stream_numbers_and_gpu_rooflines():
+    s = E.stream_numbers(H100_8B, ctx=128, long_ctx=2048, long_batch=128)
+    assert s["stream_ms"] == pytest.approx(4.4806, abs=1e-3)
+    assert s["step_ms"] == pytest.approx(H100_8B.decode_step(1, 128) * 1e3)
+    assert s["bstar_floor"] == 295 and s["tokens_s_bstar"] > 200 * s["tokens_s"]
+    assert s["kv_long_gb"] == pytest.approx(128 * 2048 * 131072 / 1e9)
+    assert s["long_fit"] == H100_8B.kv_capacity() // 2048
+    cpu = E.stream_numbers(get_cost_model("cpu-m", "cpu"))
+    assert cpu["bstar_copy"] < cpu["bstar"] and cpu["copy_gbs"] == 32.0
+    with pytest.raises(ValueError):
+        E.stream_numbers(get_cost_model("llama-70b", "h200", tp=2))
+    gr = E.gpu_rooflines("llama-8b", ("h100", "h200"), batches=[1, 16, 128, 256, 512], ctxs=(128, 2048))
+    h100, h200 = gr["devices"]["H100-SXM"], gr["devices"]["H200-SXM"]
+    assert h200["bstar"] < h100["bstar"] and gr["dtype"] == "bf16"
+    long = h100["ctx"][2048]
+    assert list(long["fits"]) == [1, 1, 1, 0, 0]       # 208 rows of 2,048 tokens fit an H100
+    assert list(h200["ctx"][2048]["fits"]) == [1, 1, 1, 1, 0]
+    # Throughput at short context grows almost linearly below B*.
+    short = h200["ctx"][128]["tokens_per_s"]
+    assert short[1] / short[0] > 15
+
+
+def _synthetic_sweep(device_type: str = "cpu") -> dict:
+    """A live sweep as live_decode_sweep returns it, with hand-picked times (cpu-m, fp32)."""
+    return {"meta": {"device": "cpu-here" if device_type == "cpu" else "H200-SXM", "device_type": device_type,
+                     "device_name": "AMD EPYC" if device_type == "cpu" else "NVIDIA H200", "model": "cpu-m",
+                     "dtype": "fp32", "params": 117198336.0, "threads": 2, "torch": "2.x", "reps": 5,
+                     "date": "2026-11-30T00:00:00+00:00", "loadavg_before": 0.1, "loadavg_after": 0.2,
+                     "wall_s": 30.0},
+            "batch": np.array([1.0, 2.0, 4.0, 8.0]), "ctx": 128, "paths": ["uniform", "mixed", "gathered"],
+            "uniform_ms": np.array([40.0, 41.0, 48.0, 70.0]), "uniform_p25_ms": np.array([39.0, 40.0, 47.0, 69.0]),
+            "uniform_p75_ms": np.array([41.0, 42.0, 49.0, 71.0]),
+            "mixed_ms": np.array([40.0, 42.0, 50.0, 77.0]), "mixed_p25_ms": np.array([39.0, 41.0, 49.0, 76.0]),
+            "mixed_p75_ms": np.array([41.0, 43.0, 51.0, 78.0]),
+            "gathered_ms": np.array([40.0, 45.0, 60.0, 140.0]),
+            "gathered_p25_ms": np.array([39.0, 44.0, 59.0, 139.0]),
+            "gathered_p75_ms": np.array([41.0, 46.0, 61.0, 141.0]),
+            "matvec_gbs": 20.0, "copy_gbs": 30.0, "read_gbs": 33.0, "peak_tflops": 0.1}
+
+
+def test_live_numbers_by_hand():
+    from batching.models import get_model
+    sw = _synthetic_sweep()
+    n = E.live_numbers(sw)
+    m = get_model("cpu-m")
+    moved = m.weight_read_bytes + m.kv_bytes_per_token * (128 + 1)       # weights, KV read, KV written
+    assert n["achieved_gbs"] == pytest.approx(moved / 0.040 / 1e9)
+    assert n["efficiency"] == pytest.approx(moved / 0.040 / 20e9)
+    assert n["efficiency_copy"] == pytest.approx(moved / 0.040 / 30e9)
+    assert n["stream_ms"] == pytest.approx(m.weight_read_bytes / 20e9 * 1e3)
+    assert n["bstar"] == pytest.approx(2 * 0.1e12 / 20e9)
+    assert (n["knee125"], n["knee2"]) == (4, 8) and (n["gathered_knee125"], n["gathered_knee2"]) == (2, 4)
+    assert n["tps_gain"] == pytest.approx(8 * 40 / 70) and n["per_token_max_ms"] == pytest.approx(70 / 8)
+    assert n["gathered_gap_max"] == pytest.approx(2.0) and n["mixed_gap_max"] == pytest.approx(1.1)
+    assert n["pred1_ms"] < n["t1_ms"] and n["over_pred"] == pytest.approx(n["t1_ms"] / n["pred1_ms"])
+    assert "within 2x up to batch 8, close to the B* of 10.0" in E.knee_text(n)
+    sw["uniform_ms"] = np.array([41.0, 40.0, 48.0, 70.0])
+    with pytest.raises(ValueError):
+        E.live_numbers({**sw, "batch": np.array([2.0, 4.0, 8.0, 16.0])})
+
+
+def test_live_text_names_the_device_it_ran_on_and_never_claims_a_gpu_it_lacks():
+    cpu = E.live_text(_synthetic_sweep("cpu"))
+    assert "No GPU was present" in cpu and "AMD EPYC" in cpu and "GPU measurements" not in cpu
+    gpu = E.live_text(_synthetic_sweep("cuda"))
+    assert "NVIDIA H200" in gpu and "found a GPU" in gpu and "No GPU" not in gpu
+    assert E.live_labels(_synthetic_sweep("cpu"))["kind"] == "CPU"
+    assert E.live_labels(_synthetic_sweep("cuda"))["kind"] == "GPU"
+
+
+def test_live_defaults():
+    assert E.live_defaults("cpu") == ("cpu-m", [1, 2, 4, 8, 16, 32, 64, 128])
+    assert E.live_defaults("cuda", free_bytes=100e9) == ("llama-8b", [2 ** i for i in range(9)])
+    assert E.live_defaults("cuda", free_bytes=20e9)[0] == "llama-1b"
+    assert E.live_defaults("cuda", model="tiny", free_bytes=1e9)[0] == "tiny"
+    with pytest.raises(ValueError):
+        E.live_defaults("cpu", batches=[2, 4])
+
+
+def _gpu_profile() -> dict:
+    """A made-up H200 profile of llama-8b (schema 1), as a later session might commit."""
+    return {"schema": 1,
+            "meta": {"device": "H200-SXM", "device_name": "NVIDIA H200", "model": "llama-8b", "dtype": "bf16",
+                     "date": "2026-12-01T00:00:00+00:00"},
+            "device": {"bandwidth": {"matvec": {"GBps_best": 4200.0}}, "matmul_peak": {"TFLOPs_best": 700.0}},
+            "decode": {"batch": [1, 8, 64, 256], "ctx": [128, 1024],
+                       "ms": [[4.0, 4.2], [4.1, 4.6], [4.6, 8.0], [8.0, 20.0]]},
+            "prefill": {"tokens": [128, 1024], "ms": [6.0, 30.0]}}
+
+
+def test_load_profiles_picks_up_every_profile_and_says_which_devices_are_measured(tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+    assert "No profile is committed" in E.profiles_text(E.load_profiles(tmp_path))
+    shutil.copy(Path(E.PROFILE_DIR) / "cpu-here-cpu-s.json", tmp_path / "cpu-here-cpu-s.json")
+    only_cpu = E.load_profiles(tmp_path)
+    assert [p["gpu"] for p in only_cpu] == [False]
+    assert "It was not measured on a GPU" in E.profiles_text(only_cpu)
+    assert "None of them was measured on a GPU" in E.profiles_text(only_cpu + only_cpu)
+    (tmp_path / "h200-llama-8b.json").write_text(json.dumps(_gpu_profile()))
+    both = E.load_profiles(tmp_path, ctx=100)
+    assert [p["device"] for p in both] == ["cpu-here", "H200-SXM"]
+    h200 = both[1]
+    assert h200["gpu"] and h200["ref_ctx"] == 128 and h200["t1_ms"] == 4.0
+    assert (h200["knee125"], h200["knee2"]) == (64, 256)     # 8.0 ms is exactly 2x: still inside
+    assert h200["bstar"] == pytest.approx(700e12 * 2 / (2 * 4200e9))
+    assert "NVIDIA H200" in h200["label"] and "2026-12-01" in h200["label"]
+    text = E.profiles_text(both)
+    assert "GPU measurements are among them (H200-SXM)" in text and "not measured on a GPU" not in text
+    assert "None of them" not in text
+    header, rows = E.profile_rows(both)
+    assert len(rows) == len(only_cpu[0]["ctxs"]) + 2 and all(len(r) == len(header) for r in rows)
+    roof = E.profile_roofline(h200, points=10)
+    assert len(roof["batch"]) == 10 and roof["batch"][0] == 1 and roof["batch"][-1] == pytest.approx(256)
+
+
+def test_why_batching_figures_draw_and_save(tmp_path):
+    import json
+    plots.style()
+    sw = _synthetic_sweep()
+    gr = E.gpu_rooflines(batches=[1, 4, 16, 64, 256, 1024])
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "h200-llama-8b.json").write_text(json.dumps(_gpu_profile()))
+    profs = E.load_profiles(E.PROFILE_DIR) + E.load_profiles(tmp_path / "p")
+    figs = {
+        "roofline": plots.gpu_roofline_figure(gr),
+        "live": plots.live_decode_figure(sw, E.live_numbers(sw), E.live_roofline(sw, points=20)),
+        "profiles": plots.profiles_figure(profs, [E.profile_roofline(p) for p in profs], live=sw, gpu=gr),
+        "no_profiles": plots.profiles_figure([], [], live=sw),
+    }
+    for name, fig in figs.items():
+        png, svg = plots.save(fig, name, tmp_path)
+        assert png.stat().st_size > 5000 and svg.read_text().startswith("<?xml"), name
+        matplotlib.pyplot.close(fig)
+
+
+@pytest.mark.model
+def test_live_decode_sweep_measures_every_path_on_the_cpu():
+    pytest.importorskip("torch")
+    sw = E.live_decode_sweep(model="tiny", device="cpu", batches=[1, 2, 4], ctx=16, reps=2, peak_n=128,
+                             bandwidth_bytes=1 << 20)
+    assert sw["paths"] == ["uniform", "mixed", "gathered"]
+    assert sw["meta"]["device"] == "cpu-here" and sw["meta"]["device_type"] == "cpu"
+    assert sw["meta"]["model"] == "tiny" and sw["meta"]["dtype"] == "fp32"
+    for p in sw["paths"]:
+        assert sw[f"{p}_ms"].shape == (3,) and np.all(sw[f"{p}_ms"] > 0)
+        assert np.all(sw[f"{p}_p25_ms"] <= sw[f"{p}_p75_ms"])
+    assert sw["matvec_gbs"] > 0 and sw["peak_tflops"] > 0
+    n = E.live_numbers(sw)
+    assert 0 < n["efficiency"] and n["bmax"] == 4
+    with pytest.raises(ValueError):
+        E.live_decode_sweep(model="tiny", device="cpu", batches=[1, 2], ctx=1000)

@@ -1092,16 +1092,16 @@ def live_decode_sweep(model: str | None = None, device: str = "auto", dtype: str
     from .measure import StepTimer, bandwidth, matmul_peak, registry_device
     from .measure import stats as time_stats
     from .models import get_model
-    from .real import _REGISTRY_DTYPE, device_name, resolve_device, resolve_dtype
+    from .real import REGISTRY_DTYPE, device_name, resolve_device, resolve_dtype
     from .runner import ModelRunner
 
     dev = resolve_device(device)
     free = float(torch.cuda.mem_get_info(dev)[0]) if dev.type == "cuda" else None
     name, bs = live_defaults(dev.type, model, batches, free)
     tdt = resolve_dtype(dtype, dev)
-    if tdt not in _REGISTRY_DTYPE:
+    if tdt not in REGISTRY_DTYPE:
         raise ValueError(f"dtype={dtype!r}: the live sweep runs in fp32 or bf16")
-    shape = get_model(name).with_dtype(_REGISTRY_DTYPE[tdt])
+    shape = get_model(name).with_dtype(REGISTRY_DTYPE[tdt])
     if not (isinstance(ctx, int) and 2 <= ctx and ctx * 3 // 2 + 2 <= shape.max_context):
         raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
     load0, t0 = os.getloadavg()[0], time.perf_counter()

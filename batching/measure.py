@@ -23,8 +23,8 @@ from typing import Any, Callable, Iterable
 import torch
 
 from .models import get_model
-from .real import device_name, resolve_device, resolve_dtype, _CUDA_NAMES, _REGISTRY_DTYPE
-from .runner import ModelRunner, _Chunk
+from .real import device_name, resolve_device, resolve_dtype, CUDA_NAMES, REGISTRY_DTYPE
+from .runner import ModelRunner, ChunkSpan
 
 PROFILE_SCHEMA = 1
 
@@ -95,7 +95,7 @@ class StepTimer:
 
     @torch.inference_mode()
     def _time(self, ids: list[int], pos: list[int], slot: list[int], n_rows: int,
-              chunks: list[_Chunk], logit_rows: list[int]) -> dict[str, float]:
+              chunks: list[ChunkSpan], logit_rows: list[int]) -> dict[str, float]:
         fn = lambda: self.r._forward_packed(ids, pos, slot, n_rows, chunks, logit_rows)  # noqa: E731
         return stats(time_fn(fn, self.r.device, self.reps, self.warmup))
 
@@ -119,14 +119,14 @@ class StepTimer:
     def prefill(self, tokens: int) -> dict[str, float]:
         """One prompt of ``tokens`` tokens from an empty cache (slot 0)."""
         return self._time([1] * tokens, list(range(tokens)), [0] * tokens, 0,
-                          [_Chunk(0, 0, 0, tokens)], [tokens - 1])
+                          [ChunkSpan(0, 0, 0, tokens)], [tokens - 1])
 
     def mixed(self, tokens: int, rows: int, ctx: int) -> dict[str, float]:
         """A ``tokens``-token chunk (slot 0) sharing the pass with ``rows`` decodes (slots 1..)."""
         ids = [1] * (rows + tokens)
         pos = [ctx] * rows + list(range(tokens))
         slot = list(range(1, rows + 1)) + [0] * tokens
-        return self._time(ids, pos, slot, rows, [_Chunk(rows, 0, 0, tokens)], list(range(rows)) + [rows + tokens - 1])
+        return self._time(ids, pos, slot, rows, [ChunkSpan(rows, 0, 0, tokens)], list(range(rows)) + [rows + tokens - 1])
 
 
 def registry_device(device: torch.device) -> str:
@@ -134,7 +134,7 @@ def registry_device(device: torch.device) -> str:
     if device.type == "cpu":
         return "cpu-here"
     name = device_name(device).upper()
-    for key, reg in _CUDA_NAMES:
+    for key, reg in CUDA_NAMES:
         if key in name:
             return reg
     raise ValueError(f"GPU {device_name(device)!r} is not in the device registry (batching/devices.py): add it first")
@@ -156,7 +156,7 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
     shape = get_model(model)
     dev = resolve_device(device)
     tdt = resolve_dtype(dtype, dev)
-    if tdt not in _REGISTRY_DTYPE:
+    if tdt not in REGISTRY_DTYPE:
         raise ValueError(f"dtype={dtype!r}: profiles are fp32 or bf16")
     for name, vals in (("batches", batches), ("ctxs", ctxs), ("prefill_tokens", prefill_tokens)):
         if not vals or sorted(set(vals)) != list(vals) or vals[0] < (0 if name == "ctxs" else 1):
@@ -170,7 +170,7 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
     runner = ModelRunner.from_shape(shape, slots, device=dev, dtype=tdt, seed=seed, max_len=max_len)
     runner.warmup()
     elem = torch.empty(0, dtype=tdt).element_size()
-    weight_bytes = shape.with_dtype(_REGISTRY_DTYPE[tdt]).weight_read_bytes
+    weight_bytes = shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
     bw = bandwidth(dev, tdt, bandwidth_bytes or weight_bytes)
     peak = matmul_peak(dev, tdt, peak_n or (2048 if dev.type == "cpu" else 8192))
     timer = StepTimer(runner, reps)
@@ -184,7 +184,7 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
         "schema": PROFILE_SCHEMA,
         "meta": {
             "device": registry_device(dev), "device_name": device_name(dev), "model": shape.name,
-            "dtype": _REGISTRY_DTYPE[tdt], "element_bytes": elem, "torch": torch.__version__,
+            "dtype": REGISTRY_DTYPE[tdt], "element_bytes": elem, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "host": socket.gethostname(),
             "python": platform.python_version(), "params": shape.params, "weight_read_bytes": weight_bytes,

@@ -138,7 +138,7 @@ def padding_figure(pc: Mapping[str, float]) -> Figure:
     """7.1 (a): prefill tokens computed and roofline prefill time, padded vs not."""
     short, long = int(pc["short"]), int(pc["long"])
     labels = [f"{short}-token prompt\nalone", f"{short}-token prompt\npadded to {long:,}",
-              f"batch of both,\nno padding", f"batch of both,\npadded (static)"]
+              "batch of both,\nno padding", "batch of both,\npadded (static)"]
     useful = np.array([short, short, short + long, short + long], dtype=float)
     padding = np.array([0, long - short, 0, long - short], dtype=float)
     times = np.array([pc["t_short"], pc["t_short_padded"], pc["t_batch_unpadded"], pc["t_batch_padded"]]) * 1e3

@@ -27,9 +27,9 @@ from .workload import Workload
 _DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "float32": torch.float32,
                                    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
                                    "fp64": torch.float64, "float64": torch.float64}
-_REGISTRY_DTYPE: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+REGISTRY_DTYPE: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 # Substring of torch.cuda.get_device_name() -> registry device (datasheet numbers of the SXM parts).
-_CUDA_NAMES: tuple[tuple[str, str], ...] = (("H200", "H200-SXM"), ("H100", "H100-SXM"), ("A100", "A100-SXM"))
+CUDA_NAMES: tuple[tuple[str, str], ...] = (("H200", "H200-SXM"), ("H100", "H100-SXM"), ("A100", "A100-SXM"))
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -83,14 +83,14 @@ def hardware_cost(runner: ModelRunner) -> RooflineCost | None:
     durations. None where there is no registry entry (an unknown GPU, float64, a model
     outside the registry): then the run reports no hardware utilization."""
     shape = registry_shape(runner.cfg)
-    dt = _REGISTRY_DTYPE.get(runner.dtype)
+    dt = REGISTRY_DTYPE.get(runner.dtype)
     if shape is None or dt is None:
         return None
     if runner.device.type == "cpu":
         dev = get_device("cpu-here")
     else:
         name = device_name(runner.device).upper()
-        match = next((reg for key, reg in _CUDA_NAMES if key in name), None)
+        match = next((reg for key, reg in CUDA_NAMES if key in name), None)
         if match is None:
             return None
         dev = get_device(match)

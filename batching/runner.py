@@ -99,7 +99,7 @@ class StepOutput:
 
 
 @dataclass(frozen=True)
-class _Chunk:
+class ChunkSpan:
     """A prefill chunk's place in the packed batch: tokens ``offset .. offset+length-1``
     at positions ``start .. start+length-1`` of ``slot`` (padding included)."""
 
@@ -206,14 +206,14 @@ class ModelRunner:
             ids.append(hist[r.num_computed])
             pos.append(r.num_computed)
             slot.append(r.slot)
-        chunks: list[_Chunk] = []
+        chunks: list[ChunkSpan] = []
         logit_rows = list(range(len(rows)))
         emit: list[int | None] = [r.rid if live else None for r, live in rows]
         for c in plan.prefills:
             r, start = c.req, c.req.num_computed
             hist = self._history_for_prefill(r)
             m = c.n + c.pad
-            chunks.append(_Chunk(len(ids), r.slot, start, m))
+            chunks.append(ChunkSpan(len(ids), r.slot, start, m))
             # Right padding: pad tokens sit after the prompt, at positions the request's
             # decode steps will overwrite before any query attends to them.
             ids += hist[start:start + c.n] + [PAD_ID] * c.pad
@@ -238,7 +238,7 @@ class ModelRunner:
         return out
 
     def _forward_packed(self, ids: list[int], pos: list[int], slot: list[int], n_rows: int,
-                        chunks: list[_Chunk], logit_rows: list[int]) -> Tensor:
+                        chunks: list[ChunkSpan], logit_rows: list[int]) -> Tensor:
         """The model over packed tokens (7.1-7.3); decode rows first (``n_rows``), then ``chunks``."""
         dev = self.device
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
@@ -288,7 +288,7 @@ class ModelRunner:
         return sdpa(q[:, :, None, :], k, v, mask)[:, :, 0, :]     # [R, H, D]
 
     @staticmethod
-    def _chunk_attention(q: Tensor, kc: Tensor, vc: Tensor, c: _Chunk) -> Tensor:
+    def _chunk_attention(q: Tensor, kc: Tensor, vc: Tensor, c: ChunkSpan) -> Tensor:
         """One prefill chunk (7.3): causal within the chunk, plus every cached position of
         its slot before it. q [m, H, D] -> [m, H, D]."""
         end = c.start + c.length
@@ -311,7 +311,7 @@ class ModelRunner:
         request's prefill overwrites before reading."""
         m = min(4, self.max_len)
         if self.slots == 1:  # no second slot for the decode row: the chunk alone
-            self._forward_packed([1] * m, list(range(m)), [0] * m, 0, [_Chunk(0, 0, 0, m)], [m - 1])
+            self._forward_packed([1] * m, list(range(m)), [0] * m, 0, [ChunkSpan(0, 0, 0, m)], [m - 1])
             return
         self._forward_packed([1] * (m + 1), [0] + list(range(m)), [1] + [0] * m, 1,
-                             [_Chunk(1, 0, 0, m)], [0, m])
+                             [ChunkSpan(1, 0, 0, m)], [0, m])

@@ -22,7 +22,7 @@ import torch
 
 from batching.measure import StepTimer, bandwidth, matmul_peak, registry_device
 from batching.models import get_model
-from batching.real import device_name, resolve_device, resolve_dtype, _REGISTRY_DTYPE
+from batching.real import device_name, resolve_device, resolve_dtype, REGISTRY_DTYPE
 from batching.runner import ModelRunner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ def main() -> None:
     a = p.parse_args()
     dev = resolve_device(a.device)
     dtype = resolve_dtype(None, dev)
-    shape = get_model(a.model).with_dtype(_REGISTRY_DTYPE[dtype])
+    shape = get_model(a.model).with_dtype(REGISTRY_DTYPE[dtype])
     batches = [int(x) for x in a.batches.split(",")]
     load0 = os.getloadavg()[0]
     runner = ModelRunner.from_shape(get_model(a.model), max(batches), device=dev, dtype=dtype,

@@ -18,7 +18,7 @@ Shapes in comments: T packed tokens, H query heads, K kv heads, D head dim, V vo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import torch
@@ -32,18 +32,10 @@ AttendFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Everything needed to build the torch model; the sizes come from a ``ModelShape``."""
+class ModelConfig(ModelShape):
+    """A registry shape plus what only the torch model needs (sizes, parameter count and
+    head_dim are ModelShape's: one registry, no second copy of the numbers)."""
 
-    name: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    vocab: int
-    max_context: int
-    tied_embeddings: bool
     # Llama 3 trains with theta 500,000 so that rotations stay distinguishable over 128K
     # positions; the small demo shapes serve at most 2,048 positions, for which the
     # original RoPE's 10,000 (RoFormer, Llama 1/2) is the usual choice.
@@ -54,27 +46,11 @@ class ModelConfig:
     # the blocks are scaled by fan-in instead: see Llama._init_weights.
     embed_std: float = 0.02
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
     @classmethod
     def from_shape(cls, shape: ModelShape) -> "ModelConfig":
         """The config of a registry shape (``tiny``, ``cpu-m``, ``llama-8b``, ...): every real run of 7.1-7.3."""
         theta = 500_000.0 if shape.name.startswith("llama") else 10_000.0
-        return cls(name=shape.name, layers=shape.layers, hidden=shape.hidden, heads=shape.heads,
-                   kv_heads=shape.kv_heads, ffn=shape.ffn, vocab=shape.vocab,
-                   max_context=shape.max_context, tied_embeddings=shape.tied_embeddings,
-                   rope_theta=theta)
-
-    @property
-    def params(self) -> int:
-        """Parameter count, equal to ``ModelShape.params`` (tests check it)."""
-        hd = self.head_dim
-        per_layer = (self.hidden * (self.heads + 2 * self.kv_heads) * hd + self.heads * hd * self.hidden
-                     + 3 * self.hidden * self.ffn + 2 * self.hidden)
-        emb = self.vocab * self.hidden
-        return emb + self.layers * per_layer + self.hidden + (0 if self.tied_embeddings else emb)
+        return cls(**{f.name: getattr(shape, f.name) for f in fields(ModelShape)}, rope_theta=theta)
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:

@@ -84,27 +84,19 @@ def offered_rate(workload: Workload) -> float:
     return len(workload) / workload.duration if workload.duration > 0 else math.inf
 
 
-def fit_context(workload: Workload, max_context: int, dense: bool = False) -> tuple[Workload, int]:
-    """Cap requests to the model's context; returns the workload and how many were capped.
-
-    ``dense=True`` (static and dynamic batching) caps ``prompt + output`` to
-    ``max_context - max(output)``: a dense batch pads every prompt to its longest, so a
-    member's padded prompt plus its own output must still fit the context. The count is
-    recorded in ``info["capped"]`` (never silent).
-    """
-    limit = max_context - int(workload.output_lens.max()) if dense else max_context
-    if limit < 2:
-        raise ValueError(f"outputs up to {int(workload.output_lens.max())} tokens leave no room for "
-                         f"prompts in a context of {max_context}")
-    return workload.cap_to_context(limit, mode="cap")
+def fit_context(workload: Workload, max_context: int) -> tuple[Workload, int]:
+    """Cap requests to the model's context; returns the workload and how many were capped
+    (recorded in ``info["capped"]``: never silent). Dense batches need nothing more: the
+    static and dynamic schedulers never pad a batch past the context."""
+    return workload.cap_to_context(max_context, mode="cap")
 
 
-def trace_workload(name: str, limit: int | None = None, max_context: int = 8192, dense: bool = False,
+def trace_workload(name: str, limit: int | None = None, max_context: int = 8192,
                    time_scale: float = 1.0, window: tuple[float, float] | None = None) -> Workload:
-    """The first ``limit`` requests of a named trace, capped to fit (see :func:`fit_context`)
-    and replayed ``time_scale`` times faster (every section)."""
+    """The first ``limit`` requests of a named trace, capped to the context (see
+    :func:`fit_context`) and replayed ``time_scale`` times faster (every section)."""
     w = load_trace(name, limit=limit, window=window)
-    w, _ = fit_context(w, max_context, dense=dense)
+    w, _ = fit_context(w, max_context)
     return w.scale(time=time_scale) if time_scale != 1 else w
 
 

@@ -115,6 +115,15 @@ def _legend_patches(kinds: Sequence[str]) -> list[Patch]:
     return [Patch(facecolor=PHASE_COLORS[k], edgecolor="none", label=PHASE_LABELS[k]) for k in kinds]
 
 
+def _log_y(ax: Any, series: list, headroom: float) -> None:
+    """Log y axis spanning every series, with room above the highest for labels."""
+    lo = min(float(np.min(v)) for v in series) * 0.8
+    hi = max(float(np.max(v)) for v in series) * headroom
+    ax.set_yscale("log")
+    ax.set_ylim(lo, hi)
+    _log_ticks(ax, lo, hi, axis="y")
+
+
 def _log_ticks(ax: Any, lo: float, hi: float, axis: str = "x") -> None:
     """Readable major ticks (1-2-5 per decade) on a log axis, and no minor tick labels."""
     for mantissas in ((1, 2, 5), (1, 3), (1,)):
@@ -618,11 +627,7 @@ def live_decode_figure(sweep: Mapping[str, Any], numbers: Mapping[str, float],
     ax.annotate(f"2x knee: {k:.0f}", (k, ky), xytext=(-6, 10), textcoords="offset points", ha="right",
                 fontsize=7.5, zorder=6, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
     _bstar_line(ax, numbers["bstar"], y=0.97)
-    ax.set_yscale("log")
-    lo = min(float(np.min(v)) for v in ys)
-    hi = max(float(np.max(v)) for v in ys)
-    ax.set_ylim(lo * 0.8, hi * 1.6)
-    _log_ticks(ax, lo * 0.8, hi * 1.6, axis="y")
+    _log_y(ax, ys, headroom=1.6)
     ax.set_ylabel("decode step (ms, log)")
     ax.set_title("step time", fontsize=9)
     ax = axes[1]
@@ -633,11 +638,7 @@ def live_decode_figure(sweep: Mapping[str, Any], numbers: Mapping[str, float],
         tps.append(y)
         ax.plot(b, y, PATH_MARKERS[path] + "-", color=PATH_COLORS[path], ms=4, lw=1.2)
     _bstar_line(ax, numbers["bstar"], y=0.75)
-    ax.set_yscale("log")
-    lo = min(float(np.min(v)) for v in tps)
-    hi = max(float(np.max(v)) for v in tps)
-    ax.set_ylim(lo * 0.8, hi * 1.3)
-    _log_ticks(ax, lo * 0.8, hi * 1.3, axis="y")
+    _log_y(ax, tps, headroom=1.3)
     ax.set_ylabel("output tokens/s (log)")
     ax.set_title("throughput", fontsize=9)
     for a in axes:

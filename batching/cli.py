@@ -125,15 +125,22 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.goodput:
         SLO.parse(a.goodput)
     from .real import run_real  # torch is needed here only
-    max_ctx = a.max_len or get_model(a.model).max_context
+    if a.checkpoint:
+        from .checkpoint import read_config
+        ckpt = read_config(a.checkpoint)
+        a.model = ckpt.name  # the checkpoint's shape replaces --model's
+        max_ctx = a.max_len or ckpt.max_context
+    else:
+        max_ctx = a.max_len or get_model(a.model).max_context
     w = load_workload(a, max_ctx)
     # The runner allocates one slab per slot, so the slab layout's capacity is what it holds.
     kv_tokens = a.kv_tokens if a.kv_tokens is not None else a.slots * max_ctx
     sched = _scheduler(a, max_ctx, kv_tokens)
     res = run_real(w, sched, a.model, device=a.device, dtype=a.dtype, seed=a.seed, threads=a.threads,
-                   max_len=a.max_len, record_slots=a.slot_log,
+                   max_len=a.max_len, checkpoint=a.checkpoint, record_slots=a.slot_log,
                    progress=not a.no_progress and sys.stderr.isatty())
-    return _report(a, res, w, {"command": "run", "max_len": a.max_len, "threads": a.threads})
+    return _report(a, res, w, {"command": "run", "max_len": a.max_len, "threads": a.threads,
+                               "checkpoint": a.checkpoint})
 
 
 def _ms(x: float | None) -> str:
@@ -228,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", help="fp32 (CPU default) or bf16 (CUDA default)")
     g.add_argument("--max-len", type=int, help="slab length per slot (default: the model's context)")
     g.add_argument("--threads", type=int, help="torch intra-op threads")
+    g.add_argument("--checkpoint", metavar="DIR",
+                   help="Hugging Face Llama checkpoint (config.json + model.safetensors) to load instead of "
+                        "--model's seeded random weights; needs the bench extra")
     add_output_args(r)
     r.set_defaults(func=cmd_run)
 

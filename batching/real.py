@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import platform
 import time
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
 
+from .checkpoint import load_hf_checkpoint, read_config
 from .costs import RooflineCost
 from .devices import get_device
 from .engine import RunResult, StepResult, run
@@ -164,18 +166,28 @@ class RealExecutor:
                 "hardware": None if self.cost is None else self.cost.device.name}
 
 
-def run_real(workload_requests: Workload | Iterable[Request], scheduler: Scheduler, model_name: str,
+def run_real(workload_requests: Workload | Iterable[Request], scheduler: Scheduler, model_name: str | None,
              device: str | torch.device = "auto", dtype: str | torch.dtype | None = None, seed: int = 0,
-             threads: int | None = None, max_len: int | None = None, **run_kw: Any) -> RunResult:
+             threads: int | None = None, max_len: int | None = None, checkpoint: str | Path | None = None,
+             **run_kw: Any) -> RunResult:
     """Serve a workload with ``scheduler`` on a real model (7.1-7.3); ``run_kw`` go to ``engine.run``.
 
     Every request stops at its trace output length (EOS ignored, as vLLM's benchmark
     does). ``threads`` sets torch's intra-op threads for the whole process. ``max_len``
     shrinks each slot's slab below the model's context to save memory; a request longer
-    than it is refused up front.
+    than it is refused up front. ``checkpoint``: a Hugging Face Llama checkpoint directory
+    (``batching.checkpoint``) whose weights replace the seeded random ones; its config sets
+    the model's shape, and ``model_name`` (may be None) must then be that config's name.
     """
     reqs = workload_requests.fresh() if isinstance(workload_requests, Workload) else list(workload_requests)
-    shape = get_model(model_name)
+    if checkpoint is not None:
+        shape: ModelShape = read_config(checkpoint)
+        if model_name is not None and model_name != shape.name:
+            raise ValueError(f"model {model_name!r} but the checkpoint {checkpoint} holds {shape.name!r}")
+    elif model_name is None:
+        raise ValueError("run_real needs a model name or a checkpoint")
+    else:
+        shape = get_model(model_name)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if threads is not None:
@@ -185,5 +197,8 @@ def run_real(workload_requests: Workload | Iterable[Request], scheduler: Schedul
         if r.prompt_len + r.output_len > limit:
             raise RequestError(f"request {r.rid}: prompt_len={r.prompt_len} + output_len={r.output_len} "
                                f"exceeds the runner's max_len={limit}")
-    runner = ModelRunner.from_shape(shape, scheduler.max_slots, device=dev, dtype=dt, seed=seed, max_len=max_len)
+    if checkpoint is None:
+        runner = ModelRunner.from_shape(shape, scheduler.max_slots, device=dev, dtype=dt, seed=seed, max_len=max_len)
+    else:
+        runner = ModelRunner(load_hf_checkpoint(checkpoint, dev, dt), scheduler.max_slots, max_len, seed)
     return run(reqs, scheduler, RealExecutor(runner), **run_kw)

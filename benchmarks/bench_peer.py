@@ -61,9 +61,11 @@ def build_workload(a: argparse.Namespace) -> list[tuple[int, int, int]]:
 def source_digest() -> str:
     """Hash of the ``batching`` package's sources as a worker imports them: a run whose
     workers saw different sources (someone edited the engine mid-run) is flagged."""
+    import batching
+    pkg = Path(batching.__file__).resolve().parent
     h = hashlib.sha256()
-    for f in sorted((ROOT / "batching").rglob("*.py")):
-        h.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes())
+    for f in sorted(pkg.rglob("*.py")):
+        h.update(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -264,13 +266,15 @@ def first_difference(a: dict[str, list[int]], b: dict[str, list[int]]) -> dict[s
     return out
 
 
-def run_worker(mode: str, spec_path: Path, round_: int, threads: int) -> dict[str, Any]:
+def run_worker(mode: str, spec_path: Path, round_: int, threads: int, omp_wait: str) -> dict[str, Any]:
     out = CACHE / f"worker-{mode}-r{round_}.json"
     log = CACHE / f"worker-{mode}-r{round_}.log"
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": str(threads),
+    env = {**os.environ, "OMP_WAIT_POLICY": omp_wait, "OMP_NUM_THREADS": str(threads),
            "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if omp_wait == "default":  # libgomp's own (spin briefly, then sleep)
+        del env["OMP_WAIT_POLICY"]
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--spec", str(spec_path), "--out", str(out)]
     t = time.perf_counter()
     with open(log, "w") as f:
@@ -299,6 +303,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE", "default"], default="PASSIVE",
+                   help="OMP_WAIT_POLICY of every worker ('default': unset)")
     p.add_argument("--slots", type=int, default=64, help="this engine: max running requests")
     p.add_argument("--token-budget", type=int, default=512, help="this engine, chunked: tokens per step")
     p.add_argument("--static-batch", type=int, default=16, help="hf-static: requests per generate call")
@@ -360,7 +366,7 @@ def main() -> None:
         order = modes[r % len(modes):] + modes[:r % len(modes)]  # rotate: each mode takes each place
         row: dict[str, Any] = {"round": r, "order": order, "loadavg_before": os.getloadavg(), "modes": {}}
         for m in order:
-            doc = run_worker(m, spec_path, r, a.threads)
+            doc = run_worker(m, spec_path, r, a.threads, a.omp_wait_policy)
             toks = doc.pop("tokens")
             if m in tokens and toks != tokens[m]:
                 deterministic[m] = False
@@ -406,7 +412,7 @@ def main() -> None:
         "host": platform.node(), "device": "cpu-here", "device_name": device_name(torch.device("cpu")),
         "python": platform.python_version(), "torch": torch.__version__, "transformers": version("transformers"),
         "safetensors": version("safetensors"), "threads": a.threads, "dtype": "float32",
-        "omp_wait_policy": "PASSIVE", "loadavg_before": load0, "loadavg_after": os.getloadavg(),
+        "omp_wait_policy": a.omp_wait_policy, "loadavg_before": load0, "loadavg_after": os.getloadavg(),
         "total_s": total_s, "git": git0, "git_after": git_state(), "batching_source_digests": sources,
         "model": {"name": a.model, "params": shape.params, "seed": a.model_seed, "layers": shape.layers,
                   "hidden": shape.hidden, "heads": shape.heads, "kv_heads": shape.kv_heads, "ffn": shape.ffn,

@@ -20,8 +20,11 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || [ -n "$${CHROMIUM:-}" ] || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
-# Idle OpenMP threads spinning would steal the second core from the measurements.
-test book: export OMP_WAIT_POLICY := PASSIVE
+# OpenMP's wait policy is left at libgomp's default (spin briefly, then sleep): PASSIVE
+# (sleep at once) makes every parallel region wake its threads and cost cpu-m's batch-2
+# decode step ~45 -> ~65 ms here; ACTIVE (spin forever) would steal a core from any
+# other process, e.g. a notebook kernel that the test process waits on.
+test book: unexport OMP_WAIT_POLICY
 
 test: venv chromium
 	$(PY) -m pytest -q

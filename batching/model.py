@@ -99,6 +99,28 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bo
 #: T=4: 1.5 vs 2.8 ms; T=128: 12.1 vs 12.8 ms) and slower at 512 (43.7 vs 39.1 ms).
 WX_MAX_TOKENS = 256
 
+#: A matrix with at least this many output rows per input column gets a second, transposed
+#: copy for one-token steps on CPU (see :meth:`Llama.linear`). Measured here, streaming each
+#: shape from DRAM at batch 1 (quiet machine, median of 15): ``x @ W.T`` stored transposed
+#: against ``(W @ x.T).T`` is 1.51x faster for 6656x768, 1.75x for 8704x1024, 1.64x for
+#: 2752x512, 1.26x for 1280x768, but a tie for square matrices (1.01-1.08x) and 0.71-0.77x
+#: (slower) for wide ones (768x3328, 1024x4352).
+TALL_RATIO = 1.5
+
+
+def tall(w_shape: tuple[int, ...]) -> bool:
+    """Whether a [out, in] weight is tall enough to get a batch-1 transposed copy ("Why batching")."""
+    return w_shape[0] >= TALL_RATIO * w_shape[1]
+
+
+def batch1_copy_params(cfg: "ModelConfig") -> int:
+    """Elements of the transposed copies a CPU model keeps for one-token steps (the memory
+    check of ``runner.py`` counts them): every tall linear weight, the lm head included."""
+    H, K, D, d = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.hidden
+    mats = [((H + 2 * K) * D, d), (d, H * D), (2 * cfg.ffn, d), (d, cfg.ffn)]
+    per_layer = sum(o * i for o, i in mats if tall((o, i)))
+    return cfg.layers * per_layer + (cfg.vocab * d if tall((cfg.vocab, d)) else 0)
+
 
 class Block(nn.Module):
     """One decoder layer (7.1-7.3): x + attention(norm(x)), then + SwiGLU(norm(x))."""
@@ -122,13 +144,14 @@ class Block(nn.Module):
         cfg, T = self.cfg, x.shape[0]
         H, K, D = cfg.heads, cfg.kv_heads, cfg.head_dim
         qkv = linear(rms_norm(x, self.attn_norm, cfg.norm_eps), self.wqkv)   # [T, (H + 2K) D]
-        q, k, v = qkv.split([H * D, K * D, K * D], dim=-1)
-        q = apply_rope(q.reshape(T, H, D), cos, sin)                           # [T, H, D]
-        k = apply_rope(k.reshape(T, K, D), cos, sin)                           # [T, K, D]
-        a = attend(layer, q, k, v.reshape(T, K, D))                            # [T, H, D]
+        # q and k heads sit side by side in qkv: rotate them in one go (half the small ops
+        # of a decode step's RoPE, which on CPU cost as much as their arithmetic).
+        qk = apply_rope(qkv[:, :(H + K) * D].view(T, H + K, D), cos, sin)   # [T, H + K, D]
+        q, k = qk.split([H, K], dim=1)                                         # [T, H, D], [T, K, D]
+        a = attend(layer, q, k, qkv[:, (H + K) * D:].view(T, K, D))            # [T, H, D]
         x = x + linear(a.reshape(T, H * D), self.wo)                           # [T, d]
         gate, up = linear(rms_norm(x, self.mlp_norm, cfg.norm_eps), self.w_gate_up).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.w_down)                      # [T, d]
+        return x + linear(F.silu(gate).mul_(up), self.w_down)                  # [T, d]
 
 
 class Llama(nn.Module):
@@ -158,6 +181,31 @@ class Llama(nn.Module):
         ang = torch.cat((ang, ang), dim=-1)                                                # [P, D]
         self.register_buffer("cos", ang.cos().to(**kw), persistent=False)
         self.register_buffer("sin", ang.sin().to(**kw), persistent=False)
+        self._b1: dict[int, Tensor] = {}
+        self._b1_state: tuple[tuple[int, int], ...] = ()
+        self.refresh_batch1()
+
+    # ------------------------------------------------------------------ batch-1 copies
+    def linear_weights(self) -> list[Tensor]:
+        """Every matrix a forward pass multiplies by (the lm head last)."""
+        return [w for b in self.blocks for w in (b.wqkv, b.wo, b.w_gate_up, b.w_down)] + [self.lm_head]
+
+    def _weights_state(self) -> tuple[tuple[int, int], ...]:
+        # Identity and in-place version of each weight: a checkpoint copied in, or a
+        # model moved to another dtype, changes one of them.
+        return tuple((id(w), w._version) for w in self.linear_weights())
+
+    @torch.no_grad()
+    def refresh_batch1(self) -> None:
+        """(Re)build the transposed copies of tall weights that one-token steps use on CPU
+        (see :meth:`linear`); ``forward`` calls this itself when a weight has changed."""
+        self._b1 = ({id(w): w.T.contiguous() for w in self.linear_weights() if tall(tuple(w.shape))}
+                    if self.wx else {})
+        self._b1_state = self._weights_state()
+
+    def batch1_bytes(self) -> int:
+        """Memory held by the batch-1 copies (reported with every real run)."""
+        return sum(t.numel() * t.element_size() for t in self._b1.values())
 
     @torch.no_grad()
     def _init_weights(self, seed: int) -> None:
@@ -212,8 +260,22 @@ class Llama(nn.Module):
         product took 2-3x longer (6656x768 at T=2: 4.1 vs 1.4 ms). Above
         :data:`WX_MAX_TOKENS` tokens (prefill) both kernels are compute-bound and that copy
         costs more than it saves, so F.linear runs there.
+
+        One-token steps (a batch of one decode) multiply tall weights (:data:`TALL_RATIO`:
+        qkv, gate/up, the lm head) by a transposed copy instead, ``x @ W.T`` stored
+        row-major: MKL's matrix-vector kernel streams a [out, in] matrix with few columns
+        at ~14 GB/s but its transpose at ~21 GB/s, the best a matrix-vector product reaches
+        here. The copies cost memory (+68% of the weights for ``cpu-m``) but no bandwidth:
+        each step still reads every weight once. At two tokens and more the transposed
+        layout falls off MKL's fast path (6656x768 at T=4: 6.1 vs 13.6 GB/s), so only
+        batch 1 uses it.
         """
-        if self.wx and x.shape[0] <= WX_MAX_TOKENS:
+        T = x.shape[0]
+        if T == 1 and self._b1:
+            wt = self._b1.get(id(w))
+            if wt is not None:
+                return x @ wt                                   # [1, in] @ [in, out]
+        if self.wx and T <= WX_MAX_TOKENS:
             return (w @ x.T).T.contiguous()
         return F.linear(x, w)
 
@@ -225,6 +287,8 @@ class Llama(nn.Module):
         single matrix of a small model: never spend it on tokens nobody samples).
         Returns logits [R, V] (all T rows if ``rows`` is None).
         """
+        if self.wx and self._weights_state() != self._b1_state:
+            self.refresh_batch1()
         x = self.embed[ids]                                 # [T, d]
         cos, sin = self.cos[pos], self.sin[pos]             # [T, D]
         for i, block in enumerate(self.blocks):

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .costs import MEM_RESERVE
-from .model import Llama, ModelConfig, default_dtype, sdpa
+from .model import Llama, ModelConfig, batch1_copy_params, default_dtype, sdpa
 from .models import ModelShape
 from .plan import StepPlan
 from .request import Request
@@ -145,10 +145,13 @@ class ModelRunner:
         dtype = dtype or default_dtype(device)
         cfg = ModelConfig.from_shape(shape)
         elem = torch.empty(0, dtype=dtype).element_size()
-        weights = cfg.params * elem
+        # A CPU model (wx) also keeps transposed copies of its tall weights for one-token steps.
+        copies = batch1_copy_params(cfg) if (device.type == "cpu" if wx is None else wx) else 0
+        weights = (cfg.params + copies) * elem
         kv = kv_cache_bytes(cfg, slots, cfg.max_context if max_len is None else max_len, dtype)
         avail = available_bytes(device) if mem_available is None else mem_available
-        check_fits(weights + kv, avail, f"{shape.name} in {dtype}: {weights / 1e9:.2f} GB of weights + "
+        check_fits(weights + kv, avail, f"{shape.name} in {dtype}: {weights / 1e9:.2f} GB of weights"
+                   f"{' (batch-1 copies included)' if copies else ''} + "
                    f"{kv / 1e9:.2f} GB of KV slabs ({slots} slots)", device)
         model = Llama(cfg, device, dtype, seed=seed, wx=wx)
         return cls(model, slots, max_len, seed, None if mem_available is None else mem_available - weights)

@@ -16,6 +16,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import statistics
 from pathlib import Path
 
 import torch
@@ -28,13 +29,23 @@ from batching.runner import ModelRunner
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pooled(parts: list[dict]) -> dict:
+    """One batch size's statistics over the rounds: the median of the round medians, the
+    best and worst repetition, the quartiles' medians, the repetitions in all."""
+    med = lambda k: statistics.median(p[k] for p in parts)  # noqa: E731
+    return {"median_ms": med("median_ms"), "min_ms": min(p["min_ms"] for p in parts),
+            "p25_ms": med("p25_ms"), "p75_ms": med("p75_ms"), "max_ms": max(p["max_ms"] for p in parts),
+            "reps": sum(p["reps"] for p in parts), "round_medians_ms": [p["median_ms"] for p in parts]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="cpu-m")
     p.add_argument("--device", default="auto")
     p.add_argument("--ctx", type=int, default=128)
     p.add_argument("--batches", default="1,2,4,8,16,32,64")
-    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--reps", type=int, default=7, help="repetitions per batch size and round")
+    p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
     dev = resolve_device(a.device)
     dtype = resolve_dtype(None, dev)
@@ -45,8 +56,18 @@ def main() -> None:
                                     max_len=a.ctx * 3 // 2 + 2)
     runner.warmup()
     timer = StepTimer(runner, a.reps)
-    steps = {b: timer.decode(b, a.ctx) for b in batches}
-    bw = bandwidth(dev, dtype, shape.weight_read_bytes)
+    # Rounds interleave the step sweep with the bandwidth references, so that a slow
+    # stretch of this shared machine hits both sides of the ratio alike; each batch's
+    # figure pools its repetitions over all rounds, the bandwidths take their best round.
+    samples: dict[int, list[dict]] = {b: [] for b in batches}
+    bws = []
+    for _ in range(a.rounds):
+        for b in batches:
+            samples[b].append(timer.decode(b, a.ctx))
+        bws.append(bandwidth(dev, dtype, shape.weight_read_bytes))
+    steps = {b: pooled(samples[b]) for b in batches}
+    bw = {k: (max((x[k] for x in bws), key=lambda v: v["GBps_best"]) if isinstance(bws[0][k], dict) else bws[0][k])
+          for k in bws[0]}
     peak = matmul_peak(dev, dtype, 2048 if dev.type == "cpu" else 8192)
     t1 = steps[1]["median_ms"] / 1e3
     read = shape.weight_read_bytes + shape.kv_bytes_per_token * (a.ctx + 1)
@@ -58,7 +79,9 @@ def main() -> None:
     doc = {
         "benchmark": "decode efficiency and knee", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "device": registry_device(dev), "device_name": device_name(dev), "model": a.model, "dtype": shape.dtype,
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "ctx": a.ctx,
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "ctx": a.ctx, "rounds": a.rounds,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "linear": "(W @ x.T).T; x @ W.T (stored) for tall weights at batch 1",
+        "command": f"python benchmarks/bench_decode.py --model {a.model} --ctx {a.ctx} --reps {a.reps} --rounds {a.rounds}",
         "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
         "step_ms": {b: steps[b] for b in batches},
         "bytes_read_batch1": read, "achieved_GBps_batch1": read / t1 / 1e9,

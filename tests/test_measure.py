@@ -24,6 +24,10 @@ def test_measured_profile_loads_and_interpolates_its_own_points():
     assert len(doc["decode"]["ms"]) == 3 and all(len(row) == 2 for row in doc["decode"]["ms"])
     assert all(p["min_ms"] <= p["median_ms"] <= p["max_ms"] for row in doc["decode"]["spread"] for p in row)
     assert doc["device"]["bandwidth"]["copy"]["GBps_best"] > 0 and doc["device"]["matmul_peak"]["TFLOPs_best"] > 0
+    bw = doc["device"]["bandwidth"]
+    # The efficiency reference is the better of the two layouts a linear layer can store.
+    assert bw["matvec"]["GBps_best"] == max(bw["matvec_wx"]["GBps_best"], bw["matvec_xwt"]["GBps_best"])
+    assert bw["matvec"]["layout"] in ("matvec_wx", "matvec_xwt")
     cost = ProfileCost.from_dict(json.loads(json.dumps(doc)))
     # At a measured grid point the cost model returns the measured median exactly.
     got = cost.step_time(StepWork(decode_rows=2, decode_ctx=2 * 32))

@@ -114,3 +114,33 @@ def test_plan_beyond_the_slab_is_refused(model64: Llama) -> None:
         runner.forward(StepPlan(prefills=[PrefillChunk(admitted(0, 9, 1, slot=0), 9)]))
     with pytest.raises(ValueError, match="max_len"):
         ModelRunner(model64, slots=1, max_len=TINY.max_context + 1)
+
+
+def test_batch1_copies_cover_the_tall_weights_and_give_the_same_logits() -> None:
+    """One-token steps multiply tall weights by transposed copies (Llama.linear); the
+    numbers must be those of the plain layout, and the memory check must count the copies."""
+    from batching.model import batch1_copy_params, tall
+    m = Llama(TINY, "cpu", F64, seed=0)
+    plain = Llama(TINY, "cpu", F64, seed=0, wx=False)
+    expected = [w for w in m.linear_weights() if tall(tuple(w.shape))]
+    assert len(expected) == 2 * TINY.layers + 1          # qkv and gate/up of each layer, the lm head
+    assert m.batch1_bytes() == batch1_copy_params(TINY) * 8 and plain.batch1_bytes() == 0
+    ids = torch.tensor([5])
+    for pos in (0, 7):
+        noop = lambda layer, q, k, v: q[:, : TINY.heads]  # noqa: E731 - attention is not under test
+        got = m(ids, torch.tensor([pos]), noop)
+        ref = plain(ids, torch.tensor([pos]), noop)
+        assert got.shape == (1, TINY.vocab)
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_batch1_copies_follow_weights_changed_in_place() -> None:
+    """A checkpoint copied into the parameters after construction must not leave stale copies."""
+    m = Llama(TINY, "cpu", F64, seed=0)
+    plain = Llama(TINY, "cpu", F64, seed=1, wx=False)
+    with torch.no_grad():
+        for a, b in zip(m.parameters(), plain.parameters()):
+            a.copy_(b)
+    noop = lambda layer, q, k, v: q  # noqa: E731
+    ids, pos = torch.tensor([3]), torch.tensor([2])
+    torch.testing.assert_close(m(ids, pos, noop), plain(ids, pos, noop), rtol=1e-12, atol=1e-12)

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
 
-from batching.checkpoint import (CheckpointError, WEIGHTS_FILE, load_hf_checkpoint,  # noqa: E402
+from batching.checkpoint import (WEIGHTS_FILE, CheckpointError, load_hf_checkpoint,  # noqa: E402
                                  read_config, save_hf_checkpoint)
 from batching.cli import main  # noqa: E402
 from batching.model import Llama, ModelConfig  # noqa: E402

@@ -20,11 +20,11 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || [ -n "$${CHROMIUM:-}" ] || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
-# OpenMP's wait policy is left at libgomp's default (spin briefly, then sleep): PASSIVE
-# (sleep at once) makes every parallel region wake its threads and cost cpu-m's batch-2
-# decode step ~45 -> ~65 ms here; ACTIVE (spin forever) would steal a core from any
-# other process, e.g. a notebook kernel that the test process waits on.
+# OpenMP threads spin for a while, then sleep (see README, "Threads"): neither PASSIVE
+# (a wake-up per parallel region, +30-50% per decode step here) nor libgomp's implicit
+# default (8 ms stalls of some small attention calls). batching/__init__.py sets the same.
 test book: unexport OMP_WAIT_POLICY
+test book: export GOMP_SPINCOUNT := 100000
 
 test: venv chromium
 	$(PY) -m pytest -q

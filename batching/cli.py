@@ -186,7 +186,11 @@ def cmd_measure(a: argparse.Namespace) -> int:
     batches = a.batches or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 2, 4, 8, 16, 32, 64, 128])
     ctxs = a.ctxs or ([128, 1024, 4096] if gpu else [32, 128, 512, 1024])
     prefill = a.prefill or ([64, 256, 1024, 2048, 8192] if gpu else [8, 32, 128, 512, 1024, 2048])
-    mixed = [(a.mixed_chunk, r, a.mixed_ctx) for r in (a.mixed_rows or [1, 8, 32])]
+    # A grid of chunk sizes x decode rows, so that the profile interpolates mixed steps
+    # rather than adding a prefill and a decode step (ProfileCost).
+    chunks = a.mixed_chunks or ([256, 512, 2048] if gpu else [16, 64, 256, 512])
+    rows = a.mixed_rows or ([1, 32, 128] if gpu else [1, 4, 16])
+    mixed = [(t, r, a.mixed_ctx) for t in chunks for r in rows]
     doc = measure(a.model, a.device, a.dtype, batches=batches, ctxs=ctxs, prefill_tokens=prefill,
                   mixed=mixed, reps=a.reps, seed=a.seed, progress=not a.no_progress and sys.stderr.isatty())
     d, m = doc["device"], doc["meta"]
@@ -249,8 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--ctxs", type=_ints, help="decode context lengths per row")
     m.add_argument("--prefill", type=_ints, help="prefill lengths")
     m.add_argument("--mixed-rows", type=_ints, help="decode rows beside a prefill chunk")
-    m.add_argument("--mixed-chunk", type=int, default=512)
-    m.add_argument("--mixed-ctx", type=int, default=256)
+    m.add_argument("--mixed-chunks", type=_ints, help="prefill chunk sizes of the mixed grid")
+    m.add_argument("--mixed-ctx", type=int, default=128, help="decode context of the mixed grid")
     m.add_argument("--reps", type=int, default=5)
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--out", help="profile JSON, e.g. data/profiles/cpu-here-cpu-m.json")

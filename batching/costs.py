@@ -245,6 +245,20 @@ def _times_ms(v: Any, n: int, field: str) -> np.ndarray:
     return np.asarray(v, dtype=np.float64) / 1000.0
 
 
+def _mixed_grid(mixed: dict[str, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, float] | None:
+    """The profile's mixed points as a grid (prefill tokens x decode rows at one context),
+    or None unless every combination of at least two of each was measured exactly once."""
+    if mixed is None or len(set(mixed["decode_ctx"].tolist())) != 1:
+        return None
+    P, R = np.unique(mixed["prefill_tokens"]), np.unique(mixed["decode_rows"])
+    if len(P) < 2 or len(R) < 2 or len(mixed["ms"]) != len(P) * len(R) or P[0] < 1 or R[0] < 1:
+        return None
+    ms = np.full((len(P), len(R)), np.nan)
+    for t, r, m in zip(mixed["prefill_tokens"], mixed["decode_rows"], mixed["ms"]):
+        ms[np.searchsorted(P, t), np.searchsorted(R, r)] = m
+    return None if np.isnan(ms).any() else (P, R, ms, float(mixed["decode_ctx"][0]))
+
+
 def _segment(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Index of the grid segment for ``x`` (edge segments beyond the grid) and the weight in it."""
     i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
@@ -276,13 +290,19 @@ class ProfileCost(_VectorCost):
     * decode: bilinear in (rows, mean KV per row = ``decode_ctx / decode_rows``);
     * prefill: linear in tokens; attention over context before a chunk (chunked prefill)
       is not in the profile and is not added;
-    * mixed step: prefill(tokens) + decode(rows, ctx) - decode(batch[0], ctx[0]): the
-      step streams the weights and pays the launch overhead once, and the cheapest
-      measured step stands for that shared cost.
+    * mixed step: where the ``mixed`` points form a grid (every prefill size with every
+      row count, one context), bilinear in (prefill tokens, decode rows) over that grid,
+      plus the decode grid's change from the grid's context to the step's; otherwise
+      prefill(tokens) + decode(rows, ctx) - decode(batch[0], ctx[0]): the step streams
+      the weights and pays the launch overhead once, and the cheapest measured step
+      stands for that shared cost. On a CPU the additive form overcharges small mixed
+      steps (its matmuls cost by total tokens: 16 decodes beside a 16-token chunk cost
+      about a 32-token prefill, not a 16-token prefill plus a batch-16 decode), hence
+      the grid.
 
     Beyond the grid both use the edge segment's line (floored at 0); each such query adds
     one to ``extrapolated``, every query to ``queries``. A ``mixed`` section, if present,
-    is used only to report the mixed estimate's error in :meth:`describe`.
+    that is not a grid is used only to report the mixed estimate's error in :meth:`describe`.
     """
 
     def __init__(self, meta: dict[str, Any], decode_batch: np.ndarray, decode_ctx: np.ndarray,
@@ -296,6 +316,7 @@ class ProfileCost(_VectorCost):
         self.peak_flops = device.peak(model.dtype)
         self.bandwidth = device.bandwidth
         self.mixed = mixed
+        self.mixed_grid = _mixed_grid(mixed)
         self.queries = 0
         self.extrapolated = 0
 
@@ -381,6 +402,18 @@ class ProfileCost(_VectorCost):
         t = (1 - w) * self.ps[i] + w * self.ps[i + 1]
         return np.maximum(t, 0.0), (tokens < self.pt[0]) | (tokens > self.pt[-1])
 
+    def _mixed(self, pt: np.ndarray, rows: np.ndarray, ctx_per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mixed steps on the measured mixed grid, moved from its context to ``ctx_per_row``
+        along the decode grid."""
+        P, R, ms, c = self.mixed_grid
+        i, u = _segment(P, pt)
+        j, v = _segment(R, rows)
+        t = (1 - u) * ((1 - v) * ms[i, j] + v * ms[i, j + 1]) + u * ((1 - v) * ms[i + 1, j] + v * ms[i + 1, j + 1])
+        d_step, d_out = self._decode(rows, ctx_per_row)
+        d_grid, _ = self._decode(rows, np.full_like(rows, c))
+        out = (pt < P[0]) | (pt > P[-1]) | (rows < R[0]) | (rows > R[-1]) | d_out
+        return np.maximum(t + d_step - d_grid, 0.0), out
+
     def _times(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
         if isinstance(pt, float):  # step_time's scalar call: the array path on length-1 arrays
             return self._times(*(np.array([v]) for v in (pt, pa, rows, ctx)))[0]
@@ -389,9 +422,16 @@ class ProfileCost(_VectorCost):
         pre, p_out = self._prefill(pt)
         dec, pre = np.where(has_d, dec, 0.0), np.where(has_p, pre, 0.0)
         shared = np.where(has_d & has_p, self.ds[0, 0], 0.0)
+        est = np.maximum(pre + dec - shared, np.maximum(pre, dec))
+        both = has_d & has_p
+        out = (has_d & d_out) | (has_p & p_out)
+        if self.mixed_grid is not None and both.any():
+            mix, m_out = self._mixed(pt, np.maximum(rows, 1.0), ctx / np.maximum(rows, 1.0))
+            est = np.where(both, mix, est)
+            out = np.where(both, m_out, out)
         self.queries += int(np.count_nonzero(has_d | has_p))
-        self.extrapolated += int(np.count_nonzero((has_d & d_out) | (has_p & p_out)))
-        return np.maximum(pre + dec - shared, np.maximum(pre, dec))
+        self.extrapolated += int(np.count_nonzero(out))
+        return est
 
     def mixed_error(self) -> float | None:
         """Largest relative error of the mixed estimate against the profile's mixed points."""
@@ -409,7 +449,8 @@ class ProfileCost(_VectorCost):
                 "model": self.model.name, "dtype": self.model.dtype, "device": self.device.name,
                 "decode_batch": self.db.tolist(), "decode_ctx": self.dc.tolist(),
                 "prefill_tokens": self.pt.tolist(), "queries": self.queries,
-                "extrapolated": self.extrapolated, "mixed_max_rel_err": self.mixed_error()}
+                "extrapolated": self.extrapolated, "mixed_max_rel_err": self.mixed_error(),
+                "mixed_estimate": "grid" if self.mixed_grid is not None else "additive"}
 
 
 # ----------------------------------------------------------------------------- factory

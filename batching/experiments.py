@@ -43,7 +43,7 @@ __all__ = [
     "flat", "first_finisher_summary", "probe_summary", "saturation", "sweep_numbers",
     "decode_compute_share", "spike_summary", "stall_runs", "probe_runs", "chunk_step_times",
     "stall_numbers", "tradeoff_numbers", "subset_latency", "decode_step_ms", "crosscheck_text",
-    "crosscheck_rows",
+    "crosscheck_rows", "fidelity_summary",
 ]
 
 #: What a batch row does during a step (the timelines of 7.1 and 7.2), in drawing order.
@@ -900,6 +900,44 @@ def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
                      f"{p['slot_util_sim']:.3f}/{p['slot_util_real']:.3f}", "/".join(map(str, its)),
                      f"{np.mean(p['arrival_iters_real']):.1f}", f"{p['busy_sim_s']:.2f}/{p['busy_real_s']:.2f}"])
     return header, rows
+
+
+# ------------------------------------------------------------------ fidelity
+#: The simulator-vs-real-engine measurement (``benchmarks/bench_fidelity.py``), relative to
+#: the repository root. Every simulated figure of 7.1-7.3 and the KV page quotes it.
+FIDELITY_FILE = "benchmarks/results/fidelity.json"
+
+
+def fidelity_summary(path: str | None = None, root: str | None = None) -> dict[str, Any]:
+    """The simulator's measured error against the real engine (every simulated figure of 7.1-7.3).
+
+    Reads the committed fidelity benchmark and returns, worst case over its schedulers:
+    ``tput_err`` (output throughput), ``e2e_err`` (median absolute per-request E2E error),
+    ``noise`` (the same median between two real runs, the floor no simulator can beat
+    here), ``step_err`` (the cost model's median absolute error per step), plus ``model``,
+    ``requests``, ``date``, ``schedulers`` and ``text``: one sentence for a caption.
+    """
+    import json
+    from pathlib import Path as _P
+    base = _P(root) if root else _P(__file__).resolve().parent.parent
+    f = _P(path) if path else base / FIDELITY_FILE
+    doc = json.loads(f.read_text())
+    res = doc["results"]
+    if not res:
+        raise ValueError(f"{f}: no results")
+    worst = lambda k: max(float(r[k]) for r in res.values() if r.get(k) is not None)  # noqa: E731
+    out: dict[str, Any] = {
+        "model": doc["model"], "requests": int(doc["workload"]["requests"]), "date": doc["date"][:10],
+        "schedulers": ", ".join(res), "tput_err": worst("throughput_rel_err"),
+        "e2e_err": worst("e2e_median_abs_rel_err"), "step_err": worst("step_median_abs_rel_err"),
+        "noise": (worst("real_vs_real_e2e_median_abs_rel_err")
+                  if all("real_vs_real_e2e_median_abs_rel_err" in r for r in res.values()) else None),
+    }
+    noise = "" if out["noise"] is None else f" (two real runs differ by {out['noise']:.0%})"
+    out["text"] = (f"Simulator error against the real engine, measured on the book's CPU ({out['model']}, "
+                   f"{out['requests']} Azure requests, {out['schedulers']}): output throughput within "
+                   f"{out['tput_err']:.1%}, median per-request latency {out['e2e_err']:.0%}{noise}.")
+    return out
 
 
 # ------------------------------------------------------------------ why batching

@@ -24,7 +24,9 @@ import torch
 
 from .models import get_model
 from .real import device_name, resolve_device, resolve_dtype, CUDA_NAMES, REGISTRY_DTYPE
-from .runner import ModelRunner, ChunkSpan
+from .plan import PrefillChunk, StepPlan
+from .request import Request
+from .runner import ModelRunner
 
 PROFILE_SCHEMA = 1
 
@@ -98,16 +100,39 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, reps: int = 5)
 
 # ------------------------------------------------------------------ the model
 class StepTimer:
-    """Times synthetic steps on a runner's packed forward pass (the engine's real path)."""
+    """Times synthetic steps through the runner exactly as the real executor does: a
+    :class:`StepPlan` of made-up requests through ``ModelRunner.execute`` (packing the plan,
+    the forward pass, the greedy tokens), so that a profile predicts what a real run's step
+    log records, per-step Python included."""
 
     def __init__(self, runner: ModelRunner, reps: int, warmup: int = 2) -> None:
         self.r, self.reps, self.warmup = runner, reps, warmup
 
+    def _decoding(self, rid: int, slot: int, ctx: int) -> Request:
+        """A request in ``slot`` that has ``ctx`` tokens cached and decodes next."""
+        req = Request(rid, 0.0, max(ctx, 1), 1 << 30)
+        req.on_admit(slot, 0.0)
+        req.on_prefill(req.prompt_len)
+        req.on_token(0.0)
+        self.r.history[rid] = [1] * (req.num_computed + 1)
+        return req
+
     @torch.inference_mode()
-    def _time(self, ids: list[int], pos: list[int], slot: list[int], n_rows: int,
-              chunks: list[ChunkSpan], logit_rows: list[int]) -> dict[str, float]:
-        fn = lambda: self.r._forward_packed(ids, pos, slot, n_rows, chunks, logit_rows)  # noqa: E731
-        return stats(time_fn(fn, self.r.device, self.reps, self.warmup))
+    def _time(self, plan: StepPlan) -> dict[str, float]:
+        # execute() appends each emitted token to the runner's history; cutting the decode
+        # rows' histories back before each repetition makes every repetition the same step.
+        keep = [(self.r.history[q.rid], q.num_computed + 1) for q in plan.decodes]
+
+        def fn() -> None:
+            for hist, n in keep:
+                del hist[n:]
+            self.r.execute(plan)
+
+        try:
+            return stats(time_fn(fn, self.r.device, self.reps, self.warmup))
+        finally:
+            for q in plan.decodes + [c.req for c in plan.prefills]:
+                self.r.history.pop(q.rid, None)
 
     def decode(self, batch: int, ctx: int, uniform: bool = False, scattered: bool = False) -> dict[str, float]:
         """``batch`` decode rows with ``ctx`` cached tokens on average.
@@ -124,19 +149,20 @@ class StepTimer:
         else:
             pos = [round(ctx * (0.5 + i / (batch - 1))) for i in range(batch)]
         slots = list(range(batch))[::-1] if scattered and batch > 1 else list(range(batch))
-        return self._time([1] * batch, pos, slots, batch, [], list(range(batch)))
+        return self._time(StepPlan(decodes=[self._decoding(i, s, c) for i, (s, c) in enumerate(zip(slots, pos))]))
 
     def prefill(self, tokens: int) -> dict[str, float]:
-        """One prompt of ``tokens`` tokens from an empty cache (slot 0)."""
-        return self._time([1] * tokens, list(range(tokens)), [0] * tokens, 0,
-                          [ChunkSpan(0, 0, 0, tokens)], [tokens - 1])
+        """One prompt of ``tokens`` tokens from an empty cache (slot 0), emitting its first token."""
+        req = Request(0, 0.0, tokens, 1)
+        req.on_admit(0, 0.0)
+        return self._time(StepPlan(prefills=[PrefillChunk(req, tokens)]))
 
     def mixed(self, tokens: int, rows: int, ctx: int) -> dict[str, float]:
-        """A ``tokens``-token chunk (slot 0) sharing the pass with ``rows`` decodes (slots 1..)."""
-        ids = [1] * (rows + tokens)
-        pos = [ctx] * rows + list(range(tokens))
-        slot = list(range(1, rows + 1)) + [0] * tokens
-        return self._time(ids, pos, slot, rows, [ChunkSpan(rows, 0, 0, tokens)], list(range(rows)) + [rows + tokens - 1])
+        """A ``tokens``-token prompt (slot 0) prefilled in the pass of ``rows`` decodes (slots 1..)."""
+        req = Request(rows, 0.0, tokens, 1)
+        req.on_admit(0, 0.0)
+        return self._time(StepPlan(prefills=[PrefillChunk(req, tokens)],
+                                   decodes=[self._decoding(i, 1 + i, ctx) for i in range(rows)]))
 
 
 def registry_device(device: torch.device) -> str:

@@ -188,6 +188,27 @@ def test_profile_interpolation() -> None:
     assert p.describe()["queries"] == 9                              # the check is not counted
 
 
+def test_profile_mixed_grid_interpolates_and_follows_context() -> None:
+    """A full chunk x rows grid of mixed steps replaces the additive estimate (hand-computed)."""
+    doc = _profile()
+    doc["mixed"] = {"prefill_tokens": [100, 100, 300, 300], "decode_rows": [1, 3, 1, 3],
+                    "decode_ctx": [100, 100, 100, 100], "ms": [60.0, 70.0, 140.0, 160.0]}
+    p = ProfileCost.from_dict(doc)
+    assert p.describe()["mixed_estimate"] == "grid"
+    mixed = lambda t, r, c: p.step_time(StepWork(prefill_tokens=t, decode_rows=r, decode_ctx=r * c))  # noqa: E731
+    assert mixed(100, 1, 100) == pytest.approx(0.060) and mixed(300, 3, 100) == pytest.approx(0.160)
+    assert mixed(200, 2, 100) == pytest.approx((60 + 70 + 140 + 160) / 4e3)   # centre: mean of the corners
+    # At ctx 300 per row the decode grid adds 12-10 = 2 ms for one row, 20-14 = 6 ms for three.
+    assert mixed(100, 1, 300) == pytest.approx(0.062) and mixed(300, 3, 300) == pytest.approx(0.166)
+    assert p.extrapolated == 0
+    mixed(400, 2, 100)                                   # beyond the grid's chunks: counted
+    assert p.extrapolated == 1
+    assert p.describe()["mixed_max_rel_err"] == pytest.approx(0.0, abs=1e-12)
+    # Not a grid (a combination missing): the additive estimate, as before.
+    doc["mixed"] = {k: v[:3] for k, v in doc["mixed"].items()}
+    assert ProfileCost.from_dict(doc).describe()["mixed_estimate"] == "additive"
+
+
 def test_profile_extrapolation_counted() -> None:
     p = ProfileCost.from_dict(_profile())
     assert p.step_time(StepWork(prefill_tokens=400)) == pytest.approx(0.170)   # 0.4 ms/token

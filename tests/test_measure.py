@@ -49,7 +49,7 @@ def test_run_and_simulate_write_the_same_results_shape(tmp_path, capsys):
     assert main(["run", *common, "--device", "cpu", "--out", str(real)]) == 0
     prof = tmp_path / "p.json"
     assert main(["measure", "--model", "tiny", "--device", "cpu", "--batches", "1,2,4", "--ctxs", "8,64",
-                 "--prefill", "8,64", "--mixed-rows", "1", "--mixed-chunk", "8", "--mixed-ctx", "8",
+                 "--prefill", "8,64", "--mixed-rows", "1", "--mixed-chunks", "8", "--mixed-ctx", "8",
                  "--reps", "2", "--out", str(prof), "--no-progress"]) == 0
     sim = tmp_path / "sim.json"
     assert main(["simulate", *common, "--device", "cpu", "--profile", str(prof), "--out", str(sim)]) == 0

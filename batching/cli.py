@@ -184,11 +184,11 @@ def cmd_measure(a: argparse.Namespace) -> int:
     from .measure import measure  # torch is needed here only
     gpu = a.device == "cuda" or (a.device == "auto" and _cuda())
     batches = a.batches or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 2, 4, 8, 16, 32, 64, 128])
-    ctxs = a.ctxs or ([128, 1024, 4096] if gpu else [32, 128, 512, 1024])
-    prefill = a.prefill or ([64, 256, 1024, 2048, 8192] if gpu else [8, 32, 128, 512, 1024, 2048])
+    ctxs = a.ctxs or ([128, 1024, 4096] if gpu else [8, 32, 128, 512, 1024])
+    prefill = a.prefill or ([64, 256, 1024, 2048, 8192] if gpu else [2, 8, 32, 128, 512, 1024, 2048])
     # A grid of chunk sizes x decode rows, so that the profile interpolates mixed steps
     # rather than adding a prefill and a decode step (ProfileCost).
-    chunks = a.mixed_chunks or ([256, 512, 2048] if gpu else [16, 64, 256, 512])
+    chunks = a.mixed_chunks or ([256, 512, 2048] if gpu else [4, 16, 64, 256, 512])
     rows = a.mixed_rows or ([1, 32, 128] if gpu else [1, 4, 16])
     mixed = [(t, r, a.mixed_ctx) for t in chunks for r in rows]
     doc = measure(a.model, a.device, a.dtype, batches=batches, ctxs=ctxs, prefill_tokens=prefill,

@@ -95,9 +95,10 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bo
 
 
 #: Largest token count for which Llama.linear uses ``(W @ x.T).T`` on CPU. Measured here
-#: (quiet machine, best of 15): it is faster or equal up to 128 tokens (6656x768 matrix at
-#: T=4: 1.5 vs 2.8 ms; T=128: 12.1 vs 12.8 ms) and slower at 512 (43.7 vs 39.1 ms).
-WX_MAX_TOKENS = 256
+#: on whole prefill steps (quiet machine, best of 2 x 5): faster at 128 tokens (cpu-s 71.7
+#: vs 81.3 ms with F.linear, cpu-m 281 vs 306 ms) and slower at 255 (cpu-s 156 vs 130 ms,
+#: cpu-m 700 vs 553 ms).
+WX_MAX_TOKENS = 128
 
 #: A matrix with at least this many output rows per input column gets a second, transposed
 #: copy for one-token steps on CPU (see :meth:`Llama.linear`). Measured here, streaming each

@@ -23,14 +23,13 @@ chromium:
 # OpenMP threads spin for a while, then sleep (see README, "Threads"): neither PASSIVE
 # (a wake-up per parallel region, +30-50% per decode step here) nor libgomp's implicit
 # default (8 ms stalls of some small attention calls). batching/__init__.py sets the same.
-test book: unexport OMP_WAIT_POLICY
-test book: export GOMP_SPINCOUNT := 100000
+RUN     := env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=100000
 
 test: venv chromium
-	$(PY) -m pytest -q
+	$(RUN) $(PY) -m pytest -q
 
 book: venv
-	$(PY) tools/build_book.py
+	$(RUN) $(PY) tools/build_book.py
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis *.egg-info

@@ -160,7 +160,7 @@ class RealExecutor:
                 "dtype": str(r.dtype).removeprefix("torch."), "device": str(r.device),
                 "device_name": device_name(r.device), "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
-                "linear": ("(W @ x.T).T; x @ W.T stored transposed for tall weights at batch 1" if r.model.wx
+                "linear": ("(W @ x.T).T; batch 1: x @ W.T stored transposed (tall weights), W @ x (others)" if r.model.wx
                            else "F.linear"),
                 "batch1_copy_bytes": r.model.batch1_bytes(),
                 "slots": r.slots, "max_len": r.max_len, "kv_cache_bytes": r.kv_bytes, "seed": r.seed,

@@ -99,7 +99,7 @@ def main() -> None:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "device": registry_device(dev), "device_name": device_name(dev), "model": a.model, "dtype": "fp32",
         "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
         "workload": {"requests": a.slots, "slots": a.slots, "prompt": a.prompt, "output": a.output,
                      "arrivals": "all at t=0"},
         "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],

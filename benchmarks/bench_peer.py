@@ -15,7 +15,7 @@ request submitted to the last token (model loading and one small warm-up request
 excluded, for both engines). Greedy tokens are compared request by request between the
 engines. Writes ``benchmarks/results/peer-cpu-here-<model>.json``.
 
-    flock /tmp/cpu.lock env OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_peer.py
+    flock /tmp/cpu.lock .venv/bin/python benchmarks/bench_peer.py
     .venv/bin/python benchmarks/bench_peer.py --quick      # smoke: tiny model, 8 requests, 1 round
 
 Needs the ``bench`` extra (transformers, safetensors); transformers is never imported by
@@ -290,8 +290,11 @@ def run_worker(mode: str, spec_path: Path, round_: int, threads: int, omp_wait: 
            "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    if omp_wait == "default":  # libgomp's own (spin briefly, then sleep)
+    if omp_wait == "default":  # the project's setting (README, "Threads"): spin briefly, then sleep
         del env["OMP_WAIT_POLICY"]
+    # Both engines get the spin count that `import batching` sets for this one, so that
+    # neither is measured under a threading setting the other does not have.
+    env["GOMP_SPINCOUNT"] = os.environ.get("GOMP_SPINCOUNT") or "100000"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--spec", str(spec_path), "--out", str(out)]
     t, busy0, own0 = time.perf_counter(), busy_cpu_s(), children_cpu_s()
     with open(log, "w") as f:
@@ -326,8 +329,8 @@ def main() -> None:
     p.add_argument("--max-others", type=float, default=0.25,
                    help="redo a worker if other processes kept more than this many cores busy meanwhile")
     p.add_argument("--retries", type=int, default=2, help="at most this many redos per worker")
-    p.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE", "default"], default="PASSIVE",
-                   help="OMP_WAIT_POLICY of every worker ('default': unset)")
+    p.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE", "default"], default="default",
+                   help="OMP_WAIT_POLICY of every worker ('default': unset, GOMP_SPINCOUNT=100000 as in make)")
     p.add_argument("--slots", type=int, default=64, help="this engine: max running requests")
     p.add_argument("--token-budget", type=int, default=512, help="this engine, chunked: tokens per step")
     p.add_argument("--static-batch", type=int, default=16, help="hf-static: requests per generate call")
@@ -445,7 +448,8 @@ def main() -> None:
         "host": platform.node(), "device": "cpu-here", "device_name": device_name(torch.device("cpu")),
         "python": platform.python_version(), "torch": torch.__version__, "transformers": version("transformers"),
         "safetensors": version("safetensors"), "threads": a.threads, "dtype": "float32",
-        "omp_wait_policy": a.omp_wait_policy, "loadavg_before": load0, "loadavg_after": os.getloadavg(),
+        "omp_wait_policy": a.omp_wait_policy, "gomp_spincount": os.environ.get("GOMP_SPINCOUNT") or "100000",
+        "loadavg_before": load0, "loadavg_after": os.getloadavg(),
         "total_s": total_s, "git": git0, "git_after": git_state(), "batching_source_digests": sources,
         "model": {"name": a.model, "params": shape.params, "seed": a.model_seed, "layers": shape.layers,
                   "hidden": shape.hidden, "heads": shape.heads, "kv_heads": shape.kv_heads, "ffn": shape.ffn,

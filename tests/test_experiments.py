@@ -543,3 +543,22 @@ def test_live_decode_sweep_measures_every_path_on_the_cpu():
     assert 0 < n["efficiency"] and n["bmax"] == 4
     with pytest.raises(ValueError):
         E.live_decode_sweep(model="tiny", device="cpu", batches=[1, 2], ctx=1000)
+
+
+def test_fidelity_summary_takes_the_worst_scheduler(tmp_path) -> None:
+    """Every simulated figure quotes this: the worst of the schedulers, and the noise floor."""
+    import json
+    doc = {"model": "cpu-s", "date": "2026-11-30T08:00:00+00:00", "workload": {"requests": 200},
+           "results": {"continuous": {"throughput_rel_err": 0.002, "e2e_median_abs_rel_err": 0.10,
+                                      "step_median_abs_rel_err": 0.13, "real_vs_real_e2e_median_abs_rel_err": 0.18},
+                       "chunked": {"throughput_rel_err": 0.001, "e2e_median_abs_rel_err": 0.13,
+                                   "step_median_abs_rel_err": 0.26, "real_vs_real_e2e_median_abs_rel_err": 0.24}}}
+    f = tmp_path / "fidelity.json"
+    f.write_text(json.dumps(doc))
+    s = E.fidelity_summary(str(f))
+    assert (s["tput_err"], s["e2e_err"], s["step_err"], s["noise"]) == (0.002, 0.13, 0.26, 0.24)
+    assert s["requests"] == 200 and s["date"] == "2026-11-30" and s["schedulers"] == "continuous, chunked"
+    assert "0.2%" in s["text"] and "13%" in s["text"] and "24%" in s["text"]
+    # The committed measurement is readable and has the noise floor the pages quote.
+    committed = E.fidelity_summary()
+    assert committed["noise"] is not None and 0 <= committed["tput_err"] < 1

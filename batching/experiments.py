@@ -18,7 +18,9 @@ Utilization means two different things here (``shared/notes/conventions.md``):
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -917,10 +919,8 @@ def fidelity_summary(path: str | None = None, root: str | None = None) -> dict[s
     here), ``step_err`` (the cost model's median absolute error per step), plus ``model``,
     ``requests``, ``date``, ``schedulers`` and ``text``: one sentence for a caption.
     """
-    import json
-    from pathlib import Path as _P
-    base = _P(root) if root else _P(__file__).resolve().parent.parent
-    f = _P(path) if path else base / FIDELITY_FILE
+    base = Path(root) if root else Path(__file__).resolve().parent.parent
+    f = Path(path) if path else base / FIDELITY_FILE
     doc = json.loads(f.read_text())
     res = doc["results"]
     if not res:
@@ -1314,9 +1314,6 @@ def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[di
     ``ref_ctx``, the profile's context nearest ``ctx``: ``ref_ms`` (the column), ``t1_ms``
     (batch 1), ``knee125``/``knee2`` (:func:`knee`).
     """
-    import json
-    from pathlib import Path
-
     from .costs import ProfileCost
     out = []
     for path in sorted(Path(directory).glob("*.json")):

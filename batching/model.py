@@ -66,17 +66,12 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return xf.to(x.dtype) * weight
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    """RoPE helper (7.1-7.3): [..., D] -> [..., D], (x1, x2) -> (-x2, x1), the Hugging Face Llama convention."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """RoPE (7.1-7.3): x [T, n, D] rotated by its token's angles; cos, sin_signed [T, D]. Positions
     come from the plan, so a token's rotation does not depend on what else is in the batch.
 
-    ``x * cos + rotate_half(x) * sin`` in three ops instead of six: rotate_half(x) is x
+    The Hugging Face Llama convention, ``x * cos + rotate_half(x) * sin`` with
+    rotate_half((x1, x2)) = (-x2, x1), in three ops instead of six: rotate_half(x) is x
     rolled by D/2 with its first half negated, and that sign is folded into
     ``sin_signed`` (Llama.sin_signed). A decode step is a few dozen small ops per layer
     on CPU, each costing more in dispatch than in arithmetic."""
@@ -278,12 +273,11 @@ class Llama(nn.Module):
         batch 1 uses it.
         """
         T = x.shape[0]
-        if T == 1 and self._b1:
+        if self.wx and T == 1:
             wt = self._b1.get(id(w))
             if wt is not None:
                 return x @ wt                                   # [1, in] @ [in, out]
-        if self.wx and T == 1:
-            return torch.mv(w, x.view(-1)).view(1, -1)        # the same kernel, fewer ops
+            return torch.mv(w, x.view(-1)).view(1, -1)          # (W @ x.T).T's kernel, fewer ops
         if self.wx and T <= WX_MAX_TOKENS:
             return (w @ x.T).T.contiguous()
         return F.linear(x, w)

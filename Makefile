@@ -22,8 +22,9 @@ chromium:
 
 # OpenMP threads spin for a while, then sleep (see README, "Threads"): neither PASSIVE
 # (a wake-up per parallel region, +30-50% per decode step here) nor libgomp's implicit
-# default (8 ms stalls of some small attention calls). batching/__init__.py sets the same.
-RUN     := env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=100000
+# default (8 ms stalls of some small attention calls). Large CPU tensors on transparent
+# huge pages (THP_MEM_ALLOC_ENABLE). batching/__init__.py sets the same defaults.
+RUN     := env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=100000 THP_MEM_ALLOC_ENABLE=1
 
 test: venv chromium
 	$(RUN) $(PY) -m pytest -q

@@ -195,7 +195,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
     rows = a.mixed_rows or ([1, 32, 128] if gpu else [1, 4, 16])
     mixed = [(t, r, a.mixed_ctx) for t in chunks for r in rows]
     doc = measure(a.model, a.device, a.dtype, batches=batches, ctxs=ctxs, prefill_tokens=prefill,
-                  mixed=mixed, reps=a.reps, seed=a.seed, progress=not a.no_progress and sys.stderr.isatty())
+                  mixed=mixed, reps=a.reps, rounds=a.rounds, seed=a.seed, progress=not a.no_progress and sys.stderr.isatty())
     d, m = doc["device"], doc["meta"]
     print(f"{m['model']} {m['dtype']} on {m['device_name']} ({m['device']}), torch {m['torch']}, "
           f"{m['threads']} threads, {m['wall_s']:.0f} s")
@@ -258,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--mixed-rows", type=_ints, help="decode rows beside a prefill chunk")
     m.add_argument("--mixed-chunks", type=_ints, help="prefill chunk sizes of the mixed grid")
     m.add_argument("--mixed-ctx", type=int, default=128, help="decode context of the mixed grid")
-    m.add_argument("--reps", type=int, default=5)
+    m.add_argument("--reps", type=int, default=3, help="repetitions of each step per round")
+    m.add_argument("--rounds", type=int, default=3, help="sweeps of the whole grid, pooled per point")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--out", help="profile JSON, e.g. data/profiles/cpu-here-cpu-m.json")
     m.add_argument("--no-progress", action="store_true")

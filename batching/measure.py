@@ -105,8 +105,11 @@ class StepTimer:
     the forward pass, the greedy tokens), so that a profile predicts what a real run's step
     log records, per-step Python included."""
 
-    def __init__(self, runner: ModelRunner, reps: int, warmup: int = 2) -> None:
+    def __init__(self, runner: ModelRunner, reps: int, warmup: int = 2, pool: bool = False) -> None:
+        """``pool``: each step's statistics cover every repetition of that step so far (the
+        rounds of :func:`measure`), not just this call's."""
         self.r, self.reps, self.warmup = runner, reps, warmup
+        self.pooled: dict[tuple, list[float]] | None = {} if pool else None
 
     def _decoding(self, rid: int, slot: int, ctx: int) -> Request:
         """A request in ``slot`` that has ``ctx`` tokens cached and decodes next."""
@@ -118,7 +121,7 @@ class StepTimer:
         return req
 
     @torch.inference_mode()
-    def _time(self, plan: StepPlan) -> dict[str, float]:
+    def _time(self, key: tuple, plan: StepPlan) -> dict[str, float]:
         # execute() appends each emitted token to the runner's history; cutting the decode
         # rows' histories back before each repetition makes every repetition the same step.
         keep = [(self.r.history[q.rid], q.num_computed + 1) for q in plan.decodes]
@@ -129,7 +132,11 @@ class StepTimer:
             self.r.execute(plan)
 
         try:
-            return stats(time_fn(fn, self.r.device, self.reps, self.warmup))
+            ts = time_fn(fn, self.r.device, self.reps, self.warmup)
+            if self.pooled is not None:
+                self.pooled.setdefault(key, []).extend(ts)
+                ts = self.pooled[key]
+            return stats(ts)
         finally:
             for q in plan.decodes + [c.req for c in plan.prefills]:
                 self.r.history.pop(q.rid, None)
@@ -149,20 +156,27 @@ class StepTimer:
         else:
             pos = [round(ctx * (0.5 + i / (batch - 1))) for i in range(batch)]
         slots = list(range(batch))[::-1] if scattered and batch > 1 else list(range(batch))
-        return self._time(StepPlan(decodes=[self._decoding(i, s, c) for i, (s, c) in enumerate(zip(slots, pos))]))
+        return self._time(("decode", batch, ctx, uniform, scattered),
+                          StepPlan(decodes=[self._decoding(i, s, c) for i, (s, c) in enumerate(zip(slots, pos))]))
 
     def prefill(self, tokens: int) -> dict[str, float]:
         """One prompt of ``tokens`` tokens from an empty cache (slot 0), emitting its first token."""
         req = Request(0, 0.0, tokens, 1)
         req.on_admit(0, 0.0)
-        return self._time(StepPlan(prefills=[PrefillChunk(req, tokens)]))
+        return self._time(("prefill", tokens), StepPlan(prefills=[PrefillChunk(req, tokens)]))
 
     def mixed(self, tokens: int, rows: int, ctx: int) -> dict[str, float]:
-        """A ``tokens``-token prompt (slot 0) prefilled in the pass of ``rows`` decodes (slots 1..)."""
+        """A ``tokens``-token prompt prefilled in the pass of ``rows`` decodes, its slot in
+        the middle of theirs (slots 0..rows). That is where a live batch puts it: a finished
+        request frees a slot among the running ones and the next prompt takes it, so the
+        decode rows read their slabs with a hole (runner.SPAN_PER_ROW)."""
+        hole = rows // 2 if rows > 1 else rows
         req = Request(rows, 0.0, tokens, 1)
-        req.on_admit(0, 0.0)
-        return self._time(StepPlan(prefills=[PrefillChunk(req, tokens)],
-                                   decodes=[self._decoding(i, 1 + i, ctx) for i in range(rows)]))
+        req.on_admit(hole, 0.0)
+        slots = [s for s in range(rows + 1) if s != hole]
+        return self._time(("mixed", tokens, rows, ctx),
+                          StepPlan(prefills=[PrefillChunk(req, tokens)],
+                                   decodes=[self._decoding(i, s, ctx) for i, s in enumerate(slots)]))
 
 
 def registry_device(device: torch.device) -> str:
@@ -185,10 +199,20 @@ def _progress(items: list, desc: str, enabled: bool) -> Iterable:
 
 def measure(model: str, device: str = "auto", dtype: str | None = None, *,
             batches: list[int], ctxs: list[int], prefill_tokens: list[int],
-            mixed: list[tuple[int, int, int]], reps: int = 5, seed: int = 0,
+            mixed: list[tuple[int, int, int]], reps: int = 5, rounds: int = 1, seed: int = 0,
             bandwidth_bytes: int | None = None, peak_n: int | None = None,
             progress: bool = False) -> dict[str, Any]:
-    """Measure one model on one device; returns the profile document (schema 1)."""
+    """Measure one model on one device; returns the profile document (schema 1).
+
+    ``rounds`` sweeps the whole grid that many times, ``reps`` repetitions of each step per
+    round, and each point's statistics pool all of them. On a shared machine whose speed
+    drifts by 20-30% over minutes (this project's CPU), one sweep puts a slow spell on a
+    few neighbouring points and bends the interpolated curve; rounds spread every spell
+    over the whole grid."""
+    if not (isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"rounds={rounds!r}: must be an integer >= 1")
+    if not (isinstance(reps, int) and reps >= 1):
+        raise ValueError(f"reps={reps!r}: must be an integer >= 1")
     shape = get_model(model)
     dev = resolve_device(device)
     tdt = resolve_dtype(dtype, dev)
@@ -209,13 +233,20 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
     weight_bytes = shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
     bw = bandwidth(dev, tdt, bandwidth_bytes or weight_bytes)
     peak = matmul_peak(dev, tdt, peak_n or (2048 if dev.type == "cpu" else 8192))
-    timer = StepTimer(runner, reps)
-    grid = [[None] * len(ctxs) for _ in batches]
-    points = [(i, j) for i in range(len(batches)) for j in range(len(ctxs))]
-    for i, j in _progress(points, "decode", progress):
-        grid[i][j] = timer.decode(batches[i], ctxs[j])
-    pre = [timer.prefill(t) for t in _progress(prefill_tokens, "prefill", progress)]
-    mix = [timer.mixed(t, r, c) for t, r, c in _progress(mixed, "mixed", progress)]
+    timer = StepTimer(runner, reps, pool=True)
+    grid: list[list[Any]] = [[None] * len(ctxs) for _ in batches]
+    pre: list[Any] = [None] * len(prefill_tokens)
+    mix: list[Any] = [None] * len(mixed)
+    points = ([("decode", i, j) for i in range(len(batches)) for j in range(len(ctxs))]
+              + [("prefill", i, 0) for i in range(len(prefill_tokens))]
+              + [("mixed", i, 0) for i in range(len(mixed))])
+    for kind, i, j in _progress(points * rounds, f"{rounds} round(s)", progress):
+        if kind == "decode":
+            grid[i][j] = timer.decode(batches[i], ctxs[j])      # pooled over the rounds so far
+        elif kind == "prefill":
+            pre[i] = timer.prefill(prefill_tokens[i])
+        else:
+            mix[i] = timer.mixed(*mixed[i])
     return {
         "schema": PROFILE_SCHEMA,
         "meta": {
@@ -223,9 +254,10 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
             "dtype": REGISTRY_DTYPE[tdt], "element_bytes": elem, "torch": torch.__version__,
             "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+            "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "host": socket.gethostname(),
             "python": platform.python_version(), "params": shape.params, "weight_read_bytes": weight_bytes,
-            "reps": reps, "seed": seed, "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+            "reps": reps, "rounds": rounds, "seed": seed, "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
             "wall_s": time.perf_counter() - t_start,
             "how": "python -m batching measure: synchronized wall clock around ModelRunner's packed forward "
                    "pass; decode rows sit at the stated context in a zero-filled slab (no real prefill)",

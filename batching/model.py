@@ -59,15 +59,24 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+_HAS_RMS_NORM = hasattr(F, "rms_norm")   # torch >= 2.4
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm (every real run, 7.1-7.3): x [T, d] -> [T, d], in at least fp32 as Llama does for bf16."""
-    xf = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return xf.to(x.dtype) * weight
+    """RMSNorm (every real run, 7.1-7.3): x [T, d] -> [T, d], in at least fp32 as Llama does for bf16.
+
+    fp32 and fp64 go through ``F.rms_norm``, one call where the formula below is six: on
+    CPU a one-token norm costs ~25 us that way against ~39 us (its arithmetic is ~1 us)."""
+    if x.dtype in (torch.bfloat16, torch.float16):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    if _HAS_RMS_NORM:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """RoPE (7.1-7.3): x [T, n, D] rotated by its token's angles; cos, sin_signed [T, D]. Positions
+    """RoPE (7.1-7.3): x [T, n, D] rotated by its token's angles; cos, sin_signed [T, 1, D]. Positions
     come from the plan, so a token's rotation does not depend on what else is in the batch.
 
     The Hugging Face Llama convention, ``x * cos + rotate_half(x) * sin`` with
@@ -75,7 +84,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     rolled by D/2 with its first half negated, and that sign is folded into
     ``sin_signed`` (Llama.sin_signed). A decode step is a few dozen small ops per layer
     on CPU, each costing more in dispatch than in arithmetic."""
-    return torch.addcmul(x * cos[:, None, :], x.roll(x.shape[-1] // 2, dims=-1), sin_signed[:, None, :])
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2] if p.isdigit()) >= (2, 5)
@@ -148,7 +157,7 @@ class Block(nn.Module):
         # q and k heads sit side by side in qkv: rotate them in one go (half the small ops
         # of a decode step's RoPE, which on CPU cost as much as their arithmetic).
         qk = apply_rope(qkv[:, :(H + K) * D].view(T, H + K, D), cos, sin)   # [T, H + K, D]
-        q, k = qk.split([H, K], dim=1)                                         # [T, H, D], [T, K, D]
+        q, k = qk.narrow(1, 0, H), qk.narrow(1, H, K)                          # [T, H, D], [T, K, D]
         a = attend(layer, q, k, qkv[:, (H + K) * D:].view(T, K, D))            # [T, H, D]
         x = x + linear(a.reshape(T, H * D), self.wo)                           # [T, d]
         gate, up = linear(rms_norm(x, self.mlp_norm, cfg.norm_eps), self.w_gate_up).chunk(2, dim=-1)
@@ -293,7 +302,7 @@ class Llama(nn.Module):
         if self.wx and self._weights_state() != self._b1_state:
             self.refresh_batch1()
         x = self.embed[ids]                                 # [T, d]
-        cos, sin = self.cos[pos], self.sin_signed[pos]      # [T, D]
+        cos, sin = self.cos[pos, None], self.sin_signed[pos, None]   # [T, 1, D]: broadcast over heads
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, i, attend, self.linear)
         if rows is not None:

@@ -22,7 +22,7 @@ from .model import ModelConfig
 from .models import ModelShape, get_model
 from .plan import StepPlan
 from .request import Request, RequestError
-from .runner import ModelRunner
+from .runner import ModelRunner, check_model_fits
 from .schedulers.base import Scheduler
 from .workload import Workload
 
@@ -171,7 +171,7 @@ class RealExecutor:
 def run_real(workload_requests: Workload | Iterable[Request], scheduler: Scheduler, model_name: str | None,
              device: str | torch.device = "auto", dtype: str | torch.dtype | None = None, seed: int = 0,
              threads: int | None = None, max_len: int | None = None, checkpoint: str | Path | None = None,
-             **run_kw: Any) -> RunResult:
+             runner: ModelRunner | None = None, **run_kw: Any) -> RunResult:
     """Serve a workload with ``scheduler`` on a real model (7.1-7.3); ``run_kw`` go to ``engine.run``.
 
     Every request stops at its trace output length (EOS ignored, as vLLM's benchmark
@@ -180,9 +180,22 @@ def run_real(workload_requests: Workload | Iterable[Request], scheduler: Schedul
     than it is refused up front. ``checkpoint``: a Hugging Face Llama checkpoint directory
     (``batching.checkpoint``) whose weights replace the seeded random ones; its config sets
     the model's shape, and ``model_name`` (may be None) must then be that config's name.
+    ``runner``: an existing model and cache to serve with instead of building one (its
+    slabs are overwritten; several runs of a benchmark then share one model, as the runs of a
+    server would); ``model_name`` (may be None) must then be its model's.
     """
     reqs = workload_requests.fresh() if isinstance(workload_requests, Workload) else list(workload_requests)
-    if checkpoint is not None:
+    if runner is not None:
+        if checkpoint is not None or device != "auto" or dtype is not None or max_len is not None:
+            raise ValueError("run_real(runner=...) takes its model, device, dtype and max_len from the runner: "
+                             "pass none of checkpoint, device, dtype, max_len")
+        if model_name is not None and model_name != runner.cfg.name:
+            raise ValueError(f"model {model_name!r} but the runner holds {runner.cfg.name!r}")
+        if runner.slots < scheduler.max_slots:
+            raise ValueError(f"the runner has slots={runner.slots} but the scheduler uses "
+                             f"max_slots={scheduler.max_slots}")
+        shape: ModelShape = runner.cfg
+    elif checkpoint is not None:
         shape: ModelShape = read_config(checkpoint)
         if model_name is not None and model_name != shape.name:
             raise ValueError(f"model {model_name!r} but the checkpoint {checkpoint} holds {shape.name!r}")
@@ -190,17 +203,20 @@ def run_real(workload_requests: Workload | Iterable[Request], scheduler: Schedul
         raise ValueError("run_real needs a model name or a checkpoint")
     else:
         shape = get_model(model_name)
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
+    dev = runner.device if runner is not None else resolve_device(device)
+    dt = runner.dtype if runner is not None else resolve_dtype(dtype, dev)
     if threads is not None:
         torch.set_num_threads(threads)
-    limit = shape.max_context if max_len is None else max_len
+    limit = runner.max_len if runner is not None else shape.max_context if max_len is None else max_len
     for r in reqs:
         if r.prompt_len + r.output_len > limit:
             raise RequestError(f"request {r.rid}: prompt_len={r.prompt_len} + output_len={r.output_len} "
                                f"exceeds the runner's max_len={limit}")
-    if checkpoint is None:
+    if runner is not None:
+        runner.history.clear()
+    elif checkpoint is None:
         runner = ModelRunner.from_shape(shape, scheduler.max_slots, device=dev, dtype=dt, seed=seed, max_len=max_len)
     else:
+        check_model_fits(shape, scheduler.max_slots, dev, dt, max_len)   # before loading the weights
         runner = ModelRunner(load_hf_checkpoint(checkpoint, dev, dt), scheduler.max_slots, max_len, seed)
     return run(reqs, scheduler, RealExecutor(runner), **run_kw)

@@ -5,13 +5,16 @@ The same requests (the first N of the Azure conversation trace, lengths divided 
 through the real torch model (``run_real``) and once through the simulator driven by this
 machine's measured profile (``data/profiles/cpu-here-<model>.json``), with the same
 scheduler. Reported: median absolute relative error of per-request E2E latency (target
-<= 5%) and the output-throughput error (target <= 3%); Vidur reports under 9%.
+<= 5%) and the output-throughput error (target <= 3%); Vidur reports under 9%. Around every
+real run a probe times three of the profile's steps again: how far the machine's speed has
+drifted from the profile's, and the errors with that drift taken out.
 
     python benchmarks/bench_fidelity.py --model cpu-s --requests 200
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime as dt
 import json
 import os
@@ -22,9 +25,12 @@ import numpy as np
 
 from batching.costs import ProfileCost
 from batching.engine import SimExecutor, run
+from batching.measure import StepTimer
 from batching.metrics import request_records, summarize
+from batching.models import get_model
 from batching.plan import StepWork
 from batching.real import run_real
+from batching.runner import ModelRunner
 from batching.schedulers import make_scheduler
 from batching.traces import load_trace
 
@@ -44,6 +50,51 @@ def per_step(real, cost: ProfileCost) -> dict:
             "decode_step_median_rel_err": float(np.median(err[dec])) if dec.any() else None,
             "mixed_step_median_rel_err": float(np.median(err[~dec])) if (~dec).any() else None,
             "busy_pred_over_real": float(pred.sum() / L["dur"].sum())}
+
+
+#: Profile points timed again around every real run: decode at batch 1 (most steps of a
+#: lightly loaded CPU run) and 16, a prefill, a mixed step; each a point the profile measured.
+PROBE: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("decode", (1, 128)), ("decode", (16, 128)), ("prefill", (64,)), ("mixed", (64, 4, 128)))
+
+
+def profile_ms(doc: dict, kind: str, args: tuple[int, ...]) -> float:
+    """The profile's measured median (ms) of one probe point; a clear error if it has none."""
+    try:
+        if kind == "decode":
+            d = doc["decode"]
+            return d["ms"][d["batch"].index(args[0])][d["ctx"].index(args[1])]
+        if kind == "prefill":
+            return doc["prefill"]["ms"][doc["prefill"]["tokens"].index(args[0])]
+        m = doc["mixed"]
+        return next(ms for key, ms in zip(zip(m["prefill_tokens"], m["decode_rows"], m["decode_ctx"]), m["ms"])
+                    if key == args)
+    except (ValueError, StopIteration):
+        raise ValueError(f"the profile lacks the probe point {kind}{args}: measure it with "
+                         "python -m batching measure's default CPU grid") from None
+
+
+def probe(timer: StepTimer, doc: dict) -> dict:
+    """How fast the machine runs now relative to when the profile was measured: the same
+    steps timed again, each as a ratio now / profile; ``speed`` is their median. On a shared
+    VM this drifts by 20-30% over minutes, and the simulator, which only knows the
+    profile, cannot follow it: the E2E error includes this drift, the ``drift_corrected``
+    figures remove it (the profile scaled by the probes around that real run)."""
+    ratios = {}
+    for kind, args in PROBE:
+        ref = profile_ms(doc, kind, args)
+        now = getattr(timer, kind)(*args)["median_ms"]
+        ratios[f"{kind}{args}"] = now / ref
+    return {"ratios": ratios, "speed": float(np.median(list(ratios.values())))}
+
+
+def scaled_profile(doc: dict, factor: float) -> ProfileCost:
+    """The profile with every measured step time multiplied by ``factor``."""
+    doc = copy.deepcopy(doc)
+    for part in ("prefill", "mixed"):
+        doc[part]["ms"] = [x * factor for x in doc[part]["ms"]]
+    doc["decode"]["ms"] = [[x * factor for x in row] for row in doc["decode"]["ms"]]
+    return ProfileCost.from_dict(doc)
 
 
 def e2e_rel_err(ref, other) -> np.ndarray:
@@ -85,6 +136,12 @@ def main() -> None:
     a = p.parse_args()
 
     profile = a.profile or str(ROOT / "data" / "profiles" / f"cpu-here-{a.model}.json")
+    doc = json.loads(Path(profile).read_text())
+    # One model serves every real run and the probes: measured here, two models built in
+    # one process ran batch-1 steps 10-15% apart, whichever was built first the faster.
+    runner = ModelRunner.from_shape(get_model(a.model), max([a.slots] + [args[0] for kind, args in PROBE if kind == "decode"]), max_len=a.max_len)
+    runner.warmup()
+    timer = StepTimer(runner, reps=5)
     w = load_trace("azure-conv", limit=a.requests).scale(lengths=a.scale_lengths, time=a.time_scale)
     w, capped = w.cap_to_context(a.max_len, "cap")
     out = {"benchmark": "simulator fidelity (real engine vs profile-driven simulator)",
@@ -95,12 +152,22 @@ def main() -> None:
     for name in a.schedulers.split(","):
         mk = lambda: make_scheduler(name, max_context=a.max_len, slots=a.slots, token_budget=128,  # noqa: E731
                                     kv_capacity=a.slots * a.max_len)
-        reals = [run_real(w, mk(), a.model, device="cpu", max_len=a.max_len) for _ in range(a.real_runs)]
+        reals, probes = [], [probe(timer, doc)]
+        for _ in range(a.real_runs):
+            reals.append(run_real(w, mk(), a.model, runner=runner))
+            probes.append(probe(timer, doc))
         real = reals[0]
         cost = ProfileCost.from_json(profile)
         sim = run(w.fresh(), mk(), SimExecutor(cost))
+        speed = float(np.mean([probes[0]["speed"], probes[1]["speed"]]))   # around the first real run
+        sim_c = run(w.fresh(), mk(), SimExecutor(scaled_profile(doc, speed)))
         out["results"][name] = compare(real, sim) | per_step(real, ProfileCost.from_json(profile)) | {
-            "profile_extrapolated": cost.extrapolated, "profile_queries": cost.queries}
+            "profile_extrapolated": cost.extrapolated, "profile_queries": cost.queries,
+            "probes": probes, "speed_vs_profile": speed,
+            "drift_corrected": {
+                "e2e_median_abs_rel_err": float(np.median(e2e_rel_err(real, sim_c))),
+                "throughput_rel_err": compare(real, sim_c)["throughput_rel_err"],
+                **per_step(real, scaled_profile(doc, speed))}}
         if len(reals) > 1:
             # The noise floor: the same workload through the real engine again. No simulator
             # can agree with one real run better than a second real run does.

@@ -100,6 +100,7 @@ def main() -> None:
         "device": registry_device(dev), "device_name": device_name(dev), "model": a.model, "dtype": "fp32",
         "torch": torch.__version__, "threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+        "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
         "workload": {"requests": a.slots, "slots": a.slots, "prompt": a.prompt, "output": a.output,
                      "arrivals": "all at t=0"},
         "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],

@@ -292,9 +292,10 @@ def run_worker(mode: str, spec_path: Path, round_: int, threads: int, omp_wait: 
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     if omp_wait == "default":  # the project's setting (README, "Threads"): spin briefly, then sleep
         del env["OMP_WAIT_POLICY"]
-    # Both engines get the spin count that `import batching` sets for this one, so that
-    # neither is measured under a threading setting the other does not have.
+    # Both engines get the spin count and the huge pages that `import batching` sets for
+    # this one, so that neither is measured under a setting the other does not have.
     env["GOMP_SPINCOUNT"] = os.environ.get("GOMP_SPINCOUNT") or "100000"
+    env["THP_MEM_ALLOC_ENABLE"] = os.environ.get("THP_MEM_ALLOC_ENABLE") or "1"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--spec", str(spec_path), "--out", str(out)]
     t, busy0, own0 = time.perf_counter(), busy_cpu_s(), children_cpu_s()
     with open(log, "w") as f:
@@ -449,6 +450,7 @@ def main() -> None:
         "python": platform.python_version(), "torch": torch.__version__, "transformers": version("transformers"),
         "safetensors": version("safetensors"), "threads": a.threads, "dtype": "float32",
         "omp_wait_policy": a.omp_wait_policy, "gomp_spincount": os.environ.get("GOMP_SPINCOUNT") or "100000",
+        "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE") or "1",
         "loadavg_before": load0, "loadavg_after": os.getloadavg(),
         "total_s": total_s, "git": git0, "git_after": git_state(), "batching_source_digests": sources,
         "model": {"name": a.model, "params": shape.params, "seed": a.model_seed, "layers": shape.layers,

@@ -37,6 +37,17 @@ def test_measured_profile_loads_and_interpolates_its_own_points():
     assert cost.extrapolated == 0
 
 
+def test_rounds_pool_every_repetition_of_each_point():
+    doc = measure("tiny", "cpu", **{**GRID, "reps": 2, "rounds": 3})
+    assert doc["meta"]["rounds"] == 3 and doc["meta"]["reps"] == 2
+    spreads = ([p for row in doc["decode"]["spread"] for p in row] + doc["prefill"]["spread"]
+               + doc["mixed"]["spread"])
+    assert len(spreads) == 3 * 2 + 2 + 1 and all(p["reps"] == 6 for p in spreads)
+    for bad in ({"rounds": 0}, {"reps": 0}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))}=0"):
+            measure("tiny", "cpu", **{**GRID, **bad})
+
+
 def test_measure_refuses_lengths_beyond_the_context():
     with pytest.raises(ValueError, match="exceeds tiny's max_context=512"):
         measure("tiny", "cpu", **{**GRID, "prefill_tokens": [8, 4096]})
@@ -50,7 +61,7 @@ def test_run_and_simulate_write_the_same_results_shape(tmp_path, capsys):
     prof = tmp_path / "p.json"
     assert main(["measure", "--model", "tiny", "--device", "cpu", "--batches", "1,2,4", "--ctxs", "8,64",
                  "--prefill", "8,64", "--mixed-rows", "1", "--mixed-chunks", "8", "--mixed-ctx", "8",
-                 "--reps", "2", "--out", str(prof), "--no-progress"]) == 0
+                 "--reps", "2", "--rounds", "1", "--out", str(prof), "--no-progress"]) == 0
     sim = tmp_path / "sim.json"
     assert main(["simulate", *common, "--device", "cpu", "--profile", str(prof), "--out", str(sim)]) == 0
     r, s = json.loads(real.read_text()), json.loads(sim.read_text())

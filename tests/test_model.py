@@ -96,6 +96,31 @@ def test_mixed_step_packs_decodes_chunks_and_padding_without_crosstalk(model64: 
         torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
 
 
+@pytest.mark.parametrize("slots, how", [((0, 2, 3), "holes"), ((0, 5), "gather"), ((1, 2, 3), "range")])
+def test_decode_rows_in_scattered_slots_read_only_their_own_slabs(model64: Llama, slots: tuple[int, ...],
+                                                                   how: str) -> None:
+    """7.2: decode rows whose slots leave holes (read as one view, holes included), lie wide
+    apart (gathered) or form a range: each row's logits equal its own cache-free pass, and
+    the hole slabs' contents (another request's stale K/V) change nothing."""
+    runner = ModelRunner(model64, slots=6, max_len=32)
+    reqs = [admitted(i, 4 + 3 * i, 4, slot=s) for i, s in enumerate(slots)]
+    stale = admitted(99, 11, 1, slot={"holes": 1, "gather": 3, "range": 0}[how])   # a slab the batch skips
+    first = StepPlan(prefills=[PrefillChunk(r, r.prompt_len) for r in reqs + [stale]])
+    commit(first, runner.forward(first), 1.0)
+    idx = runner._decode_index(list(slots), [r.num_computed for r in reqs])
+    assert {"holes": isinstance(idx.sel, slice) and idx.place is not None,
+            "gather": isinstance(idx.sel, torch.Tensor),
+            "range": isinstance(idx.sel, slice) and idx.place is None}[how]
+    for _ in range(2):
+        plan = StepPlan(decodes=reqs)
+        out = runner.forward(plan)
+        commit(plan, out, 2.0)
+        for r in reqs:
+            ids = runner.tokens(r.rid)
+            ref = model64.forward_full(torch.tensor(ids))
+            torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
+
+
 def test_kv_slab_that_does_not_fit_is_refused_with_both_numbers(model64: Llama) -> None:
     need = kv_cache_bytes(TINY, 8, 512, F64)
     assert need == 2 * 2 * 8 * 2 * 512 * 16 * 8

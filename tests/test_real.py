@@ -152,3 +152,22 @@ def test_real_run_durations_and_summary() -> None:
 def test_run_real_refuses_requests_longer_than_the_slab() -> None:
     with pytest.raises(RequestError, match="max_len=16"):
         run_real([Request(0, 0.0, 10, 7)], ContinuousScheduler(1, 512), "tiny", device="cpu", max_len=16)
+
+
+def test_run_real_on_a_given_runner_serves_the_same_tokens_twice() -> None:
+    """bench_fidelity serves several runs on one model: each run starts from a clean
+    history and gives the tokens a freshly built model gives."""
+    reqs = lambda: [Request(i, 0.0, 4 + 3 * i, 3 + i) for i in range(4)]  # noqa: E731
+    fresh = run_real(reqs(), ContinuousScheduler(2, 512), "tiny", device="cpu", seed=1, max_len=32)
+    runner = ModelRunner.from_shape(get_model("tiny"), 3, seed=1, max_len=32)
+    again = [run_real(reqs(), ContinuousScheduler(2, 512), None, runner=runner) for _ in range(2)]
+    want = [r.token_ids for r in fresh.requests]
+    assert want and all([r.token_ids for r in x.requests] == want for x in again)
+    with pytest.raises(ValueError, match="max_slots=4"):
+        run_real(reqs(), ContinuousScheduler(4, 512), "tiny", runner=runner)
+    with pytest.raises(ValueError, match="'cpu-s' but the runner holds 'tiny'"):
+        run_real(reqs(), ContinuousScheduler(2, 512), "cpu-s", runner=runner)
+    with pytest.raises(ValueError, match="max_len"):
+        run_real(reqs(), ContinuousScheduler(2, 512), None, runner=runner, max_len=16)
+    with pytest.raises(RequestError, match="max_len=32"):
+        run_real([Request(0, 0.0, 30, 5)], ContinuousScheduler(2, 512), None, runner=runner)

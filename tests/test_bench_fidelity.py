@@ -1,0 +1,58 @@
+"""The fidelity benchmark's drift probe (benchmarks/bench_fidelity.py): it compares like with like."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from batching.costs import ProfileCost  # noqa: E402
+from batching.measure import StepTimer, measure  # noqa: E402
+from batching.models import get_model  # noqa: E402
+from batching.plan import StepWork  # noqa: E402
+from batching.runner import ModelRunner  # noqa: E402
+
+pytestmark = pytest.mark.model
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_fidelity", ROOT / "benchmarks" / "bench_fidelity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def profile() -> dict:
+    return json.loads(json.dumps(measure("tiny", "cpu", batches=[1, 16], ctxs=[8, 128], prefill_tokens=[8, 64],
+                                         mixed=[(8, 1, 128), (64, 4, 128)], reps=2,
+                                         bandwidth_bytes=1 << 22, peak_n=128)))
+
+
+def test_probe_times_the_profiles_own_points(profile: dict) -> None:
+    bench = load_bench()
+    timer = StepTimer(ModelRunner.from_shape(get_model("tiny"), 17, max_len=256), reps=3)
+    out = bench.probe(timer, profile)
+    assert set(out["ratios"]) == {"decode(1, 128)", "decode(16, 128)", "prefill(64,)", "mixed(64, 4, 128)"}
+    assert all(r > 0 for r in out["ratios"].values())
+    mid = sorted(out["ratios"].values())[1:3]
+    assert out["speed"] == pytest.approx(sum(mid) / 2)                # the median of four
+    # The drift-corrected profile: every measured time scaled by the factor.
+    slow = bench.scaled_profile(profile, 2.0)
+    assert slow.step_time(StepWork(decode_rows=16, decode_ctx=16 * 128)) == pytest.approx(
+        2 * ProfileCost.from_dict(profile).step_time(StepWork(decode_rows=16, decode_ctx=16 * 128)))
+    # The profile document itself is left as it was.
+    assert ProfileCost.from_dict(profile).step_time(StepWork(prefill_tokens=64)) == pytest.approx(
+        profile["prefill"]["ms"][1] / 1e3)
+
+
+def test_probe_refuses_a_profile_without_its_points(profile: dict) -> None:
+    bench = load_bench()
+    timer = StepTimer(ModelRunner.from_shape(get_model("tiny"), 17, max_len=256), reps=1)
+    bad = {**profile, "prefill": {**profile["prefill"], "tokens": [8, 32]}}
+    with pytest.raises(ValueError, match=r"lacks the probe point prefill\(64,\)"):
+        bench.probe(timer, bad)

@@ -183,12 +183,15 @@ def cmd_measure(a: argparse.Namespace) -> int:
 
     from .measure import measure  # torch is needed here only
     gpu = a.device == "cuda" or (a.device == "auto" and _cuda())
-    batches = a.batches or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 2, 4, 8, 16, 32, 64, 128])
+    # On the CPU every batch is padded to a bucket (model.padded_tokens): measure the
+    # buckets a step of up to 64 rows lands on.
+    batches = a.batches or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 2, 4, 8, 16, 24, 32, 48, 64, 128])
     ctxs = a.ctxs or ([128, 1024, 4096] if gpu else [8, 32, 128, 512, 1024])
     # Small sizes densely: on a CPU a step's cost rises steeply from 1 to ~8 tokens and then
     # flattens (cpu-s: 2 tokens 12.8 ms, 8: 19.5, 32: 26.9), which coarse linear
     # interpolation under-predicts by 20-30% in between.
-    prefill = a.prefill or ([64, 256, 1024, 2048, 8192] if gpu else [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048])
+    prefill = a.prefill or ([64, 256, 1024, 2048, 8192] if gpu else
+                            [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048])
     # A grid of chunk sizes x decode rows, so that the profile interpolates mixed steps
     # rather than adding a prefill and a decode step (ProfileCost).
     chunks = a.mixed_chunks or ([256, 512, 2048] if gpu else [2, 4, 8, 16, 32, 64, 128, 256, 512])

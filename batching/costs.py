@@ -290,6 +290,9 @@ class ProfileCost(_VectorCost):
     * decode: bilinear in (rows, mean KV per row = ``decode_ctx / decode_rows``);
     * prefill: linear in tokens; attention over context before a chunk (chunked prefill)
       is not in the profile and is not added;
+    * ``meta.token_buckets`` (optional, increasing): the runner pads a step's token count
+      up to the next bucket (CPU: model.padded_tokens), so decode rows and prefill tokens
+      are read at their bucket;
     * mixed step: where the ``mixed`` points form a grid (every prefill size with every
       row count, one context), bilinear in (prefill tokens, decode rows) over that grid,
       plus the decode grid's change from the grid's context to the step's; otherwise
@@ -317,6 +320,10 @@ class ProfileCost(_VectorCost):
         self.bandwidth = device.bandwidth
         self.mixed = mixed
         self.mixed_grid = _mixed_grid(mixed)
+        # The row counts the measured runner padded a step's tokens up to (meta.token_buckets,
+        # see model.padded_tokens); None: no padding.
+        tb = meta.get("token_buckets")
+        self.buckets = None if tb is None else np.asarray(tb, dtype=np.float64)
         self.queries = 0
         self.extrapolated = 0
 
@@ -342,6 +349,8 @@ class ProfileCost(_VectorCost):
         meta = _get(data, "meta", "meta")
         for k in ("device", "model", "dtype", "date"):
             _need(isinstance(_get(meta, k, f"meta.{k}"), str) and meta[k], f"meta.{k}", "must be a non-empty string")
+        if meta.get("token_buckets") is not None:
+            _grid(meta["token_buckets"], "meta.token_buckets", 1)
         try:
             dtype = canonical_dtype(meta["dtype"])
         except ValueError as e:
@@ -414,12 +423,22 @@ class ProfileCost(_VectorCost):
         out = (pt < P[0]) | (pt > P[-1]) | (rows < R[0]) | (rows > R[-1]) | d_out
         return np.maximum(t + d_step - d_grid, 0.0), out
 
+    def _padded(self, tokens: np.ndarray) -> np.ndarray:
+        """Each token count raised to the smallest bucket >= it (unchanged beyond the last)."""
+        if self.buckets is None:
+            return tokens
+        k = np.searchsorted(self.buckets, tokens)
+        return np.where(k < len(self.buckets), self.buckets[np.minimum(k, len(self.buckets) - 1)], tokens)
+
     def _times(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
         if isinstance(pt, float):  # step_time's scalar call: the array path on length-1 arrays
             return self._times(*(np.array([v]) for v in (pt, pa, rows, ctx)))[0]
         has_d, has_p = rows > 0, pt > 0
-        dec, d_out = self._decode(rows, ctx / np.maximum(rows, 1.0))
-        pre, p_out = self._prefill(pt)
+        # A decode-only or prefill-only step costs what its padded token count costs, and
+        # the profile's decode and prefill points sit on buckets: read them there. Mixed
+        # grid points include their own totals' padding and are interpolated as measured.
+        dec, d_out = self._decode(self._padded(rows), ctx / np.maximum(rows, 1.0))
+        pre, p_out = self._prefill(self._padded(pt))
         dec, pre = np.where(has_d, dec, 0.0), np.where(has_p, pre, 0.0)
         shared = np.where(has_d & has_p, self.ds[0, 0], 0.0)
         est = np.maximum(pre + dec - shared, np.maximum(pre, dec))

@@ -257,7 +257,7 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
             "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "host": socket.gethostname(),
             "python": platform.python_version(), "params": shape.params, "weight_read_bytes": weight_bytes,
-            "reps": reps, "rounds": rounds, "seed": seed, "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+            "reps": reps, "rounds": rounds, "seed": seed, "token_buckets": runner.model.token_buckets(), "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
             "wall_s": time.perf_counter() - t_start,
             "how": "python -m batching measure: synchronized wall clock around ModelRunner's packed forward "
                    "pass; decode rows sit at the stated context in a zero-filled slab (no real prefill)",

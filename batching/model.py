@@ -109,6 +109,21 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bo
 #: cpu-m 700 vs 553 ms).
 WX_MAX_TOKENS = 128
 
+def padded_tokens(T: int) -> int:
+    """How many rows a ``(W @ x.T).T`` product of ``T`` tokens runs on (CPU, 7.2's odd batch sizes).
+
+    MKL's kernels for this product are fast for row counts that are multiples of 8 (and
+    4), slow in between: measured here on whole ``cpu-m`` decode steps (median of 4
+    interleaved rounds), 3 rows 55.6 ms against 38.9 for 4, 7 rows 84.4 against 70.2 for 8,
+    13-15 rows 126-148 against 87.9 for 16; on the 6656x768 matrix alone, 9-15 rows
+    3.0-5.3 ms against 2.9 for 16, 25-31 rows 4.8-6.6 against 4.2 for 32. Zero rows are
+    therefore added up to the next multiple of 8 (3 -> 4, 7 -> 8, 9..15 -> 16, ...), except
+    for 1, 2, 5 and 6 rows, which cost less than the padded size (5 rows 57 ms, 8 rows 70)."""
+    if T <= 8:
+        return {3: 4, 7: 8}.get(T, T)
+    return -(-T // 8) * 8
+
+
 #: A matrix with at least this many output rows per input column gets a second, transposed
 #: copy for one-token steps on CPU (see :meth:`Llama.linear`). Measured here, streaming each
 #: shape from DRAM at batch 1 (quiet machine, median of 15): ``x @ W.T`` stored transposed
@@ -270,7 +285,9 @@ class Llama(nn.Module):
         row-major input: fed the transposed layout that ``(W @ x.T).T`` returns, the same
         product took 2-3x longer (6656x768 at T=2: 4.1 vs 1.4 ms). Above
         :data:`WX_MAX_TOKENS` tokens (prefill) both kernels are compute-bound and that copy
-        costs more than it saves, so F.linear runs there.
+        costs more than it saves, so F.linear runs there. Below it, zero rows pad the token
+        count to a size MKL's kernel handles fast (:func:`padded_tokens`: 13 rows cost ~1.4x
+        16 rows unpadded).
 
         One-token steps (a batch of one decode) multiply tall weights (:data:`TALL_RATIO`:
         qkv, gate/up, the lm head) by a transposed copy instead, ``x @ W.T`` stored
@@ -288,8 +305,20 @@ class Llama(nn.Module):
                 return x @ wt                                   # [1, in] @ [in, out]
             return torch.mv(w, x.view(-1)).view(1, -1)          # (W @ x.T).T's kernel, fewer ops
         if self.wx and T <= WX_MAX_TOKENS:
-            return (w @ x.T).T.contiguous()
+            P = padded_tokens(T)
+            if P == T:
+                return (w @ x.T).T.contiguous()
+            xp = F.pad(x, (0, 0, 0, P - T))                     # [P, in]: zero rows, see padded_tokens
+            return (w @ xp.T).T[:T].contiguous()
         return F.linear(x, w)
+
+    def token_buckets(self) -> list[int] | None:
+        """The row counts a step's linear layers actually run on (:func:`padded_tokens`): a
+        step of T tokens costs what the smallest bucket >= T costs. Profiles record them
+        so that the simulator charges the same (``ProfileCost``); None when nothing is padded."""
+        if not self.wx:
+            return None
+        return [t for t in range(1, WX_MAX_TOKENS + 1) if padded_tokens(t) == t]
 
     def forward(self, ids: Tensor, pos: Tensor, attend: AttendFn, rows: Tensor | None = None) -> Tensor:
         """One forward pass over ``T`` packed tokens of any number of sequences (7.1-7.3).

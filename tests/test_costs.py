@@ -209,6 +209,22 @@ def test_profile_mixed_grid_interpolates_and_follows_context() -> None:
     assert ProfileCost.from_dict(doc).describe()["mixed_estimate"] == "additive"
 
 
+def test_profile_reads_padded_steps_at_their_bucket() -> None:
+    """meta.token_buckets (CPU runner pads a step's tokens): a decode of 2 rows is read at
+    the 3-row bucket, a 150-token prefill at 300; beyond the last bucket, as measured."""
+    doc = _profile()
+    doc["meta"]["token_buckets"] = [1, 3, 300]
+    p = ProfileCost.from_dict(doc)
+    assert p.step_time(_dec(2, 100)) == pytest.approx(0.014)                 # rows 2 -> 3
+    assert p.step_time(_dec(3, 300)) == pytest.approx(0.020)                 # a bucket: as is
+    assert p.step_time(StepWork(prefill_tokens=150)) == pytest.approx(0.130)  # 150 -> 300
+    assert p.step_time(StepWork(prefill_tokens=400)) == pytest.approx(0.170)  # beyond: unpadded
+    assert ProfileCost.from_dict(_profile()).step_time(_dec(2, 100)) == pytest.approx(0.012)  # no buckets
+    doc["meta"]["token_buckets"] = [4, 2]
+    with pytest.raises(ProfileError, match="meta.token_buckets"):
+        ProfileCost.from_dict(doc)
+
+
 def test_profile_extrapolation_counted() -> None:
     p = ProfileCost.from_dict(_profile())
     assert p.step_time(StepWork(prefill_tokens=400)) == pytest.approx(0.170)   # 0.4 ms/token

@@ -121,6 +121,21 @@ def test_decode_rows_in_scattered_slots_read_only_their_own_slabs(model64: Llama
             torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
 
 
+def test_padded_linear_equals_the_unpadded_product(model64: Llama) -> None:
+    """CPU steps pad their token count to a bucket (padded_tokens); the real rows' outputs
+    are those of the plain product, and every bucket pads to itself."""
+    from batching.model import WX_MAX_TOKENS, padded_tokens
+    for T in range(1, WX_MAX_TOKENS + 1):
+        P = padded_tokens(T)
+        assert T <= P <= max(T + 7, 4) and padded_tokens(P) == P and (P <= 8 or P % 8 == 0)
+    w = model64.blocks[0].w_gate_up
+    for T in (3, 7, 13, 100):
+        x = torch.randn(T, TINY.hidden, dtype=F64, generator=torch.Generator().manual_seed(T))
+        torch.testing.assert_close(model64.linear(x, w), x @ w.T, rtol=0, atol=1e-12)
+    assert model64.token_buckets()[:8] == [1, 2, 4, 5, 6, 8, 16, 24]
+    assert Llama(TINY, "cpu", F64, wx=False).token_buckets() is None
+
+
 def test_kv_slab_that_does_not_fit_is_refused_with_both_numbers(model64: Llama) -> None:
     need = kv_cache_bytes(TINY, 8, 512, F64)
     assert need == 2 * 2 * 8 * 2 * 512 * 16 * 8

@@ -1,4 +1,4 @@
-"""The experiment functions behind chapter 7's notebooks (batching/experiments.py) and
+"""The experiment functions behind chapter 7's notebooks (batching/experiments/) and
 their figures (batching/plots.py): hand-computed cases, and sweeps that must move the way
 theory says they do."""
 from __future__ import annotations

@@ -1,0 +1,59 @@
+"""The experiments behind chapter 7's notebooks, one module per section: small functions
+that run a comparison or a sweep through the simulator (or, for cross-checks, the real
+engine) and return tidy dicts of plain Python numbers and numpy arrays.
+
+Notebooks call these and plot the results with :mod:`batching.plots`; nothing else in a
+notebook computes. Each function names the section it serves. All simulations use the
+roofline cost model (``batching.costs``): their numbers are predictions for the named
+model, dtype and device, not measurements.
+
+Utilization means two different things here (``shared/notes/conventions.md``):
+
+* **slot utilization**: output tokens kept / (slots x steps), the fraction of the batch's
+  token slots that produced a token the user keeps (``metrics.summarize``);
+* **hardware utilization**: achieved FLOP/s / peak (compute) and bytes/s / bandwidth
+  (memory), counting every FLOP and byte the steps perform, padding and dead rows included.
+  :func:`useful_flops` adds a third view used in 7.2: only the FLOPs an ideal engine must
+  do for the workload (each prompt prefilled once, each output token decoded once).
+
+Modules: :mod:`~batching.experiments.common` (simulate, metrics, glue helpers),
+:mod:`~batching.experiments.why` ("Why batching"), :mod:`~batching.experiments.static` (7.1),
+:mod:`~batching.experiments.continuous` (7.2), :mod:`~batching.experiments.chunked` (7.3),
+:mod:`~batching.experiments.kv` (what 7.2 sets up) and :mod:`~batching.experiments.checks`
+(the real engine's cross-check and the simulator's measured error). Notebooks import the
+package (``from batching import experiments as E``) and find every function on it.
+"""
+from __future__ import annotations
+
+from .common import (KINDS, describe_cost, roofline_numbers, offered_rate, fit_context,
+                     trace_workload, simulate, useful_flops, metrics, choose, at, flat)
+from .why import (LIVE_DEFAULTS, PROFILE_DIR, bstar_of, knee, roofline_curve, stream_numbers,
+                  gpu_rooflines, live_defaults, decode_paths, live_decode_sweep, live_roofline,
+                  profile_roofline, live_numbers, live_text, live_labels, knee_text, load_profiles,
+                  profiles_text, profile_rows)
+from .static import (padding_cost, Segment, timeline, slot_steps, analytic_static_utilization,
+                     static_batch_sweep, wait_sweep, first_finisher_summary)
+from .continuous import (compare_schedulers, rate_sweep, sweep_numbers, saturation, with_probes,
+                         probe_runs, iterations, subset_latency, decode_compute_share,
+                         decode_step_ms, first_finisher_queue, probe_summary)
+from .chunked import (long_prompt_among_decodes, itl_series, spike_summary, stall_runs,
+                      stall_numbers, tradeoff_numbers, chunk_step_times, chunk_sweep)
+from .kv import (kv_over_time, kv_runs, kv_fit, kv_budget_sweep, budget_numbers)
+from .checks import (real_available, real_crosscheck, crosscheck_text, crosscheck_rows,
+                     FIDELITY_FILE, fidelity_summary)
+
+__all__ = [
+    "KINDS", "describe_cost", "roofline_numbers", "offered_rate", "fit_context", "trace_workload",
+    "simulate", "useful_flops", "metrics", "choose", "at", "flat", "LIVE_DEFAULTS", "PROFILE_DIR",
+    "bstar_of", "knee", "roofline_curve", "stream_numbers", "gpu_rooflines", "live_defaults",
+    "decode_paths", "live_decode_sweep", "live_roofline", "profile_roofline", "live_numbers",
+    "live_text", "live_labels", "knee_text", "load_profiles", "profiles_text", "profile_rows",
+    "padding_cost", "Segment", "timeline", "slot_steps", "analytic_static_utilization",
+    "static_batch_sweep", "wait_sweep", "first_finisher_summary", "compare_schedulers",
+    "rate_sweep", "sweep_numbers", "saturation", "with_probes", "probe_runs", "iterations",
+    "subset_latency", "decode_compute_share", "decode_step_ms", "first_finisher_queue",
+    "probe_summary", "long_prompt_among_decodes", "itl_series", "spike_summary", "stall_runs",
+    "stall_numbers", "tradeoff_numbers", "chunk_step_times", "chunk_sweep", "kv_over_time",
+    "kv_runs", "kv_fit", "kv_budget_sweep", "budget_numbers", "real_available", "real_crosscheck",
+    "crosscheck_text", "crosscheck_rows", "FIDELITY_FILE", "fidelity_summary"
+]

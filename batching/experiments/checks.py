@@ -1,0 +1,146 @@
+"""The real-engine checks of chapter 7: the schedulers' cross-check on the torch model, and the
+simulator's measured error against it (every simulated figure's caption).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..metrics import summarize
+from ..schedulers import make_scheduler
+from ..workload import Workload
+from .common import metrics, simulate
+from .continuous import iterations
+
+
+# ------------------------------------------------------------------- real engine
+def real_available() -> bool:
+    """Whether the real torch engine (``batching.real.run_real``) imports here."""
+    try:
+        from ..real import run_real  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def real_crosscheck(workload: Workload, model: str = "tiny", schedulers: Sequence[str] = ("static", "continuous"),
+                    slots: int = 4, threads: int | None = None, probe_output: int | None = None
+                    ) -> dict[str, Any]:
+    """7.2: run a small workload on the real engine and in the simulator, same schedulers.
+
+    The scheduler decides which rows each step computes, so step counts and per-request
+    iterations must agree exactly; durations differ (measured vs the CPU roofline). Returns
+    ``available`` (False, with ``reason``, if the real engine does not import or fails) and,
+    per scheduler: ``steps_sim``, ``steps_real``, ``slot_util_sim``, ``slot_util_real``,
+    ``iters_sim``/``iters_real`` (from admission, for requests wanting ``probe_output``
+    tokens, default: the shortest output), ``busy_sim_s``, ``busy_real_s``,
+    ``tokens_real`` (output tokens the model actually produced), and the real executor's
+    description under ``executor``.
+    """
+    from ..costs import get_cost_model
+    out: dict[str, Any] = {"available": False, "model": model, "slots": slots, "workload": workload.name}
+    try:
+        from ..real import run_real
+    except Exception as e:  # the real engine is optional (torch, work in progress)
+        out["reason"] = f"batching.real does not import: {type(e).__name__}: {e}"
+        return out
+    cost = get_cost_model(model, "cpu")
+    probe = int(workload.output_lens.min()) if probe_output is None else probe_output
+    probes = [rid for rid, o in zip(workload.rids, workload.output_lens) if o == probe]
+    per: dict[str, dict[str, Any]] = {}
+    try:
+        for name in schedulers:
+            sim = simulate(workload, cost, name, slots=slots, kv_tokens=None)
+            sched = make_scheduler(name, max_context=cost.model.max_context, slots=slots)
+            max_len = int((workload.prompt_lens + workload.output_lens).max()) + int(workload.prompt_lens.max())
+            real = run_real(workload, sched, model, device="cpu", threads=threads,
+                            max_len=min(cost.model.max_context, max_len))
+            ms, mr = metrics(sim), summarize(real)
+            per[name] = {
+                "steps_sim": int(ms["steps"]), "steps_real": int(mr["steps"]),
+                "slot_util_sim": ms["slot_util"], "slot_util_real": float(mr["slot_utilization"]),
+                "iters_sim": iterations(sim, probes)["from_admission"].tolist(),
+                "iters_real": iterations(real, probes)["from_admission"].tolist(),
+                "arrival_iters_sim": iterations(sim, probes)["from_arrival"].tolist(),
+                "arrival_iters_real": iterations(real, probes)["from_arrival"].tolist(),
+                "busy_sim_s": ms["busy_s"], "busy_real_s": float(mr["busy_s"]),
+                "tokens_real": int(sum(len(r.token_ids) for r in real.requests)),
+            }
+            out["executor"] = real.executor
+    except Exception as e:
+        out["reason"] = f"the real engine failed: {type(e).__name__}: {e}"
+        return out
+    out.update(available=True, probe_output=probe, per=per)
+    return out
+
+
+def crosscheck_text(cc: Mapping[str, Any]) -> str:
+    """7.2: one paragraph (MyST) reporting :func:`real_crosscheck`, whether it ran or not."""
+    if not cc.get("available"):
+        return (f"The real engine could not be used when this page was built ({cc.get('reason', 'unknown')}), "
+                "so this cross-check was skipped.")
+    per = cc["per"]
+    agree = all(p["steps_sim"] == p["steps_real"] and p["iters_sim"] == p["iters_real"] for p in per.values())
+    ex = cc.get("executor", {})
+    parts = []
+    for name, p in per.items():
+        parts.append(f"{name}: {p['steps_real']} steps, slot utilization {p['slot_util_real']:.1%}, "
+                     f"{p['busy_real_s']:.2f} s measured")
+    verdict = ("The step counts and every probe's iteration count agree exactly with the simulator"
+               if agree else "The step counts or iteration counts DIFFER from the simulator")
+    return (f"On the real engine ({cc['model']}, {ex.get('params', 0) / 1e6:.1f}M parameters, {ex.get('dtype', '?')}, "
+            f"{ex.get('device_name', ex.get('device', '?'))}, {ex.get('threads', '?')} threads, torch "
+            f"{ex.get('torch', '?')}): " + "; ".join(parts) + f". {verdict}.")
+
+
+def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """7.2: header and rows of the real-vs-simulated table (no rows if it did not run).
+    Pairs are "simulated / real"; iterations are the probes' (see :func:`real_crosscheck`)."""
+    header = ["scheduler", "steps sim/real", "slot util sim/real", "probe iters adm.",
+              "probe iters arr. (mean)", "busy s sim/real"]
+    rows: list[list[Any]] = []
+    for name, p in (cc.get("per") or {}).items():
+        its = sorted(set(int(x) for x in p["iters_real"]))
+        rows.append([name, f"{p['steps_sim']}/{p['steps_real']}",
+                     f"{p['slot_util_sim']:.3f}/{p['slot_util_real']:.3f}", "/".join(map(str, its)),
+                     f"{np.mean(p['arrival_iters_real']):.1f}", f"{p['busy_sim_s']:.2f}/{p['busy_real_s']:.2f}"])
+    return header, rows
+
+
+# ------------------------------------------------------------------ fidelity
+#: The simulator-vs-real-engine measurement (``benchmarks/bench_fidelity.py``), relative to
+#: the repository root. Every simulated figure of 7.1-7.3 and the KV page quotes it.
+FIDELITY_FILE = "benchmarks/results/fidelity.json"
+
+
+def fidelity_summary(path: str | None = None, root: str | None = None) -> dict[str, Any]:
+    """The simulator's measured error against the real engine (every simulated figure of 7.1-7.3).
+
+    Reads the committed fidelity benchmark and returns, worst case over its schedulers:
+    ``tput_err`` (output throughput), ``e2e_err`` (median absolute per-request E2E error),
+    ``noise`` (the same median between two real runs, the floor no simulator can beat
+    here), ``step_err`` (the cost model's median absolute error per step), plus ``model``,
+    ``requests``, ``date``, ``schedulers`` and ``text``: one sentence for a caption.
+    """
+    base = Path(root) if root else Path(__file__).resolve().parents[2]
+    f = Path(path) if path else base / FIDELITY_FILE
+    doc = json.loads(f.read_text())
+    res = doc["results"]
+    if not res:
+        raise ValueError(f"{f}: no results")
+    worst = lambda k: max(float(r[k]) for r in res.values() if r.get(k) is not None)  # noqa: E731
+    out: dict[str, Any] = {
+        "model": doc["model"], "requests": int(doc["workload"]["requests"]), "date": doc["date"][:10],
+        "schedulers": ", ".join(res), "tput_err": worst("throughput_rel_err"),
+        "e2e_err": worst("e2e_median_abs_rel_err"), "step_err": worst("step_median_abs_rel_err"),
+        "noise": (worst("real_vs_real_e2e_median_abs_rel_err")
+                  if all("real_vs_real_e2e_median_abs_rel_err" in r for r in res.values()) else None),
+    }
+    noise = "" if out["noise"] is None else f" (two real runs differ by {out['noise']:.0%})"
+    out["text"] = (f"Simulator error against the real engine, measured on the book's CPU ({out['model']}, "
+                   f"{out['requests']} Azure requests, {out['schedulers']}): output throughput within "
+                   f"{out['tput_err']:.1%}, median per-request latency {out['e2e_err']:.0%}{noise}.")
+    return out

@@ -1,0 +1,166 @@
+"""What every section's experiments share (chapter 7): describing a cost model, fitting a trace
+to a model's context, running a simulation and reducing it to metrics, and the small helpers
+that turn results into glue values.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..engine import RunResult, SimExecutor, run
+from ..metrics import summarize
+from ..models import ModelShape
+from ..request import Request
+from ..schedulers import make_scheduler
+from ..traces import load_trace
+from ..workload import Workload
+
+
+#: What a batch row does during a step (the timelines of 7.1 and 7.2), in drawing order.
+KINDS = ("prefill", "padding", "decode", "dead", "idle")
+_OCC_KIND = {"P": "prefill", "D": "decode", "X": "dead"}
+
+
+# ----------------------------------------------------------------------------- basics
+def describe_cost(cost: Any) -> str:
+    """One line naming model, dtype and device of a cost model, for captions (every section).
+
+    >>> describe_cost(get_cost_model("llama-70b", "h200", tp=2))
+    'llama-70b (bf16 weights, bf16 KV cache) on 2 x H200-SXM, tensor parallel'
+    """
+    d = cost.describe()
+    m = f"{d['model']} ({d['dtype']} weights, {d.get('kv_dtype', d['dtype'])} KV cache)"
+    tp = int(d.get("tp", 1))
+    dev = f"{tp} x {d['device']}, tensor parallel" if tp > 1 else f"one {d['device']}"
+    return f"{m} on {dev}"
+
+
+def roofline_numbers(cost: Any) -> dict[str, float]:
+    """The device and model numbers the prose derives from (every section): ``peak_tflops``
+    and ``bandwidth_tbs`` (all devices together), ``weight_gb`` (stored), ``weight_read_gb``
+    (streamed per step), ``params_b`` (billions), ``bstar`` (batch where decode turns
+    compute-bound), ``decode_ms`` (one decode step of one sequence at context 1), ``tp``,
+    ``kv_kb_per_token``, ``kv_capacity`` (tokens) and ``max_context``."""
+    m = cost.model
+    return {"peak_tflops": cost.peak_flops / 1e12, "bandwidth_tbs": cost.bandwidth / 1e12,
+            "weight_gb": m.weight_bytes / 1e9, "weight_read_gb": m.weight_read_bytes / 1e9,
+            "params_b": m.params / 1e9, "bstar": float(cost.bstar()), "decode_ms": cost.decode_step(1, 1) * 1e3,
+            "tp": float(cost.tp), "kv_kb_per_token": m.kv_bytes_per_token / 1e3,
+            "kv_capacity": float(cost.kv_capacity()), "max_context": float(m.max_context)}
+
+
+def offered_rate(workload: Workload) -> float:
+    """Requests per second of a workload: count / span of its arrivals (every section)."""
+    return len(workload) / workload.duration if workload.duration > 0 else math.inf
+
+
+def fit_context(workload: Workload, max_context: int) -> tuple[Workload, int]:
+    """Cap requests to the model's context; returns the workload and how many were capped
+    (recorded in ``info["capped"]``: never silent). Dense batches need nothing more: the
+    static and dynamic schedulers never pad a batch past the context."""
+    return workload.cap_to_context(max_context, mode="cap")
+
+
+def trace_workload(name: str, limit: int | None = None, max_context: int = 8192,
+                   time_scale: float = 1.0, window: tuple[float, float] | None = None) -> Workload:
+    """The first ``limit`` requests of a named trace, capped to the context (see
+    :func:`fit_context`) and replayed ``time_scale`` times faster (every section)."""
+    w = load_trace(name, limit=limit, window=window)
+    w, _ = fit_context(w, max_context)
+    return w.scale(time=time_scale) if time_scale != 1 else w
+
+
+def simulate(workload: Workload | Sequence[Request], cost: Any, scheduler: str, *, slots: int = 32,
+             kv_tokens: int | float | str | None = "device", kv_policy: str = "slab",
+             record_slots: bool = False, fast: bool = True, **options: Any) -> RunResult:
+    """One simulated run (every section).
+
+    ``kv_tokens="device"`` takes the KV capacity the cost model's devices leave after the
+    weights; ``None`` means unlimited. ``options`` go to :func:`make_scheduler` (``timeout``,
+    ``prefill_mode``, ``token_budget``, ``chunk_size``). ``fast=False`` logs every step on
+    its own row (the engine's fast path logs a run of identical decode steps as one row,
+    with the KV and queue columns as they stand after its last step).
+    """
+    if kv_tokens == "device":
+        kv: float = cost.kv_capacity()
+    elif kv_tokens is None:
+        kv = math.inf
+    else:
+        kv = kv_tokens  # type: ignore[assignment]
+    sched = make_scheduler(scheduler, max_context=cost.model.max_context, slots=slots,
+                           kv_capacity=kv, kv_policy=kv_policy, **options)
+    reqs = workload.fresh() if isinstance(workload, Workload) else list(workload)
+    return run(reqs, sched, SimExecutor(cost), record_slots=record_slots, fast=fast)
+
+
+def useful_flops(requests: Iterable[Request], model: ModelShape) -> float:
+    """FLOPs an ideal engine must spend on these requests (7.2's "useful" compute).
+
+    Each prompt prefilled once (causal attention over itself) and each later output token
+    decoded once over its context; no padding, no dead rows, no recomputation after a
+    preemption. Uses the same FLOP formulas as the cost model (``ModelShape.flops_arrays``).
+    """
+    p = np.array([r.prompt_len for r in requests], dtype=np.float64)
+    n = np.array([r.output_len for r in requests], dtype=np.float64)
+    pt = p.sum()
+    pa = (p * (p + 1) / 2).sum()
+    rows = (n - 1).sum()
+    ctx = ((n - 1) * p + n * (n - 1) / 2).sum()
+    return float(model.flops_arrays(float(pt), float(pa), float(rows), float(ctx)))
+
+
+def metrics(result: RunResult) -> dict[str, float]:
+    """The flat, tidy metrics of one run (every section); times in seconds.
+
+    Keys: ``slot_util`` (step-weighted), ``slot_util_tw`` (time-weighted), ``hw_compute``,
+    ``hw_bandwidth`` (all FLOPs / bytes performed), ``useful_compute`` (:func:`useful_flops`
+    over busy time and peak), ``padding_fraction``, ``throughput_req``, ``throughput_tok``
+    (output tokens/s over the run's window), ``{queue,ttft,e2e,itl,tpot}_{mean,p50,p90,p99,max}``,
+    ``preemptions``, ``steps``, ``busy_s``, ``duration_s``, ``kv_reserved_peak``,
+    ``kv_used_peak``, ``kv_reserved_mean``, ``kv_used_mean``, ``running_peak``.
+    """
+    s = summarize(result)
+    out: dict[str, float] = {
+        "slot_util": s["slot_utilization"], "slot_util_tw": s["slot_utilization_time_weighted"],
+        "padding_fraction": s["padding_fraction"], "throughput_req": s["request_throughput"] or 0.0,
+        "throughput_tok": s["output_throughput"] or 0.0, "preemptions": float(s["preemptions"]),
+        "steps": float(s["steps"]), "busy_s": s["busy_s"], "duration_s": s["duration_s"],
+        "kv_reserved_peak": s["kv_reserved_peak"], "kv_used_peak": s["kv_used_peak"],
+        "kv_reserved_mean": s["kv_reserved_mean"], "kv_used_mean": s["kv_used_mean"],
+        "running_peak": float(max(result.log.cols["running"])),
+    }
+    for k in ("queue", "ttft", "e2e", "itl", "tpot"):
+        for stat, v in s[k].items():
+            out[f"{k}_{stat}"] = float("nan") if v is None else float(v)
+    cost = result.cost
+    if "hw_compute_utilization" in s:
+        out["hw_compute"] = s["hw_compute_utilization"]
+        out["hw_bandwidth"] = s["hw_bandwidth_utilization"]
+        out["useful_compute"] = useful_flops(result.requests, cost.model) / (s["busy_s"] * cost.peak_flops)
+    return {k: float(v) for k, v in out.items()}
+
+
+# ---------------------------------------------------------------- notebook glue
+def choose(smoke: bool, full: Any, small: Any) -> Any:
+    """``small`` in smoke runs (the tests), ``full`` for the book: one rule for every notebook."""
+    return small if smoke else full
+
+
+def at(sweep: Mapping[str, np.ndarray], key: str, value: float) -> dict[str, float]:
+    """The scalars of a sweep (arrays over one swept variable) where ``sweep[key] == value``."""
+    idx = np.flatnonzero(np.isclose(np.asarray(sweep[key], dtype=float), value))
+    if idx.size == 0:
+        raise KeyError(f"{key}={value} is not in the sweep ({list(np.asarray(sweep[key]))})")
+    i, shape = int(idx[0]), np.asarray(sweep[key]).shape
+    return {k: float(np.asarray(v)[i]) for k, v in sweep.items() if np.asarray(v).shape[:1] == shape}
+
+
+def flat(prefix: str, values: Mapping[str, Any], keys: Sequence[str] | None = None) -> dict[str, Any]:
+    """``{f"{prefix}_{k}": v}`` for the chosen keys, numpy scalars made plain (glue keys)."""
+    out = {}
+    for k in (keys if keys is not None else values.keys()):
+        v = values[k]
+        out[f"{prefix}_{k}"] = v.item() if isinstance(v, np.generic) else v
+    return out

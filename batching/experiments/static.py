@@ -1,0 +1,222 @@
+"""7.1 Static batching: the cost of padding, the timelines of a static batch, its utilization
+against batch size, and what a timeout (dynamic batching) changes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from ..costs import RooflineCost
+from ..engine import RunResult
+from ..metrics import summarize
+from ..plan import StepWork
+from ..workload import Workload
+from .common import _OCC_KIND, metrics, simulate
+
+
+# ------------------------------------------------------------------------------- 7.1
+def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000, output: int = 20) -> dict[str, float]:
+    """7.1 (a): what padding a ``short`` prompt to a ``long`` one costs.
+
+    Runs the ``padding-pair`` shape (one short and one long prompt at t=0) through the
+    static scheduler, and prices single prefills with the roofline. Keys: ``pad_tokens``,
+    ``prefill_computed`` and ``prefill_needed`` (tokens of the batch's prefill step),
+    ``padding_fraction``, ``token_ratio`` (long / short), ``flop_ratio`` (FLOPs of the
+    padded short prompt over the unpadded one, attention included), the roofline times in
+    seconds ``t_short``, ``t_short_padded``, ``t_long``, ``t_batch_unpadded``,
+    ``t_batch_padded`` and ``t_batch_sim`` (the simulator's prefill step), the same in
+    milliseconds (``*_ms``), their ratios ``time_ratio_short`` and ``time_ratio_batch``,
+    ``bstar``, and the bound (``memory``/``compute``) of the short and the padded prefill.
+    """
+    if isinstance(short, bool) or not (isinstance(short, int) and isinstance(long, int) and 0 < short < long):
+        raise ValueError(f"short={short!r}, long={long!r}: need integers 0 < short < long")
+    w = Workload.from_arrays([0.0, 0.0], [short, long], [output, output], name="padding-pair")
+    res = simulate(w, cost, "static", slots=2, kv_tokens=None)
+    s = summarize(res)
+    L = res.log.cols
+
+    def work(*prompts: int) -> StepWork:
+        return StepWork(prefill_tokens=sum(prompts), prefill_attn=sum(p * (p + 1) // 2 for p in prompts))
+
+    pad = long - short
+    out = {
+        "short": float(short), "long": float(long),
+        "pad_tokens": float(L["pad"][0]), "prefill_needed": float(L["prefill"][0]),
+        "prefill_computed": float(L["prefill"][0] + L["pad"][0]),
+        "padding_fraction": s["padding_fraction"], "token_ratio": long / short,
+        "flop_ratio": cost.flops(work(long)) / cost.flops(work(short)),
+        "t_short": cost.step_time(work(short)), "t_short_padded": cost.step_time(work(long)),
+        "t_long": cost.step_time(work(long)), "t_batch_unpadded": cost.step_time(work(short, long)),
+        "t_batch_padded": cost.step_time(work(long, long)), "t_batch_sim": float(L["dur"][0]),
+    }
+    assert out["pad_tokens"] == pad, (out["pad_tokens"], pad)
+    for k in ("t_short", "t_short_padded", "t_long", "t_batch_unpadded", "t_batch_padded", "t_batch_sim"):
+        out[f"{k}_ms"] = out[k] * 1e3
+    out["time_ratio_short"] = out["t_short_padded"] / out["t_short"]
+    out["time_ratio_batch"] = out["t_batch_padded"] / out["t_batch_unpadded"]
+    out["bstar"] = float(cost.bstar())
+    terms = cost.terms(work(short)), cost.terms(work(long))
+    return {**out, "bound_short": terms[0]["bound"], "bound_padded": terms[1]["bound"]}  # type: ignore[dict-item]
+
+
+class Segment(NamedTuple):
+    """One stretch of one batch row doing one thing (7.1 and 7.2 timelines).
+
+    ``kind`` is one of :data:`KINDS`; ``rid`` is None for idle rows; ``steps`` counts the
+    engine steps the segment spans (a prefill split into prefill + padding counts its step
+    in both parts).
+    """
+
+    slot: int
+    rid: int | None
+    kind: str
+    t0: float
+    t1: float
+    steps: int
+
+
+def timeline(result: RunResult) -> list[Segment]:
+    """Per-slot timeline of a run recorded with ``record_slots=True`` (7.1 (b), 7.2).
+
+    Each step's rows come from ``log.occupancy``: a prefill chunk is drawn over the step,
+    split in time between its real tokens and its padding in proportion to their counts;
+    a decode row is ``decode``; a static batch's finished-but-computed row is ``dead``;
+    a slot with nothing in the step (or any slot while the engine waits for arrivals) is
+    ``idle``. Consecutive pieces of the same slot, request and kind are merged. Sorted by
+    slot, then time.
+    """
+    log = result.log
+    if not log.record_slots or len(log.occupancy) != len(log):
+        raise ValueError("timeline() needs a run recorded with record_slots=True")
+    C = log.cols
+    nslots = int(max(C["slots"]))
+    rows: dict[int, list[Segment]] = {s: [] for s in range(nslots)}
+
+    def add(slot: int, rid: int | None, kind: str, t0: float, t1: float, steps: int) -> None:
+        segs = rows.setdefault(slot, [])
+        if segs:
+            last = segs[-1]
+            if (last.rid, last.kind) == (rid, kind) and math.isclose(last.t1, t0, rel_tol=1e-12, abs_tol=1e-12):
+                segs[-1] = last._replace(t1=t1, steps=last.steps + steps)
+                return
+        segs.append(Segment(slot, rid, kind, t0, t1, steps))
+
+    prev_end = C["t"][0] if len(log) else 0.0
+    for i in range(len(log)):
+        t0, dur, n = C["t"][i], C["dur"][i], int(C["n"][i])
+        t1 = t0 + dur
+        if t0 > prev_end and not math.isclose(t0, prev_end, rel_tol=1e-12, abs_tol=1e-12):
+            for s in range(nslots):   # the engine waited for an arrival: every slot idle
+                add(s, None, "idle", prev_end, t0, 0)
+        busy = set()
+        for slot, rid, k, tokens, pad in log.occupancy[i]:
+            busy.add(slot)
+            kind = _OCC_KIND[k]
+            if kind == "prefill" and pad:
+                tm = t0 + dur * tokens / (tokens + pad)
+                add(slot, rid, "prefill", t0, tm, n)
+                add(slot, rid, "padding", tm, t1, n)
+            else:
+                add(slot, rid, kind, t0, t1, n)
+        for s in range(int(C["slots"][i])):
+            if s not in busy:
+                add(s, None, "idle", t0, t1, n)
+        prev_end = t1
+    return [seg for s in sorted(rows) for seg in rows[s]]
+
+
+def slot_steps(result: RunResult) -> dict[str, int]:
+    """Slot-steps of a recorded run by kind (7.1 (b), 7.2): ``prefill``, ``decode``, ``dead``,
+    ``idle`` and ``total`` (= slots x steps). A padded prefill row counts once as ``prefill``;
+    ``padded_rows`` counts how many prefill rows carried padding."""
+    log = result.log
+    if not log.record_slots:
+        raise ValueError("slot_steps() needs a run recorded with record_slots=True")
+    C = log.cols
+    out = {"prefill": 0, "decode": 0, "dead": 0, "idle": 0, "total": 0, "padded_rows": 0}
+    for i, occ in enumerate(log.occupancy):
+        n, slots = int(C["n"][i]), int(C["slots"][i])
+        out["total"] += n * slots
+        for _, _, k, _, pad in occ:
+            out[_OCC_KIND[k]] += n
+            out["padded_rows"] += n if (k == "P" and pad) else 0
+        out["idle"] += n * (slots - len(occ))
+    return out
+
+
+def analytic_static_utilization(outputs: Sequence[int] | np.ndarray, batch: int) -> float:
+    """7.1 (c): slot utilization of full static batches of consecutive requests.
+
+    Batch j holds requests jB..jB+B-1 and runs for its longest output; every member emits
+    its own tokens: utilization = sum(outputs) / (B x sum_j max(outputs in batch j)).
+    A last, partial batch still occupies B slots.
+    """
+    o = np.asarray(outputs, dtype=np.int64)
+    if batch < 1 or o.size == 0:
+        raise ValueError(f"batch={batch}, {o.size} outputs: need batch >= 1 and some outputs")
+    maxes = [int(o[j:j + batch].max()) for j in range(0, o.size, batch)]
+    return float(o.sum() / (batch * sum(maxes)))
+
+
+def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]) -> dict[str, np.ndarray]:
+    """7.1 (c): static batching at every batch size, all requests queued at t=0.
+
+    Every request is present from the start (the trace's order kept, its arrival times
+    dropped), so every batch is full and slot utilization measures the first-finisher and
+    padding costs alone, not a shortage of traffic. KV memory is not limited here.
+    Returns arrays over ``batch``: ``slot_util``, ``slot_util_tw``, ``analytic``
+    (:func:`analytic_static_utilization`), ``padding_fraction``, ``hw_compute``,
+    ``useful_compute``, ``throughput_tok``.
+    """
+    w = Workload.from_arrays(np.zeros(len(workload)), workload.prompt_lens, workload.output_lens,
+                             name=workload.name, info=workload.info)
+    keys = ("slot_util", "slot_util_tw", "padding_fraction", "hw_compute", "useful_compute", "throughput_tok")
+    out: dict[str, list[float]] = {k: [] for k in (*keys, "analytic")}
+    for b in batch_sizes:
+        m = metrics(simulate(w, cost, "static", slots=int(b), kv_tokens=None, timeout=0.0))
+        for k in keys:
+            out[k].append(m[k])
+        out["analytic"].append(analytic_static_utilization(w.output_lens, int(b)))
+    return {"batch": np.asarray(batch_sizes, dtype=float), **{k: np.asarray(v) for k, v in out.items()}}
+
+
+def wait_sweep(workload: Workload, cost: Any, waits: Sequence[float], slots: int = 32,
+               schedulers: Sequence[str] = ("static", "dynamic")) -> dict[str, dict[str, np.ndarray]]:
+    """7.1 (d): the collection timeout trade-off of static (``timeout``) and dynamic
+    (``max_wait``) batching. Per scheduler, arrays over ``wait``: ``queue_mean``,
+    ``slot_util``, ``e2e_p99``, ``ttft_p99``, ``throughput_req``, ``padding_fraction``,
+    ``mean_batch`` (requests per dispatched batch). KV memory not limited."""
+    res: dict[str, dict[str, np.ndarray]] = {}
+    keys = ("queue_mean", "slot_util", "e2e_p99", "ttft_p99", "throughput_req", "padding_fraction")
+    for name in schedulers:
+        acc: dict[str, list[float]] = {k: [] for k in (*keys, "mean_batch")}
+        for T in waits:
+            r = simulate(workload, cost, name, slots=slots, kv_tokens=None, timeout=float(T))
+            m = metrics(r)
+            for k in keys:
+                acc[k].append(m[k])
+            L = r.log.cols
+            batches = sum(1 for p, d in zip(L["prefill"], L["decode"]) if p > 0)
+            acc["mean_batch"].append(len(workload) / batches)
+        res[name] = {"wait": np.asarray(waits, dtype=float), **{k: np.asarray(v) for k, v in acc.items()}}
+    return res
+
+
+def first_finisher_summary(result: RunResult) -> dict[str, float]:
+    """7.1 (b): where the slot-steps of a recorded run went, and when the first request finished.
+
+    Keys: the counts of :func:`slot_steps`, ``useful_fraction`` ((prefill + decode) / total),
+    ``dead_fraction``, ``idle_fraction``, ``first_finish_s``, ``makespan_s`` and
+    ``after_first_fraction`` (share of the run's time after the first request finished).
+    """
+    ss = slot_steps(result)
+    fins = [r.finish_time for r in result.requests]
+    start = min(r.arrival for r in result.requests)
+    span = max(fins) - start
+    out: dict[str, float] = {k: float(v) for k, v in ss.items()}
+    out.update(useful_fraction=(ss["prefill"] + ss["decode"]) / ss["total"], dead_fraction=ss["dead"] / ss["total"],
+               idle_fraction=ss["idle"] / ss["total"], first_finish_s=min(fins) - start, makespan_s=span,
+               after_first_fraction=(max(fins) - min(fins)) / span)
+    return out

@@ -1,0 +1,452 @@
+"""Why batching carries the load (chapters/why.ipynb): the roofline of a decode step, the live
+decode sweep on the reader's device, and the committed profiles beside it.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..costs import RooflineCost
+from ..models import ModelShape
+from .common import roofline_numbers
+
+
+# ------------------------------------------------------------------ why batching
+# "Why batching carries the load" (chapters/why.ipynb): one decode step streams every
+# weight, so extra rows are nearly free until compute binds at B*. The roofline functions
+# are torch-free; the live measurement imports torch (the ``model`` extra) when called.
+
+#: Live decode sweep defaults per device type: the model that tells the weight-streaming
+#: story there, and the batch sizes. On the CPU, cpu-m (117M parameters, 469 MB in fp32)
+#: is bandwidth-bound while cpu-s is dominated by per-step overhead
+#: (shared/notes/cpu-decode-measurements.md); on a GPU, the 8B shape the prose derives.
+LIVE_DEFAULTS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "cpu": ("cpu-m", (1, 2, 4, 8, 16, 32, 64, 128)),
+    "cuda": ("llama-8b", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
+}
+#: Where committed profiles live (data/README.md); every ``*.json`` there is shown.
+PROFILE_DIR = "data/profiles"
+
+
+def bstar_of(peak_flops: float, bandwidth: float, bytes_per_param: float) -> float:
+    """Why batching: B* = peak x bytes per weight / (2 x bandwidth), the batch at which a
+    decode step's 2 FLOPs per weight per row take as long as streaming the weights once."""
+    if not (peak_flops > 0 and bandwidth > 0 and bytes_per_param > 0):
+        raise ValueError(f"peak={peak_flops}, bandwidth={bandwidth}, bytes={bytes_per_param}: must be > 0")
+    return float(peak_flops * bytes_per_param / (2.0 * bandwidth))
+
+
+def knee(batch: Sequence[float], times: Sequence[float], factor: float) -> int:
+    """Why batching: the largest batch up to which the step time *stays* within ``factor``
+    times the first batch's (the first point above it ends the run; later points that dip
+    back under do not count). ``batch`` must be increasing; ``factor`` >= 1."""
+    b, t = np.asarray(batch, dtype=float), np.asarray(times, dtype=float)
+    if b.ndim != 1 or b.shape != t.shape or len(b) == 0:
+        raise ValueError(f"batch {b.shape} and times {t.shape}: need two 1-d arrays of the same length")
+    if np.any(np.diff(b) <= 0) or not np.all(np.isfinite(t)) or np.any(t <= 0):
+        raise ValueError("batch must be increasing and times finite and > 0")
+    if factor < 1:
+        raise ValueError(f"factor={factor}: must be >= 1")
+    ok = t <= factor * t[0]
+    n = len(ok) if ok.all() else int(np.argmin(ok))
+    return int(b[n - 1])
+
+
+def roofline_curve(shape: ModelShape, batches: Sequence[float], ctx: int, bandwidth: float,
+                   peak_flops: float, overhead_s: float = 0.0) -> dict[str, np.ndarray]:
+    """Why batching: the roofline of one decode step of ``b`` rows, each holding ``ctx``
+    KV tokens, for every ``b`` in ``batches``.
+
+    Arrays: ``batch``; ``weights_s`` (weight bytes streamed / bandwidth, the same at every
+    batch); ``memory_s`` (weights + KV read and written, ``ModelShape.bytes_arrays``, over
+    bandwidth); ``compute_s`` (``ModelShape.flops_arrays`` over peak); ``time_s`` =
+    max(memory, compute) + ``overhead_s`` (what ``RooflineCost.decode_step`` returns for a
+    single device); ``tokens_per_s`` = batch / time; ``bound`` (1 where compute binds).
+    """
+    b = np.asarray(batches, dtype=np.float64)
+    z = np.zeros_like(b)
+    mem = shape.bytes_arrays(z, z, b, b * float(ctx)) / bandwidth
+    cmp = shape.flops_arrays(z, z, b, b * float(ctx)) / peak_flops
+    t = np.maximum(mem, cmp) + overhead_s
+    return {"batch": b, "weights_s": np.full_like(b, shape.weight_read_bytes / bandwidth),
+            "memory_s": mem, "compute_s": cmp, "time_s": t, "tokens_per_s": b / t,
+            "bound": (cmp > mem).astype(float)}
+
+
+def stream_numbers(cost: RooflineCost, ctx: int = 1, long_ctx: int = 2048, long_batch: int = 128) -> dict[str, float]:
+    """Why batching: the batch-1 derivation for a roofline cost model (one device).
+
+    :func:`roofline_numbers`, plus ``bandwidth_gbs``, ``peak_gflops``, ``weight_read_mb``,
+    ``stream_ms`` (weight bytes / bandwidth: the step's floor), ``step_ms`` (the cost
+    model's batch-1 step at ``ctx`` KV tokens, overhead included), ``overhead_ms``,
+    ``tokens_s`` (1 / step), ``bytes_per_param``, ``ctx``; at B* (rounded down):
+    ``bstar_floor``, ``step_bstar_ms`` and ``tokens_s_bstar``; and for ``long_batch`` rows
+    of ``long_ctx`` tokens: ``kv_long_gb`` (KV bytes the step reads), ``kv_long_ratio``
+    (over the weights), ``tokens_s_long`` and ``long_fit`` (rows of ``long_ctx`` tokens
+    whose KV fits the device). For each other bandwidth reference in the device's notes
+    (``<name>_bandwidth``, e.g. the CPU's copy and sum): ``<name>_gbs`` and ``bstar_<name>``.
+    """
+    if cost.tp != 1:
+        raise ValueError("stream_numbers is the single-device derivation: tp must be 1")
+    m = cost.model
+    out = roofline_numbers(cost)
+    bs = max(1, int(cost.bstar()))
+    step = cost.decode_step(1, ctx)
+    kv_long = long_batch * long_ctx * m.kv_bytes_per_token
+    out.update(bandwidth_gbs=cost.bandwidth / 1e9, peak_gflops=cost.peak_flops / 1e9,
+               weight_read_mb=m.weight_read_bytes / 1e6,
+               stream_ms=m.weight_read_bytes / cost.bandwidth * 1e3, step_ms=step * 1e3,
+               overhead_ms=cost.device.step_overhead_s * 1e3, tokens_s=1.0 / step,
+               bytes_per_param=float(m.bytes_per_param), ctx=float(ctx), bstar_floor=float(bs),
+               step_bstar_ms=cost.decode_step(bs, ctx) * 1e3, tokens_s_bstar=bs / cost.decode_step(bs, ctx),
+               long_ctx=float(long_ctx), long_batch=float(long_batch), kv_long_gb=kv_long / 1e9,
+               kv_long_ratio=kv_long / m.weight_read_bytes,
+               tokens_s_long=long_batch / cost.decode_step(long_batch, long_ctx),
+               long_fit=float(cost.kv_capacity() // long_ctx))
+    for name, bw in cost.device.notes.items():  # other bandwidth references (cpu-here: copy, sum)
+        if name.endswith("_bandwidth"):
+            out[f"bstar_{name[:-len('_bandwidth')]}"] = bstar_of(cost.peak_flops, bw, m.bytes_per_param)
+            out[f"{name[:-len('_bandwidth')]}_gbs"] = bw / 1e9
+    return out
+
+
+def gpu_rooflines(model: str = "llama-8b", devices: Sequence[str] = ("h100", "h200"),
+                  batches: Sequence[int] = tuple(2 ** i for i in range(11)),
+                  ctxs: Sequence[int] = (128, 2048)) -> dict[str, Any]:
+    """Why batching: roofline predictions (datasheet constants, not measurements) of a
+    decode step for ``model`` on each device, at each context per row.
+
+    Returns ``{"model", "dtype", "devices": {device name: {"bstar", "kv_capacity",
+    "ctx": {ctx: roofline_curve(...) + "fits"}}}}``; ``fits`` is 1 where batch x ctx KV
+    tokens fit the device's KV capacity (``RooflineCost.kv_capacity``).
+    """
+    from ..costs import get_cost_model
+    out: dict[str, Any] = {"model": model, "devices": {}}
+    for dev in devices:
+        cost = get_cost_model(model, dev)
+        out["dtype"] = cost.model.dtype
+        per: dict[int, dict[str, np.ndarray]] = {}
+        for c in ctxs:
+            cur = roofline_curve(cost.model, batches, c, cost.bandwidth, cost.peak_flops,
+                                 cost.device.step_overhead_s)
+            cur["fits"] = (cur["batch"] * c <= cost.kv_capacity()).astype(float)
+            per[int(c)] = cur
+        out["devices"][cost.device.name] = {"bstar": float(cost.bstar()), "kv_capacity": float(cost.kv_capacity()),
+                                            "ctx": per}
+    return out
+
+
+def live_defaults(device_type: str, model: str | None = None, batches: Sequence[int] | None = None,
+                  free_bytes: float | None = None) -> tuple[str, list[int]]:
+    """Why batching: the model and batch sizes of the live sweep (``None`` = the device
+    type's :data:`LIVE_DEFAULTS`). On a GPU with under 40 GB free, the default model is
+    llama-1b instead of llama-8b (16 GB of weights plus the bandwidth probe's buffers)."""
+    kind = "cuda" if device_type == "cuda" else "cpu"
+    name, bs = LIVE_DEFAULTS[kind]
+    if model is None and kind == "cuda" and free_bytes is not None and free_bytes < 40e9:
+        name = "llama-1b"
+    out = [int(b) for b in (bs if batches is None else batches)]
+    if not out or out[0] != 1 or any(b2 <= b1 for b1, b2 in zip(out, out[1:])):
+        raise ValueError(f"batches={out}: must start at 1 and increase")
+    return (name if model is None else model), out
+
+
+def decode_paths() -> dict[str, dict[str, bool]]:
+    """Why batching: the decode paths the live sweep times, as ``StepTimer.decode`` options.
+
+    * ``uniform``: equal contexts, slots 0..B-1 (the slabs are read as one view): the pure
+      weight-streaming step;
+    * ``mixed``: contexts spread over ctx/2 .. 3ctx/2, slots 0..B-1 (measure's default, the
+      schedulers' usual layout): attention reads every row's slab up to the longest
+      context and masks the rest;
+    * ``gathered``: the same mixed contexts in scattered slots, as a batch has them once
+      requests have come and gone out of order: the slabs are gathered (copied) in every
+      layer before attention.
+    """
+    return {"uniform": {"uniform": True}, "mixed": {}, "gathered": {"scattered": True}}
+
+
+def live_decode_sweep(model: str | None = None, device: str = "auto", dtype: str | None = None,
+                      batches: Sequence[int] | None = None, ctx: int = 128, reps: int = 5, seed: int = 0,
+                      peak_n: int | None = None, bandwidth_bytes: int | None = None) -> dict[str, Any]:
+    """Why batching: decode-step time against batch size, measured now on this device.
+
+    Builds ``model`` (random weights) with a slab KV cache on ``device`` ("auto": CUDA if
+    present, else the CPU; dtype fp32 on CPU, bf16 on CUDA unless given), measures the
+    device's bandwidth (copy, read, matrix-vector over the model's weight bytes; capped at
+    2 GiB on a GPU) and matmul peak in the same process, then times decode steps of every
+    batch size at ``ctx`` KV tokens per row, every path at one batch size before the next,
+    so that drift hits the paths alike (``batching.measure.StepTimer.decode``), along
+
+    the paths of :func:`decode_paths` (uniform, mixed, gathered).
+
+    Returns ``meta`` (what, where, when), ``batch``, ``ctx``, ``paths``, ``<path>_ms``
+    (medians) with ``<path>_p25_ms``/``<path>_p75_ms``, and ``matvec_gbs``, ``copy_gbs``,
+    ``read_gbs`` (best of the bandwidth probe; copy counts read + write), ``peak_tflops``.
+    """
+    import datetime as dt
+    import os
+    import time
+
+    import torch
+
+    from ..measure import StepTimer, bandwidth, matmul_peak, registry_device
+    from ..measure import stats as time_stats
+    from ..models import get_model
+    from ..real import REGISTRY_DTYPE, device_name, resolve_device, resolve_dtype
+    from ..runner import ModelRunner
+
+    dev = resolve_device(device)
+    free = float(torch.cuda.mem_get_info(dev)[0]) if dev.type == "cuda" else None
+    name, bs = live_defaults(dev.type, model, batches, free)
+    tdt = resolve_dtype(dtype, dev)
+    if tdt not in REGISTRY_DTYPE:
+        raise ValueError(f"dtype={dtype!r}: the live sweep runs in fp32 or bf16")
+    shape = get_model(name).with_dtype(REGISTRY_DTYPE[tdt])
+    if not (isinstance(ctx, int) and 2 <= ctx and ctx * 3 // 2 + 2 <= shape.max_context):
+        raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    runner = ModelRunner.from_shape(get_model(name), max(bs), device=dev, dtype=tdt, seed=seed,
+                                    max_len=ctx * 3 // 2 + 2)
+    runner.warmup()
+    nbytes = bandwidth_bytes or (shape.weight_read_bytes if dev.type == "cpu"
+                                 else min(shape.weight_read_bytes, 2 << 30))
+    bw = bandwidth(dev, tdt, nbytes)
+    n = peak_n or (2048 if dev.type == "cpu" else 8192)
+    peak = matmul_peak(dev, tdt, n)
+    # Round-robin: each of the ``reps`` rounds times every (batch, path) once, right after
+    # one untimed step of the same shape; a slow spell of a shared machine then spreads
+    # over all points instead of bending one stretch of the curve.
+    timer = StepTimer(runner, 1, warmup=1)
+    paths = decode_paths()
+    samples: dict[tuple[str, int], list[float]] = {(p, b): [] for p in paths for b in bs}
+    for _ in range(reps):
+        for b in bs:
+            for path, kwargs in paths.items():
+                samples[(path, b)].append(timer.decode(b, ctx, **kwargs)["median_ms"] / 1e3)
+    acc: dict[str, list[float]] = {f"{p}_{s}": [] for p in paths for s in ("ms", "p25_ms", "p75_ms")}
+    for path in paths:
+        for b in bs:
+            st = time_stats(samples[(path, b)])
+            acc[f"{path}_ms"].append(st["median_ms"])
+            acc[f"{path}_p25_ms"].append(st["p25_ms"])
+            acc[f"{path}_p75_ms"].append(st["p75_ms"])
+    try:
+        reg = registry_device(dev)
+    except ValueError:
+        reg = dev.type
+    meta = {"device": reg, "device_type": dev.type, "device_name": device_name(dev), "model": name,
+            "dtype": shape.dtype, "params": float(shape.params), "weight_read_bytes": float(shape.weight_read_bytes),
+            "kv_bytes_per_token": float(shape.kv_bytes_per_token), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "reps": reps, "seed": seed, "bandwidth_bytes": float(nbytes),
+            "peak_n": n, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "loadavg_before": load0, "loadavg_after": os.getloadavg()[0], "wall_s": time.perf_counter() - t0}
+    del runner, timer
+    return {"meta": meta, "batch": np.asarray(bs, dtype=float), "ctx": int(ctx), "paths": list(paths),
+            **{k: np.asarray(v) for k, v in acc.items()},
+            "matvec_gbs": bw["matvec"]["GBps_best"], "copy_gbs": bw["copy"]["GBps_best"],
+            "read_gbs": bw["read"]["GBps_best"], "peak_tflops": peak["TFLOPs_best"]}
+
+
+def _sweep_shape(sweep: Mapping[str, Any]) -> ModelShape:
+    from ..models import get_model
+    return get_model(sweep["meta"]["model"]).with_dtype(sweep["meta"]["dtype"])
+
+
+def _dense(batches: Sequence[float], points: int) -> np.ndarray:
+    b = np.asarray(batches, dtype=float)
+    return np.geomspace(b[0], b[-1], points) if points > 1 else b
+
+
+def live_roofline(sweep: Mapping[str, Any], points: int = 0) -> dict[str, np.ndarray]:
+    """Why batching: the roofline a live sweep predicts from the bandwidth (matrix-vector)
+    and matmul peak it measured itself, no overhead (:func:`roofline_curve`), at the
+    sweep's batch sizes, or at ``points`` batch sizes spread evenly in log between them."""
+    return roofline_curve(_sweep_shape(sweep), _dense(sweep["batch"], points), sweep["ctx"],
+                          sweep["matvec_gbs"] * 1e9, sweep["peak_tflops"] * 1e12)
+
+
+def profile_roofline(profile: Mapping[str, Any], points: int = 60) -> dict[str, np.ndarray]:
+    """Why batching: the roofline of a :func:`load_profiles` entry at its ``ref_ctx``, from
+    its own bandwidth and peak (or the registry's), no overhead; ``points`` as in
+    :func:`live_roofline`."""
+    return roofline_curve(profile["shape"], _dense(profile["batch"], points), int(profile["ref_ctx"]),
+                          profile["bandwidth_gbs"] * 1e9, profile["peak_tflops"] * 1e12)
+
+
+def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
+    """Why batching: the numbers the prose quotes from a :func:`live_decode_sweep`.
+
+    Sizes: ``params_m``, ``weight_mb`` (streamed per step), ``kv_kb_per_token``, ``ctx``,
+    ``bmax``. Device, same run: ``matvec_gbs``, ``copy_gbs``, ``read_gbs``, ``peak_gflops``,
+    ``bstar`` (:func:`bstar_of` on matvec bandwidth and peak). Batch 1 (uniform path):
+    ``stream_ms`` (weights / matvec bandwidth), ``pred1_ms`` (roofline, KV included),
+    ``t1_ms`` measured, ``over_pred`` (measured / predicted), ``achieved_gbs`` ((weight +
+    KV bytes) / step time), ``efficiency`` (achieved / matvec bandwidth),
+    ``efficiency_copy`` (achieved / copy bandwidth). Uniform path: ``knee125``, ``knee2``
+    (:func:`knee`), at the largest batch ``tmax_ms``, ``ratio_max`` (over batch 1),
+    ``tps1``, ``tps_max``, ``tps_gain`` (tokens/s and their ratio), ``per_token_max_ms``;
+    ``pred_max_ms`` (roofline at the largest batch); ``reps``, ``threads``, ``wall_s``
+    from the sweep's meta. Every other measured path ``p``
+    (``gathered``, ``mixed``): ``p_t1_ms``, ``p_knee125``, ``p_knee2``, ``p_tmax_ms``,
+    ``p_ratio_max``, ``p_tps_max`` and ``p_gap_max`` (its step over the uniform one at the
+    largest batch).
+    """
+    from ..plan import StepWork
+    shape = _sweep_shape(sweep)
+    b = np.asarray(sweep["batch"], dtype=float)
+    if b[0] != 1:
+        raise ValueError("the sweep must start at batch 1")
+    u = np.asarray(sweep["uniform_ms"], dtype=float)
+    roof = live_roofline(sweep)
+    bw = sweep["matvec_gbs"] * 1e9
+    moved1 = shape.bytes_moved(StepWork(decode_rows=1, decode_ctx=sweep["ctx"]))
+    achieved = moved1 / (u[0] / 1e3)
+    out = {
+        "params_m": shape.params / 1e6, "weight_mb": shape.weight_read_bytes / 1e6,
+        "kv_kb_per_token": shape.kv_bytes_per_token / 1e3, "ctx": float(sweep["ctx"]), "bmax": float(b[-1]),
+        "matvec_gbs": float(sweep["matvec_gbs"]), "copy_gbs": float(sweep["copy_gbs"]),
+        "read_gbs": float(sweep["read_gbs"]), "peak_gflops": float(sweep["peak_tflops"]) * 1e3,
+        "bstar": bstar_of(sweep["peak_tflops"] * 1e12, bw, shape.bytes_per_param),
+        "stream_ms": shape.weight_read_bytes / bw * 1e3, "pred1_ms": float(roof["time_s"][0]) * 1e3,
+        "t1_ms": float(u[0]), "over_pred": float(u[0] / (roof["time_s"][0] * 1e3)),
+        "achieved_gbs": achieved / 1e9, "efficiency": achieved / bw,
+        "efficiency_copy": achieved / (sweep["copy_gbs"] * 1e9),
+        "knee125": float(knee(b, u, 1.25)), "knee2": float(knee(b, u, 2.0)),
+        "tmax_ms": float(u[-1]), "ratio_max": float(u[-1] / u[0]), "pred_max_ms": float(roof["time_s"][-1]) * 1e3,
+        "tps1": float(1e3 / u[0]), "tps_max": float(b[-1] * 1e3 / u[-1]), "tps_gain": float(b[-1] * u[0] / u[-1]),
+        "per_token_max_ms": float(u[-1] / b[-1]), "reps": float(sweep["meta"]["reps"]),
+        "threads": float(sweep["meta"]["threads"]), "wall_s": float(sweep["meta"]["wall_s"]),
+    }
+    for path in sweep.get("paths", ["uniform"]):
+        if path == "uniform":
+            continue
+        t = np.asarray(sweep[f"{path}_ms"], dtype=float)
+        out.update({f"{path}_t1_ms": float(t[0]), f"{path}_knee125": float(knee(b, t, 1.25)),
+                    f"{path}_knee2": float(knee(b, t, 2.0)), f"{path}_tmax_ms": float(t[-1]),
+                    f"{path}_ratio_max": float(t[-1] / t[0]), f"{path}_tps_max": float(b[-1] * 1e3 / t[-1]),
+                    f"{path}_gap_max": float(t[-1] / u[-1])})
+    return {k: float(v) for k, v in out.items()}
+
+
+def _relation(x: float, ref: float, tol: float = 0.25) -> str:
+    """'below', 'above' or 'close to': how ``x`` sits against ``ref`` (within ``tol``)."""
+    if abs(x - ref) <= tol * ref:
+        return "close to"
+    return "below" if x < ref else "above"
+
+
+def live_text(sweep: Mapping[str, Any]) -> str:
+    """Why batching: one paragraph (MyST) saying what the live measurement ran on, for the
+    prose; it names the device the build found and never claims another."""
+    m = sweep["meta"]
+    what = (f"{m['model']} ({m['params'] / 1e6:,.1f}M parameters, {m['dtype']} weights and KV cache, "
+            f"random weights)")
+    if m["device_type"] == "cuda":
+        where = f"the GPU this page was built on, {m['device_name']}"
+        note = "This build found a GPU, so the live curves below are GPU measurements."
+    else:
+        where = f"this page's build machine, a CPU ({m['device_name']}, {m['threads']} threads)"
+        note = ("No GPU was present when this page was built, so the live curves below are CPU "
+                "measurements; the GPU numbers on this page are roofline predictions.")
+    return (f"The measurement below ran {what} on {where}, torch {m['torch']}, on {m['date'][:10]}: "
+            f"{sweep['ctx']} KV tokens per row, median of {m['reps']} timed steps per point, "
+            f"{m['wall_s']:.0f} s in all (load average {m['loadavg_before']:.2f} before, "
+            f"{m['loadavg_after']:.2f} after). {note}")
+
+
+def live_labels(sweep: Mapping[str, Any]) -> dict[str, str]:
+    """Why batching: caption strings of a live sweep: ``what`` (model, size, dtype),
+    ``where`` (device name, registry name, threads on a CPU), ``kind`` ("CPU" or "GPU")."""
+    m = sweep["meta"]
+    gpu = m["device_type"] == "cuda"
+    where = f"{m['device_name']} [{m['device']}]" + ("" if gpu else f", {m['threads']} threads")
+    return {"what": f"{m['model']} ({m['params'] / 1e6:,.1f}M parameters, {m['dtype']})", "where": where,
+            "kind": "GPU" if gpu else "CPU"}
+
+
+def knee_text(numbers: Mapping[str, float]) -> str:
+    """Why batching: how the measured knees sit against B* (a sentence for the prose)."""
+    n = numbers
+    return (f"The uniform step stays within 1.25x of batch 1 up to batch {n['knee125']:.0f} and within 2x up "
+            f"to batch {n['knee2']:.0f}, {_relation(n['knee2'], n['bstar'])} the B* of "
+            f"{n['bstar']:.1f} that this run's own bandwidth and peak give.")
+
+
+def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[dict[str, Any]]:
+    """Why batching: every committed profile (``<directory>/*.json``, sorted by name),
+    validated through ``ProfileCost`` and summarized for the page.
+
+    Each entry: ``path``, ``meta``, ``label`` (model, dtype, device, date), ``gpu`` (not
+    the CPU), ``device`` (registry name), ``batch``, ``ctxs``, ``ms`` (decode grid,
+    ``ms[i, j]`` = batch i at context j), ``shape`` (the model in the profile's dtype),
+    ``bandwidth_gbs``/``peak_tflops`` and ``roofs_from`` (the profile's own ``device``
+    section if it has one, else the device registry's constants), ``bstar``; and at
+    ``ref_ctx``, the profile's context nearest ``ctx``: ``ref_ms`` (the column), ``t1_ms``
+    (batch 1), ``knee125``/``knee2`` (:func:`knee`).
+    """
+    from ..costs import ProfileCost
+    out = []
+    for path in sorted(Path(directory).glob("*.json")):
+        data = json.loads(path.read_text())
+        cost = ProfileCost.from_dict(data, source=str(path))
+        meta, dev = data["meta"], data.get("device") or {}
+        try:
+            bw = float(dev["bandwidth"]["matvec"]["GBps_best"])
+            peak = float(dev["matmul_peak"]["TFLOPs_best"])
+            roofs = "bandwidth and peak measured in the same run"
+        except (KeyError, TypeError):
+            bw, peak = cost.device.bandwidth / 1e9, cost.device.peak(cost.model.dtype) / 1e12
+            roofs = "the device registry's bandwidth and peak"
+        where = meta.get("device_name") or cost.device.name
+        label = (f"{meta['model']} ({cost.model.dtype}) on {where} [{cost.device.name}], "
+                 f"measured {meta['date'][:10]}")
+        b, ms = cost.db, cost.ds * 1e3
+        j = int(np.argmin(np.abs(np.log(np.maximum(cost.dc, 1.0) / max(ctx, 1)))))
+        col = ms[:, j]
+        out.append({"path": str(path), "meta": meta, "label": label, "gpu": cost.device.name != "cpu-here",
+                    "device": cost.device.name, "batch": b, "ctxs": cost.dc, "ms": ms, "shape": cost.model,
+                    "bandwidth_gbs": bw, "peak_tflops": peak, "roofs_from": roofs,
+                    "bstar": bstar_of(peak * 1e12, bw * 1e9, cost.model.bytes_per_param),
+                    "ref_ctx": float(cost.dc[j]), "ref_ms": col, "t1_ms": float(col[0]),
+                    "knee125": float(knee(b, col, 1.25)), "knee2": float(knee(b, col, 2.0))})
+    return out
+
+
+def profiles_text(profiles: Sequence[Mapping[str, Any]]) -> str:
+    """Why batching: which devices the committed profiles cover (a paragraph for the
+    prose); it says plainly when no GPU measurement is there."""
+    if not profiles:
+        return ("No profile is committed in `data/profiles/` yet, so this section has only the live "
+                "measurement above and the roofline predictions.")
+    parts = [f"{p['label']}: at {p['ref_ctx']:,.0f} tokens per row, {p['t1_ms']:.1f} ms at batch 1, within 2x "
+             f"of that up to batch {p['knee2']:.0f}, {p['ref_ms'][-1]:.0f} ms at batch {p['batch'][-1]:.0f} "
+             f"(B* = {p['bstar']:.0f} from {p['roofs_from']})" for p in profiles]
+    n = len(profiles)
+    head = f"{n} profile{'s are' if n > 1 else ' is'} committed in `data/profiles/`. " + "; ".join(parts) + "."
+    gpus = sorted({p["device"] for p in profiles if p["gpu"]})
+    if gpus:
+        tail = (f" GPU measurements are among them ({', '.join(gpus)}): for those devices the figure shows "
+                "measured step times beside the roofline.")
+    else:
+        tail = (f" {'None of them was' if n > 1 else 'It was not'} measured on a GPU: every H100 and H200 "
+                "number on this page is a roofline prediction from datasheet constants, not a measurement.")
+    return head + tail
+
+
+def profile_rows(profiles: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """Why batching: header and rows of the committed-profiles table (one row per profile
+    and context: batch-1 step, step at the largest batch, knees)."""
+    header = ["device", "model", "dtype", "date", "ctx", "B=1 ms", "max B", "ms", "knee 1.25x", "knee 2x"]
+    rows: list[list[Any]] = []
+    for p in profiles:
+        m = p["meta"]
+        for j, c in enumerate(p["ctxs"]):
+            col = p["ms"][:, j]
+            rows.append([p["device"], m["model"], p["shape"].dtype, m["date"][:10], f"{c:.0f}", f"{col[0]:.1f}",
+                         f"{p['batch'][-1]:.0f}", f"{col[-1]:.1f}", f"{knee(p['batch'], col, 1.25)}",
+                         f"{knee(p['batch'], col, 2.0)}"])
+    return header, rows

@@ -195,7 +195,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
     # A grid of chunk sizes x decode rows, so that the profile interpolates mixed steps
     # rather than adding a prefill and a decode step (ProfileCost).
     chunks = a.mixed_chunks or ([256, 512, 2048] if gpu else [2, 4, 8, 16, 32, 64, 128, 256, 512])
-    rows = a.mixed_rows or ([1, 32, 128] if gpu else [1, 4, 16])
+    rows = a.mixed_rows or ([1, 32, 128] if gpu else [1, 2, 4, 8, 16])
     mixed = [(t, r, a.mixed_ctx) for t in chunks for r in rows]
     doc = measure(a.model, a.device, a.dtype, batches=batches, ctxs=ctxs, prefill_tokens=prefill,
                   mixed=mixed, reps=a.reps, rounds=a.rounds, seed=a.seed, progress=not a.no_progress and sys.stderr.isatty())

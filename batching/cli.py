@@ -198,7 +198,8 @@ def cmd_measure(a: argparse.Namespace) -> int:
     rows = a.mixed_rows or ([1, 32, 128] if gpu else [1, 2, 4, 8, 16])
     mixed = [(t, r, a.mixed_ctx) for t in chunks for r in rows]
     doc = measure(a.model, a.device, a.dtype, batches=batches, ctxs=ctxs, prefill_tokens=prefill,
-                  mixed=mixed, reps=a.reps, rounds=a.rounds, seed=a.seed, progress=not a.no_progress and sys.stderr.isatty())
+                  mixed=mixed, reps=a.reps, rounds=a.rounds, seed=a.seed,
+                  progress=not a.no_progress and sys.stderr.isatty())
     d, m = doc["device"], doc["meta"]
     print(f"{m['model']} {m['dtype']} on {m['device_name']} ({m['device']}), torch {m['torch']}, "
           f"{m['threads']} threads, {m['wall_s']:.0f} s")

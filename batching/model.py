@@ -59,20 +59,16 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
-_HAS_RMS_NORM = hasattr(F, "rms_norm")   # torch >= 2.4
-
-
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm (every real run, 7.1-7.3): x [T, d] -> [T, d], in at least fp32 as Llama does for bf16.
 
-    fp32 and fp64 go through ``F.rms_norm``, one call where the formula below is six: on
-    CPU a one-token norm costs ~25 us that way against ~39 us (its arithmetic is ~1 us)."""
+    fp32 and fp64 go through ``F.rms_norm`` (torch >= 2.4, the ``model`` extra's floor), one
+    call where the bf16 formula is six: on CPU a one-token norm costs ~25 us that way
+    against ~39 us (its arithmetic is ~1 us)."""
     if x.dtype in (torch.bfloat16, torch.float16):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
-    if _HAS_RMS_NORM:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:

@@ -16,7 +16,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import statistics
 from pathlib import Path
 
 import torch
@@ -27,15 +26,6 @@ from batching.real import device_name, resolve_device, resolve_dtype, REGISTRY_D
 from batching.runner import ModelRunner
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def pooled(parts: list[dict]) -> dict:
-    """One batch size's statistics over the rounds: the median of the round medians, the
-    best and worst repetition, the quartiles' medians, the repetitions in all."""
-    med = lambda k: statistics.median(p[k] for p in parts)  # noqa: E731
-    return {"median_ms": med("median_ms"), "min_ms": min(p["min_ms"] for p in parts),
-            "p25_ms": med("p25_ms"), "p75_ms": med("p75_ms"), "max_ms": max(p["max_ms"] for p in parts),
-            "reps": sum(p["reps"] for p in parts), "round_medians_ms": [p["median_ms"] for p in parts]}
 
 
 def main() -> None:
@@ -57,17 +47,16 @@ def main() -> None:
     runner = ModelRunner.from_shape(get_model(a.model), max(batches), device=dev, dtype=dtype,
                                     max_len=a.ctx * 3 // 2 + 2)
     runner.warmup()
-    timer = StepTimer(runner, a.reps)
+    timer = StepTimer(runner, a.reps, pool=True)
     # Rounds interleave the step sweep with the bandwidth references, so that a slow
     # stretch of this shared machine hits both sides of the ratio alike; each batch's
     # figure pools its repetitions over all rounds, the bandwidths take their best round.
-    samples: dict[int, list[dict]] = {b: [] for b in batches}
+    steps: dict[int, dict] = {}
     bws = []
     for _ in range(a.rounds):
         for b in batches:
-            samples[b].append(timer.decode(b, a.ctx))
+            steps[b] = timer.decode(b, a.ctx)         # statistics over every round so far
         bws.append(bandwidth(dev, dtype, shape.weight_read_bytes))
-    steps = {b: pooled(samples[b]) for b in batches}
     bw = {k: (max((x[k] for x in bws), key=lambda v: v["GBps_best"]) if isinstance(bws[0][k], dict) else bws[0][k])
           for k in bws[0]}
     peak = matmul_peak(dev, dtype, 2048 if dev.type == "cpu" else 8192)

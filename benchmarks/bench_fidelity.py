@@ -139,7 +139,8 @@ def main() -> None:
     doc = json.loads(Path(profile).read_text())
     # One model serves every real run and the probes: measured here, two models built in
     # one process ran batch-1 steps 10-15% apart, whichever was built first the faster.
-    runner = ModelRunner.from_shape(get_model(a.model), max([a.slots] + [args[0] for kind, args in PROBE if kind == "decode"]), max_len=a.max_len)
+    slots = max([a.slots] + [args[0] for kind, args in PROBE if kind == "decode"])
+    runner = ModelRunner.from_shape(get_model(a.model), slots, max_len=a.max_len)
     runner.warmup()
     timer = StepTimer(runner, reps=5)
     w = load_trace("azure-conv", limit=a.requests).scale(lengths=a.scale_lengths, time=a.time_scale)
@@ -157,11 +158,11 @@ def main() -> None:
             reals.append(run_real(w, mk(), a.model, runner=runner))
             probes.append(probe(timer, doc))
         real = reals[0]
-        cost = ProfileCost.from_json(profile)
+        cost = ProfileCost.from_dict(doc, source=profile)
         sim = run(w.fresh(), mk(), SimExecutor(cost))
         speed = float(np.mean([probes[0]["speed"], probes[1]["speed"]]))   # around the first real run
         sim_c = run(w.fresh(), mk(), SimExecutor(scaled_profile(doc, speed)))
-        out["results"][name] = compare(real, sim) | per_step(real, ProfileCost.from_json(profile)) | {
+        out["results"][name] = compare(real, sim) | per_step(real, ProfileCost.from_dict(doc)) | {
             "profile_extrapolated": cost.extrapolated, "profile_queries": cost.queries,
             "probes": probes, "speed_vs_profile": speed,
             "drift_corrected": {

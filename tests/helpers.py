@@ -1,5 +1,9 @@
-"""Small, hand-checkable pieces for the scheduler tests."""
+"""Small, hand-checkable pieces for the scheduler tests, and the benchmark scripts as modules."""
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -38,3 +42,12 @@ class LinearCost:
 def reqs(*spec: tuple[float, int, int]) -> list[Request]:
     """Requests from (arrival, prompt_len, output_len) triples."""
     return [Request(i, a, p, o) for i, (a, p, o) in enumerate(spec)]
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as a module (the scripts are not a package)."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

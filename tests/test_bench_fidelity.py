@@ -1,9 +1,7 @@
 """The fidelity benchmark's drift probe (benchmarks/bench_fidelity.py): it compares like with like."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -14,16 +12,9 @@ from batching.measure import StepTimer, measure  # noqa: E402
 from batching.models import get_model  # noqa: E402
 from batching.plan import StepWork  # noqa: E402
 from batching.runner import ModelRunner  # noqa: E402
+from helpers import load_benchmark  # noqa: E402
 
 pytestmark = pytest.mark.model
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_fidelity", ROOT / "benchmarks" / "bench_fidelity.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +25,7 @@ def profile() -> dict:
 
 
 def test_probe_times_the_profiles_own_points(profile: dict) -> None:
-    bench = load_bench()
+    bench = load_benchmark("bench_fidelity")
     timer = StepTimer(ModelRunner.from_shape(get_model("tiny"), 17, max_len=256), reps=3)
     out = bench.probe(timer, profile)
     assert set(out["ratios"]) == {"decode(1, 128)", "decode(16, 128)", "prefill(64,)", "mixed(64, 4, 128)"}
@@ -51,7 +42,7 @@ def test_probe_times_the_profiles_own_points(profile: dict) -> None:
 
 
 def test_probe_refuses_a_profile_without_its_points(profile: dict) -> None:
-    bench = load_bench()
+    bench = load_benchmark("bench_fidelity")
     timer = StepTimer(ModelRunner.from_shape(get_model("tiny"), 17, max_len=256), reps=1)
     bad = {**profile, "prefill": {**profile["prefill"], "tokens": [8, 32]}}
     with pytest.raises(ValueError, match=r"lacks the probe point prefill\(64,\)"):

@@ -1,30 +1,20 @@
 """The overhead benchmark's bookkeeping (benchmarks/bench_overhead.py): its split of the wall clock must add up."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from batching.models import get_model  # noqa: E402
 from batching.runner import ModelRunner  # noqa: E402
+from helpers import load_benchmark  # noqa: E402
 
 pytestmark = pytest.mark.model
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_overhead", ROOT / "benchmarks" / "bench_overhead.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("scheduler", ["continuous", "chunked", "static"])
 def test_split_adds_up_and_counts_steps(scheduler: str) -> None:
-    bench = load_bench()
+    bench = load_benchmark("bench_overhead")
     runner = ModelRunner.from_shape(get_model("tiny"), 4, max_len=16)
     out = bench.timed_run(runner, scheduler, slots=4, prompt=3, output=5)
     # Four requests at t=0 in four slots: one step prefills all four (their first token),

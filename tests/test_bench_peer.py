@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -13,17 +11,14 @@ pytest.importorskip("safetensors")
 from batching.checkpoint import save_hf_checkpoint  # noqa: E402
 from batching.model import Llama, ModelConfig  # noqa: E402
 from batching.models import get_model  # noqa: E402
+from helpers import load_benchmark  # noqa: E402
 
 pytestmark = pytest.mark.model
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_peer", ROOT / "benchmarks" / "bench_peer.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_peer")
 
 
 def test_first_difference(bench) -> None:

@@ -6,7 +6,7 @@ PY      := $(VENV)/bin/python
 # Written after a successful install; newer pyproject/constraints make it stale.
 STAMP   := $(VENV)/.installed-batching
 
-.PHONY: venv test book chromium clean
+.PHONY: venv test book chromium clean gpu-prep
 
 venv: $(STAMP)
 
@@ -31,6 +31,12 @@ test: venv chromium
 
 book: venv
 	$(RUN) $(PY) tools/build_book.py
+
+# What benchmarks/gpu_session.py needs on a lent GPU machine, where ../shared does not travel:
+# the Azure conversation trace, in an ignored folder the device tool carries (carry=[".gpu"]).
+gpu-prep:
+	mkdir -p .gpu/traces/azure-2023
+	cp $$($(PYTHON) -c "import sys; sys.path.insert(0, '.'); from batching.traces import find_trace; print(find_trace('azure-conv'))") .gpu/traces/azure-2023/
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis *.egg-info

@@ -137,10 +137,10 @@ def cmd_run(a: argparse.Namespace) -> int:
     kv_tokens = a.kv_tokens if a.kv_tokens is not None else a.slots * max_ctx
     sched = _scheduler(a, max_ctx, kv_tokens)
     res = run_real(w, sched, a.model, device=a.device, dtype=a.dtype, seed=a.seed, threads=a.threads,
-                   max_len=a.max_len, checkpoint=a.checkpoint, record_slots=a.slot_log,
-                   progress=not a.no_progress and sys.stderr.isatty())
+                   max_len=a.max_len, checkpoint=a.checkpoint, graphs=False if a.no_graphs else None,
+                   record_slots=a.slot_log, progress=not a.no_progress and sys.stderr.isatty())
     return _report(a, res, w, {"command": "run", "max_len": a.max_len, "threads": a.threads,
-                               "checkpoint": a.checkpoint})
+                               "checkpoint": a.checkpoint, "no_graphs": a.no_graphs})
 
 
 def _ms(x: float | None) -> str:
@@ -199,7 +199,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
     mixed = [(t, r, a.mixed_ctx) for t in chunks for r in rows]
     doc = measure(a.model, a.device, a.dtype, batches=batches, ctxs=ctxs, prefill_tokens=prefill,
                   mixed=mixed, reps=a.reps, rounds=a.rounds, seed=a.seed,
-                  progress=not a.no_progress and sys.stderr.isatty())
+                  graphs=False if a.no_graphs else None, progress=not a.no_progress and sys.stderr.isatty())
     d, m = doc["device"], doc["meta"]
     print(f"{m['model']} {m['dtype']} on {m['device_name']} ({m['device']}), torch {m['torch']}, "
           f"{m['threads']} threads, {m['wall_s']:.0f} s")
@@ -246,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", help="fp32 (CPU default) or bf16 (CUDA default)")
     g.add_argument("--max-len", type=int, help="slab length per slot (default: the model's context)")
     g.add_argument("--threads", type=int, help="torch intra-op threads")
+    g.add_argument("--no-graphs", action="store_true",
+                   help="run decode steps eagerly on CUDA instead of replaying CUDA graphs")
     g.add_argument("--checkpoint", metavar="DIR",
                    help="Hugging Face Llama checkpoint (config.json + model.safetensors) to load instead of "
                         "--model's seeded random weights; needs the bench extra")
@@ -265,6 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--reps", type=int, default=3, help="repetitions of each step per round")
     m.add_argument("--rounds", type=int, default=3, help="sweeps of the whole grid, pooled per point")
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--no-graphs", action="store_true",
+                   help="time decode steps eagerly on CUDA instead of replaying CUDA graphs")
     m.add_argument("--out", help="profile JSON, e.g. data/profiles/cpu-here-cpu-m.json")
     m.add_argument("--no-progress", action="store_true")
     m.set_defaults(func=cmd_measure)

@@ -70,7 +70,7 @@ def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int =
     4096-column matrix; ``matvec`` is the better of the two, the reference that decode
     efficiency is judged against."""
     n = nbytes // torch.empty(0, dtype=dtype).element_size()
-    src = torch.rand(n, dtype=torch.float32, device=device).to(dtype)
+    src = torch.empty(n, dtype=dtype, device=device).uniform_()    # no fp32 copy: 15 GB for an 8B's bytes
     dst = torch.empty_like(src)
     cols = 4096
     w = src[: (n // cols) * cols].view(-1, cols)                      # [rows, 4096]
@@ -201,14 +201,15 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
             batches: list[int], ctxs: list[int], prefill_tokens: list[int],
             mixed: list[tuple[int, int, int]], reps: int = 5, rounds: int = 1, seed: int = 0,
             bandwidth_bytes: int | None = None, peak_n: int | None = None,
-            progress: bool = False) -> dict[str, Any]:
+            graphs: bool | None = None, progress: bool = False) -> dict[str, Any]:
     """Measure one model on one device; returns the profile document (schema 1).
 
     ``rounds`` sweeps the whole grid that many times, ``reps`` repetitions of each step per
     round, and each point's statistics pool all of them. On a shared machine whose speed
     drifts by 20-30% over minutes (this project's CPU), one sweep puts a slow spell on a
     few neighbouring points and bends the interpolated curve; rounds spread every spell
-    over the whole grid."""
+    over the whole grid. ``graphs``: decode steps as CUDA graphs (default on CUDA, as the
+    real executor runs them; each (rows, context) bucket is captured in its first warm-up)."""
     if not (isinstance(rounds, int) and rounds >= 1):
         raise ValueError(f"rounds={rounds!r}: must be an integer >= 1")
     if not (isinstance(reps, int) and reps >= 1):
@@ -227,12 +228,14 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
     slots = max(batches + [r + 1 for _, r, _ in mixed])
     load0 = os.getloadavg()[0]
     t_start = time.perf_counter()
-    runner = ModelRunner.from_shape(shape, slots, device=dev, dtype=tdt, seed=seed, max_len=max_len)
-    runner.warmup()
     elem = torch.empty(0, dtype=tdt).element_size()
     weight_bytes = shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
+    # The device first: its buffers (twice the weights' bytes) are freed before the model
+    # and its slabs take the memory (an 8B profile's slabs fill most of an H200).
     bw = bandwidth(dev, tdt, bandwidth_bytes or weight_bytes)
     peak = matmul_peak(dev, tdt, peak_n or (2048 if dev.type == "cpu" else 8192))
+    runner = ModelRunner.from_shape(shape, slots, device=dev, dtype=tdt, seed=seed, max_len=max_len, graphs=graphs)
+    runner.warmup()
     timer = StepTimer(runner, reps, pool=True)
     grid: list[list[Any]] = [[None] * len(ctxs) for _ in batches]
     pre: list[Any] = [None] * len(prefill_tokens)
@@ -257,7 +260,10 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
             "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "host": socket.gethostname(),
             "python": platform.python_version(), "params": shape.params, "weight_read_bytes": weight_bytes,
-            "reps": reps, "rounds": rounds, "seed": seed, "token_buckets": runner.model.token_buckets(), "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+            "reps": reps, "rounds": rounds, "seed": seed, "token_buckets": runner.model.token_buckets(),
+            "decode_graphs": ({"error": runner.graphs_error} if runner.graphs_error else None if runner.graphs is None
+                              else {"captured": runner.graphs.captures, "buckets": [list(k) for k in runner.graphs.keys]}),
+            "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
             "wall_s": time.perf_counter() - t_start,
             "how": "python -m batching measure: synchronized wall clock around ModelRunner's packed forward "
                    "pass; decode rows sit at the stated context in a zero-filled slab (no real prefill)",

@@ -123,8 +123,9 @@ class RealExecutor:
             # The first step of a fresh process pays one-off costs (kernel selection,
             # OpenMP/CUDA start-up, first touch of buffers) of up to several step times;
             # run one small step untimed so that it doesn't show up as the first request's TTFT.
+            # On CUDA this also captures every decode graph the runner can replay (graphs.py).
             t0 = time.perf_counter()
-            runner.warmup()
+            runner.warmup(capture_graphs=True)
             self._sync()
             self.warmup_s = time.perf_counter() - t0
 
@@ -163,6 +164,8 @@ class RealExecutor:
                 "linear": ("(W @ x.T).T; batch 1: x @ W.T stored transposed (tall weights), W @ x (others)" if r.model.wx
                            else "F.linear"),
                 "batch1_copy_bytes": r.model.batch1_bytes(),
+                "decode_graphs": ({"error": r.graphs_error} if r.graphs_error else None if r.graphs is None else
+                                  {"captured": r.graphs.captures, "replayed_as_graphs": r.graphs.capture}),
                 "slots": r.slots, "max_len": r.max_len, "kv_cache_bytes": r.kv_bytes, "seed": r.seed,
                 "rope_theta": r.cfg.rope_theta, "warmup_s": self.warmup_s,
                 "hardware": None if self.cost is None else self.cost.device.name}
@@ -171,7 +174,7 @@ class RealExecutor:
 def run_real(workload_requests: Workload | Iterable[Request], scheduler: Scheduler, model_name: str | None,
              device: str | torch.device = "auto", dtype: str | torch.dtype | None = None, seed: int = 0,
              threads: int | None = None, max_len: int | None = None, checkpoint: str | Path | None = None,
-             runner: ModelRunner | None = None, **run_kw: Any) -> RunResult:
+             runner: ModelRunner | None = None, graphs: bool | None = None, **run_kw: Any) -> RunResult:
     """Serve a workload with ``scheduler`` on a real model (7.1-7.3); ``run_kw`` go to ``engine.run``.
 
     Every request stops at its trace output length (EOS ignored, as vLLM's benchmark
@@ -182,13 +185,15 @@ def run_real(workload_requests: Workload | Iterable[Request], scheduler: Schedul
     the model's shape, and ``model_name`` (may be None) must then be that config's name.
     ``runner``: an existing model and cache to serve with instead of building one (its
     slabs are overwritten; several runs of a benchmark then share one model, as the runs of a
-    server would); ``model_name`` (may be None) must then be its model's.
+    server would); ``model_name`` (may be None) must then be its model's. ``graphs``: decode
+    steps as CUDA graphs (default on CUDA; False runs them eagerly; see ``graphs.py``).
     """
     reqs = workload_requests.fresh() if isinstance(workload_requests, Workload) else list(workload_requests)
     if runner is not None:
-        if checkpoint is not None or device != "auto" or dtype is not None or max_len is not None:
-            raise ValueError("run_real(runner=...) takes its model, device, dtype and max_len from the runner: "
-                             "pass none of checkpoint, device, dtype, max_len")
+        if (checkpoint is not None or device != "auto" or dtype is not None or max_len is not None
+                or graphs is not None):
+            raise ValueError("run_real(runner=...) takes its model, device, dtype, max_len and graphs from the "
+                             "runner: pass none of checkpoint, device, dtype, max_len, graphs")
         if model_name is not None and model_name != runner.cfg.name:
             raise ValueError(f"model {model_name!r} but the runner holds {runner.cfg.name!r}")
         if runner.slots < scheduler.max_slots:
@@ -215,8 +220,10 @@ def run_real(workload_requests: Workload | Iterable[Request], scheduler: Schedul
     if runner is not None:
         runner.history.clear()
     elif checkpoint is None:
-        runner = ModelRunner.from_shape(shape, scheduler.max_slots, device=dev, dtype=dt, seed=seed, max_len=max_len)
+        runner = ModelRunner.from_shape(shape, scheduler.max_slots, device=dev, dtype=dt, seed=seed,
+                                        max_len=max_len, graphs=graphs)
     else:
-        check_model_fits(shape, scheduler.max_slots, dev, dt, max_len)   # before loading the weights
-        runner = ModelRunner(load_hf_checkpoint(checkpoint, dev, dt), scheduler.max_slots, max_len, seed)
+        check_model_fits(shape, scheduler.max_slots, dev, dt, max_len, graphs=graphs)   # before loading the weights
+        runner = ModelRunner(load_hf_checkpoint(checkpoint, dev, dt), scheduler.max_slots, max_len, seed,
+                             graphs=graphs)
     return run(reqs, scheduler, RealExecutor(runner), **run_kw)

@@ -22,6 +22,7 @@ a recompute after preemption reads its prompt and generated tokens again.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,7 @@ import torch
 from torch import Tensor
 
 from .costs import MEM_RESERVE
+from .graphs import DecodeGraphs, GraphCaptureError
 from .model import Llama, ModelConfig, batch1_copy_params, default_dtype, sdpa
 from .models import ModelShape
 from .plan import StepPlan
@@ -79,16 +81,19 @@ def check_fits(needed: int, available: int | None, what: str, device: torch.devi
 
 
 def check_model_fits(shape: ModelShape, slots: int, device: torch.device, dtype: torch.dtype,
-                     max_len: int | None = None, mem_available: int | None = None, wx: bool | None = None) -> int:
+                     max_len: int | None = None, mem_available: int | None = None, wx: bool | None = None,
+                     graphs: bool | None = None) -> int:
     """Refuse (:class:`DeviceMemoryError`) a model and its KV slabs that would not fit
     ``device`` together, before anything is allocated (7.1-7.3); returns the weights' bytes.
 
-    A CPU model (``wx``) also keeps transposed copies of its tall weights for one-token steps."""
+    A CPU model (``wx``) also keeps transposed copies of its tall weights for one-token
+    steps; a runner with decode graphs (``graphs``, default on CUDA) one more slab."""
     cfg = ModelConfig.from_shape(shape)
     elem = torch.empty(0, dtype=dtype).element_size()
     copies = batch1_copy_params(cfg) if (device.type == "cpu" if wx is None else wx) else 0
     weights = (cfg.params + copies) * elem
-    kv = kv_cache_bytes(cfg, slots, cfg.max_context if max_len is None else max_len, dtype)
+    slabs = slots + (1 if (device.type == "cuda" if graphs is None else graphs) else 0)
+    kv = kv_cache_bytes(cfg, slabs, cfg.max_context if max_len is None else max_len, dtype)
     avail = available_bytes(device) if mem_available is None else mem_available
     check_fits(weights + kv, avail, f"{shape.name} in {dtype}: {weights / 1e9:.2f} GB of weights"
                f"{' (batch-1 copies included)' if copies else ''} + "
@@ -157,8 +162,10 @@ class ModelRunner:
     """A model plus its slab KV cache; :meth:`execute` runs one step plan (7.1, 7.2, 7.3)."""
 
     def __init__(self, model: Llama, slots: int, max_len: int | None = None, seed: int = 0,
-                 mem_available: int | None = None) -> None:
-        """``mem_available`` overrides the free-memory figure (tests simulate a small device)."""
+                 mem_available: int | None = None, graphs: bool | None = None) -> None:
+        """``mem_available`` overrides the free-memory figure (tests simulate a small device).
+        ``graphs``: decode-only steps as CUDA graphs (``graphs.py``); default on CUDA. On a
+        CPU, True runs the same fixed-shape step eagerly (tests)."""
         cfg = model.cfg
         max_len = cfg.max_context if max_len is None else max_len
         if not (isinstance(slots, int) and slots >= 1):
@@ -169,8 +176,11 @@ class ModelRunner:
         self.model, self.cfg = model, cfg
         self.device, self.dtype = model.device, model.dtype
         self.slots, self.max_len, self.seed = slots, max_len, seed
-        self.kv_bytes = kv_cache_bytes(cfg, slots, max_len, self.dtype)
-        shape = (cfg.layers, slots, cfg.kv_heads, max_len, cfg.head_dim)
+        graphs = self.device.type == "cuda" if graphs is None else graphs
+        # Decode graphs pad a batch with rows that write into a slab no request owns.
+        slabs = slots + 1 if graphs else slots
+        self.kv_bytes = kv_cache_bytes(cfg, slabs, max_len, self.dtype)
+        shape = (cfg.layers, slabs, cfg.kv_heads, max_len, cfg.head_dim)
         check_fits(self.kv_bytes, available_bytes(self.device) if mem_available is None else mem_available,
                    f"KV cache {list(shape)} x 2 (K, V) in {self.dtype}", self.device)
         # Zeros, not empty: a decode batch reads every row's slab up to the batch's longest
@@ -182,17 +192,21 @@ class ModelRunner:
         # two more dispatches per layer, which a one-token CPU step pays in full.
         self._layers = list(zip(self.k_cache.unbind(0), self.v_cache.unbind(0)))
         self.history: dict[int, list[int]] = {}  # rid -> prompt ids + generated ids
+        self.graphs = DecodeGraphs(self, capture=self.device.type == "cuda") if graphs else None
+        self.graphs_error: str | None = None   # why graphs were turned off, if a capture failed
 
     @classmethod
     def from_shape(cls, shape: ModelShape, slots: int, *, device: str | torch.device = "cpu",
                    dtype: torch.dtype | None = None, seed: int = 0, max_len: int | None = None,
-                   mem_available: int | None = None, wx: bool | None = None) -> "ModelRunner":
+                   mem_available: int | None = None, wx: bool | None = None,
+                   graphs: bool | None = None) -> "ModelRunner":
         """Build the model of a registry shape and its cache, checking first that both fit (7.1-7.3)."""
         device = torch.device(device)
         dtype = dtype or default_dtype(device)
-        weights = check_model_fits(shape, slots, device, dtype, max_len, mem_available, wx)
+        weights = check_model_fits(shape, slots, device, dtype, max_len, mem_available, wx, graphs)
         model = Llama(ModelConfig.from_shape(shape), device, dtype, seed=seed, wx=wx)
-        return cls(model, slots, max_len, seed, None if mem_available is None else mem_available - weights)
+        return cls(model, slots, max_len, seed, None if mem_available is None else mem_available - weights,
+                   graphs)
 
     # ------------------------------------------------------------------ tokens
     def tokens(self, rid: int) -> list[int]:
@@ -268,7 +282,14 @@ class ModelRunner:
         if max(pos) >= self.max_len or min(slot) < 0 or max(slot) >= self.slots:
             raise RuntimeError(f"plan exceeds the cache: positions up to {max(pos)} (max_len {self.max_len}), "
                                f"slots {min(slot)}..{max(slot)} (slots {self.slots})")
-        logits = self._forward_packed(ids, pos, slot, len(rows), chunks, logit_rows)   # [R, V]
+        logits = None
+        if self.graphs is not None and not chunks:     # decode-only: a fixed-shape step (graphs.py)
+            try:
+                logits = self.graphs.run(ids, pos, slot)                              # [R, V]
+            except GraphCaptureError as e:
+                self._drop_graphs(e)
+        if logits is None:
+            logits = self._forward_packed(ids, pos, slot, len(rows), chunks, logit_rows)   # [R, V]
         tokens = logits.argmax(dim=-1).tolist()
         out = StepOutput()
         for i, rid in enumerate(emit):
@@ -362,12 +383,25 @@ class ModelRunner:
             o = sdpa(qh, k, v, mask)
         return o[0].transpose(0, 1)                               # [m, H, D]
 
+    def _drop_graphs(self, e: GraphCaptureError) -> None:
+        # Eager steps still give the right tokens; the runner records why it is slower
+        # (results' executor record, profiles' meta) and says so once.
+        self.graphs, self.graphs_error = None, str(e)
+        warnings.warn(f"{e}; decode steps run eagerly from now on", RuntimeWarning, stacklevel=3)
+
     @torch.inference_mode()
-    def warmup(self) -> None:
+    def warmup(self, capture_graphs: bool = False) -> None:
         """One small mixed step (a decode row and a 4-token chunk) through every layer, so
         that the first timed step doesn't pay one-off costs: kernel selection, thread-pool
         start-up, first-touch allocation. It writes K/V into slots 0 and 1, which any
-        request's prefill overwrites before reading."""
+        request's prefill overwrites before reading. ``capture_graphs``: also capture every
+        decode graph this runner can replay (``DecodeGraphs.capture_all``), so that no timed
+        step pays a capture (the real executor; a profile sweep captures as it goes)."""
+        if capture_graphs and self.graphs is not None and self.graphs.capture:
+            try:
+                self.graphs.capture_all()
+            except GraphCaptureError as e:
+                self._drop_graphs(e)
         m = min(4, self.max_len)
         if self.slots == 1:  # no second slot for the decode row: the chunk alone
             self._forward_packed([1] * m, list(range(m)), [0] * m, 0, [ChunkSpan(0, 0, 0, m)], [m - 1])

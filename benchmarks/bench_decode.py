@@ -52,10 +52,22 @@ def main() -> None:
     # stretch of this shared machine hits both sides of the ratio alike; each batch's
     # figure pools its repetitions over all rounds, the bandwidths take their best round.
     steps: dict[int, dict] = {}
+    # On CUDA the same steps again without graphs, interleaved: what replaying a captured
+    # step saves over launching its ~20 kernels per layer from Python (graphs.py).
+    graphs = runner.graphs if runner.graphs is not None and runner.graphs.capture else None
+    eager_timer = StepTimer(runner, a.reps, pool=True) if graphs is not None else None
+    eager: dict[int, dict] = {}
     bws = []
     for _ in range(a.rounds):
         for b in batches:
             steps[b] = timer.decode(b, a.ctx)         # statistics over every round so far
+        if eager_timer is not None and runner.graphs is not None:   # (None: a capture failed)
+            runner.graphs = None
+            try:
+                for b in batches:
+                    eager[b] = eager_timer.decode(b, a.ctx)
+            finally:
+                runner.graphs = graphs
         bws.append(bandwidth(dev, dtype, shape.weight_read_bytes))
     bw = {k: (max((x[k] for x in bws), key=lambda v: v["GBps_best"]) if isinstance(bws[0][k], dict) else bws[0][k])
           for k in bws[0]}
@@ -74,7 +86,7 @@ def main() -> None:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
         "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
         "linear": "batch 1: x @ W.T stored transposed (tall weights), W @ x (others); (W @ x.T).T above",
-        "command": f"python benchmarks/bench_decode.py --model {a.model} --ctx {a.ctx} --reps {a.reps} --rounds {a.rounds}",
+        "command": f"python benchmarks/bench_decode.py --model {a.model} --device {a.device} --ctx {a.ctx} --reps {a.reps} --rounds {a.rounds}",
         "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
         "step_ms": {b: steps[b] for b in batches},
         "bytes_read_batch1": read, "achieved_GBps_batch1": read / t1 / 1e9,
@@ -85,13 +97,19 @@ def main() -> None:
                             "conservative); best_vs_best and median_vs_median compare like with like"),
         "bandwidth": bw, "matmul_peak": peak, "knee": knee, "bstar_roofline": bstar,
         "targets": {"efficiency_vs_matvec": 0.70 if dev.type == "cpu" else 0.80},
+        "decode_graphs": runner.graphs is not None, "decode_graphs_error": runner.graphs_error,
     }
+    if eager:
+        doc["eager_step_ms"] = {b: eager[b] for b in batches}
+        doc["efficiency_vs_matvec_eager"] = read / (eager[1]["median_ms"] / 1e3) / matvec
+        doc["graphs_speedup"] = {b: eager[b]["median_ms"] / steps[b]["median_ms"] for b in batches}
     out = a.out or ROOT / "benchmarks" / "results" / f"decode-{registry_device(dev)}-{a.model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({k: doc[k] for k in ("achieved_GBps_batch1", "efficiency_vs_matvec", "efficiency_vs_copy",
                                           "efficiency_best_vs_best", "efficiency_median_vs_median",
-                                          "knee", "bstar_roofline")}, indent=1))
+                                          "efficiency_vs_matvec_eager", "graphs_speedup",
+                                          "knee", "bstar_roofline") if k in doc}, indent=1))
     print({b: round(steps[b]["median_ms"], 1) for b in batches})
 
 

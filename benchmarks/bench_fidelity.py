@@ -25,11 +25,11 @@ import numpy as np
 
 from batching.costs import ProfileCost
 from batching.engine import SimExecutor, run
-from batching.measure import StepTimer
+from batching.measure import StepTimer, registry_device
 from batching.metrics import request_records, summarize
 from batching.models import get_model
 from batching.plan import StepWork
-from batching.real import run_real
+from batching.real import resolve_device, run_real
 from batching.runner import ModelRunner
 from batching.schedulers import make_scheduler
 from batching.traces import load_trace
@@ -52,10 +52,34 @@ def per_step(real, cost: ProfileCost) -> dict:
             "busy_pred_over_real": float(pred.sum() / L["dur"].sum())}
 
 
-#: Profile points timed again around every real run: decode at batch 1 (most steps of a
-#: lightly loaded CPU run) and 16, a prefill, a mixed step; each a point the profile measured.
+#: The steps timed again around every real run, as (kind, args) wishes: decode at batch 1
+#: (most steps of a lightly loaded CPU run) and 16, a prefill, a mixed step. Each is
+#: replaced by the nearest point the profile measured (:func:`probe_points`): on this
+#: project's CPU grid they are exactly these; a GPU grid has other sizes.
 PROBE: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("decode", (1, 128)), ("decode", (16, 128)), ("prefill", (64,)), ("mixed", (64, 4, 128)))
+
+
+def _nearest(vals: list[int], want: int) -> int:
+    """The value of ``vals`` closest to ``want`` on a log scale (ties: the smaller)."""
+    return min(vals, key=lambda v: (abs(np.log(max(v, 1) / want)), v))
+
+
+def probe_points(doc: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """:data:`PROBE`'s steps moved to the nearest points the profile measured."""
+    d, m = doc["decode"], doc["mixed"]
+    out = []
+    for kind, args in PROBE:
+        if kind == "decode":
+            out.append((kind, (_nearest(d["batch"], args[0]), _nearest(d["ctx"], args[1]))))
+        elif kind == "prefill":
+            out.append((kind, (_nearest(doc["prefill"]["tokens"], args[0]),)))
+        else:
+            keys = list(zip(m["prefill_tokens"], m["decode_rows"], m["decode_ctx"]))
+            if not keys:
+                raise ValueError("the profile has no mixed steps to probe")
+            out.append((kind, min(keys, key=lambda k: sum(abs(np.log(max(x, 1) / w)) for x, w in zip(k, args)))))
+    return out
 
 
 def profile_ms(doc: dict, kind: str, args: tuple[int, ...]) -> float:
@@ -70,8 +94,7 @@ def profile_ms(doc: dict, kind: str, args: tuple[int, ...]) -> float:
         return next(ms for key, ms in zip(zip(m["prefill_tokens"], m["decode_rows"], m["decode_ctx"]), m["ms"])
                     if key == args)
     except (ValueError, StopIteration):
-        raise ValueError(f"the profile lacks the probe point {kind}{args}: measure it with "
-                         "python -m batching measure's default CPU grid") from None
+        raise ValueError(f"the profile lacks the probe point {kind}{args}") from None
 
 
 def probe(timer: StepTimer, doc: dict) -> dict:
@@ -81,7 +104,7 @@ def probe(timer: StepTimer, doc: dict) -> dict:
     profile, cannot follow it: the E2E error includes this drift, the ``drift_corrected``
     figures remove it (the profile scaled by the probes around that real run)."""
     ratios = {}
-    for kind, args in PROBE:
+    for kind, args in probe_points(doc):
         ref = profile_ms(doc, kind, args)
         now = getattr(timer, kind)(*args)["median_ms"]
         ratios[f"{kind}{args}"] = now / ref
@@ -123,35 +146,44 @@ def compare(real, sim) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="cpu-s")
-    p.add_argument("--profile", help="default: data/profiles/cpu-here-<model>.json")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--profile", help="default: data/profiles/<device>-<model>.json (cpu-here, h200, ...)")
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--scale-lengths", type=float, default=16)
     p.add_argument("--time-scale", type=float, default=2.0)
     p.add_argument("--slots", type=int, default=16)
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--schedulers", default="continuous,chunked")
+    p.add_argument("--token-budget", type=int, default=128, help="chunked prefill's tokens per step")
     p.add_argument("--real-runs", type=int, default=2,
                    help="real runs per scheduler; from 2 on, their disagreement is reported as the noise floor")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity.json"))
     a = p.parse_args()
 
-    profile = a.profile or str(ROOT / "data" / "profiles" / f"cpu-here-{a.model}.json")
+    dev = resolve_device(a.device)
+    profile = a.profile or str(ROOT / "data" / "profiles" / f"{registry_device(dev)}-{a.model}.json")
     doc = json.loads(Path(profile).read_text())
+    points = probe_points(doc)
     # One model serves every real run and the probes: measured here, two models built in
     # one process ran batch-1 steps 10-15% apart, whichever was built first the faster.
-    slots = max([a.slots] + [args[0] for kind, args in PROBE if kind == "decode"])
-    runner = ModelRunner.from_shape(get_model(a.model), slots, max_len=a.max_len)
+    slots = max([a.slots] + [args[0] for kind, args in points if kind == "decode"]
+                + [args[1] + 1 for kind, args in points if kind == "mixed"])
+    max_len = max([a.max_len] + [args[0] for kind, args in points if kind == "prefill"]
+                  + [args[0] + args[2] + 1 for kind, args in points if kind == "mixed"]
+                  + [args[1] * 3 // 2 + 2 for kind, args in points if kind == "decode"])
+    runner = ModelRunner.from_shape(get_model(a.model), slots, device=dev, max_len=max_len)
     runner.warmup()
     timer = StepTimer(runner, reps=5)
     w = load_trace("azure-conv", limit=a.requests).scale(lengths=a.scale_lengths, time=a.time_scale)
     w, capped = w.cap_to_context(a.max_len, "cap")
     out = {"benchmark": "simulator fidelity (real engine vs profile-driven simulator)",
            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
-           "model": a.model, "profile": os.path.relpath(profile, ROOT), "workload": w.info | {"requests": len(w)},
-           "capped": capped, "slots": a.slots, "max_len": a.max_len, "loadavg_before": os.getloadavg()[0],
+           "model": a.model, "device": registry_device(dev), "profile": os.path.relpath(profile, ROOT), "workload": w.info | {"requests": len(w)},
+           "capped": capped, "slots": a.slots, "max_len": a.max_len, "token_budget": a.token_budget,
+           "decode_graphs": runner.graphs is not None and runner.graphs.capture, "loadavg_before": os.getloadavg()[0],
            "results": {}}
     for name in a.schedulers.split(","):
-        mk = lambda: make_scheduler(name, max_context=a.max_len, slots=a.slots, token_budget=128,  # noqa: E731
+        mk = lambda: make_scheduler(name, max_context=a.max_len, slots=a.slots, token_budget=a.token_budget,  # noqa: E731
                                     kv_capacity=a.slots * a.max_len)
         reals, probes = [], [probe(timer, doc)]
         for _ in range(a.real_runs):

@@ -41,9 +41,18 @@ def test_probe_times_the_profiles_own_points(profile: dict) -> None:
         profile["prefill"]["ms"][1] / 1e3)
 
 
-def test_probe_refuses_a_profile_without_its_points(profile: dict) -> None:
+def test_probe_points_move_to_the_nearest_measured_steps(profile: dict) -> None:
+    """A GPU-like grid has no decode(16, 128) or prefill(64): the probe takes the nearest
+    points on a log scale, so that any profile can be probed."""
     bench = load_benchmark("bench_fidelity")
-    timer = StepTimer(ModelRunner.from_shape(get_model("tiny"), 17, max_len=256), reps=1)
+    assert bench.probe_points(profile) == list(bench.PROBE)        # the CPU grid has them all
+    gpu = {**profile, "decode": {**profile["decode"], "batch": [1, 8, 32, 128], "ctx": [128, 1024, 4096]},
+           "prefill": {**profile["prefill"], "tokens": [256, 1024]},
+           "mixed": {**profile["mixed"], "prefill_tokens": [256, 256, 2048], "decode_rows": [1, 32, 1],
+                     "decode_ctx": [128, 128, 128]}}
+    assert bench.probe_points(gpu) == [("decode", (1, 128)), ("decode", (8, 128)), ("prefill", (256,)),
+                                       ("mixed", (256, 1, 128))]
     bad = {**profile, "prefill": {**profile["prefill"], "tokens": [8, 32]}}
-    with pytest.raises(ValueError, match=r"lacks the probe point prefill\(64,\)"):
-        bench.probe(timer, bad)
+    assert ("prefill", (32,)) in bench.probe_points(bad)
+    with pytest.raises(ValueError, match=r"lacks the probe point prefill\(32,\)"):
+        bench.profile_ms(profile, "prefill", (32,))

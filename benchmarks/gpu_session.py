@@ -1,0 +1,125 @@
+"""The one prepared run for a session that is lent a GPU (issue 3's H200 measurements).
+
+A session gets at most 15 minutes of device time, machine start-up included, and one
+command may run 10: this script runs every GPU measurement the project needs in one go,
+most important first, each stage in its own process with its own time limit, and skips a
+stage that would overrun the budget rather than lose the files already written. Everything
+lands in ``--out`` (the device tool's ``$OUT``; at most 8 files come back):
+
+1. ``decode-h200-llama-8b.json``: decode efficiency and the knee of the 8B shape in bf16,
+   CUDA-graph steps against eager ones (``bench_decode.py``; target efficiency >= 0.80);
+2. ``h200-llama-1b.json``: the 1B shape's step-cost profile (``python -m batching measure``);
+3. ``fidelity-h200-llama-1b.json``: 200 Azure conversation requests, full lengths, through
+   the real engine and the simulator on that profile (``bench_fidelity.py``; targets E2E
+   <= 5%, throughput <= 3%), on a device quiet enough to test the cost model itself;
+4. ``h200-llama-8b.json``: the 8B shape's profile (one slab length serves the whole grid:
+   contexts up to 1,536 and prompts up to 2,048 give 257 slabs of 2,306 positions, 78 GB
+   of the H200's 141; longer prompts are extrapolated);
+5. ``session.json`` (each stage's command, exit status, seconds) and ``log.txt``.
+
+Needs only torch, numpy and tqdm (what the GPU machine has) and the Azure conversation trace
+under ``.gpu/traces`` (``make gpu-prep`` copies it there; ``../shared`` does not travel).
+With the device tool::
+
+    run(command="python3 benchmarks/gpu_session.py --out $OUT", carry=[".gpu"], timeout_s=560)
+
+then copy the files into ``data/profiles/`` and ``benchmarks/results/``. ``--dry-run`` runs the
+same stages with the ``tiny`` model on the CPU in seconds (the test suite does).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: (name, seconds allowed, argv with {out} for the output folder); in order of importance.
+#: The time limits add up to under 8 minutes, with the machine's start inside the 15.
+STAGES: list[tuple[str, int, list[str]]] = [
+    ("decode-8b", 110, ["benchmarks/bench_decode.py", "--model", "llama-8b", "--device", "cuda",
+                        "--batches", "1,2,4,8,16,32,64,128,256", "--reps", "10", "--rounds", "2",
+                        "--out", "{out}/decode-h200-llama-8b.json"]),
+    ("profile-1b", 100, ["-m", "batching", "measure", "--model", "llama-1b", "--device", "cuda",
+                         "--ctxs", "128,1024,4096", "--prefill", "16,64,256,512,1024,2048,4096,8192",
+                         "--mixed-chunks", "64,256,512,1024,2048,4096", "--mixed-rows", "1,8,32",
+                         "--reps", "5", "--rounds", "2", "--no-progress", "--out", "{out}/h200-llama-1b.json"]),
+    ("fidelity-1b", 170, ["benchmarks/bench_fidelity.py", "--model", "llama-1b", "--device", "cuda",
+                          "--profile", "{out}/h200-llama-1b.json", "--requests", "200", "--scale-lengths", "1",
+                          "--time-scale", "8", "--slots", "32", "--max-len", "4352", "--token-budget", "512",
+                          "--out", "{out}/fidelity-h200-llama-1b.json"]),
+    ("profile-8b", 100, ["-m", "batching", "measure", "--model", "llama-8b", "--device", "cuda",
+                         "--ctxs", "128,512,1536", "--prefill", "16,64,256,512,1024,2048",
+                         "--mixed-chunks", "64,256,512,1024,2048", "--mixed-rows", "1,8,32",
+                         "--reps", "5", "--rounds", "1", "--no-progress", "--out", "{out}/h200-llama-8b.json"]),
+]
+
+#: The same stages, small enough for a CPU in seconds (``--dry-run``): the pipeline's test.
+DRY: dict[str, list[str]] = {
+    "decode-8b": ["benchmarks/bench_decode.py", "--model", "tiny", "--device", "cpu", "--ctx", "16",
+                  "--batches", "1,2", "--reps", "2", "--rounds", "1", "--out", "{out}/decode-h200-llama-8b.json"],
+    "profile-1b": ["-m", "batching", "measure", "--model", "tiny", "--device", "cpu", "--batches", "1,2,16",
+                   "--ctxs", "16,128", "--prefill", "16,64", "--mixed-chunks", "16,64", "--mixed-rows", "1,4",
+                   "--reps", "1", "--rounds", "1", "--no-progress", "--out", "{out}/h200-llama-1b.json"],
+    "fidelity-1b": ["benchmarks/bench_fidelity.py", "--model", "tiny", "--device", "cpu",
+                    "--profile", "{out}/h200-llama-1b.json", "--requests", "12", "--scale-lengths", "32",
+                    "--time-scale", "8", "--slots", "4", "--max-len", "256", "--token-budget", "32",
+                    "--real-runs", "2", "--out", "{out}/fidelity-h200-llama-1b.json"],
+    "profile-8b": ["-m", "batching", "measure", "--model", "tiny", "--device", "cpu", "--batches", "1,2",
+                   "--ctxs", "16", "--prefill", "16", "--mixed-chunks", "16", "--mixed-rows", "1",
+                   "--reps", "1", "--rounds", "1", "--no-progress", "--out", "{out}/h200-llama-8b.json"],
+}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
+    p.add_argument("--budget-s", type=float, default=480, help="stop starting stages after this many seconds")
+    p.add_argument("--only", help="comma-separated stage names (default: all)")
+    p.add_argument("--dry-run", action="store_true", help="the same stages with the tiny model on the CPU")
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    traces = ROOT / ".gpu" / "traces"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    if traces.is_dir():
+        env["BATCHING_TRACES"] = str(traces)
+    elif not a.dry_run:
+        print(f"warning: {traces} is missing (make gpu-prep): the fidelity stage needs the Azure trace",
+              file=sys.stderr)
+    only = set(a.only.split(",")) if a.only else None
+    t0 = time.perf_counter()
+    summary: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": a.dry_run,
+                     "stages": []}
+    log = (a.out / "log.txt").open("w")
+    for name, limit, argv in STAGES:
+        if only is not None and name not in only:
+            continue
+        argv = DRY[name] if a.dry_run else argv
+        left = a.budget_s - (time.perf_counter() - t0)
+        cmd = [sys.executable] + [x.format(out=a.out) for x in argv]
+        rec = {"stage": name, "command": " ".join(cmd[1:]), "limit_s": limit}
+        if left < limit and not a.dry_run:
+            rec["skipped"] = f"{left:.0f} s of the budget left, the stage may take {limit}"
+        else:
+            print(f"== {name}: {rec['command']}", file=log, flush=True)
+            s0 = time.perf_counter()
+            try:
+                r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit)
+                rec["rc"] = r.returncode
+            except subprocess.TimeoutExpired:
+                rec["rc"] = "timeout"
+            rec["wall_s"] = round(time.perf_counter() - s0, 1)
+            log.flush()
+        summary["stages"].append(rec)
+        print(json.dumps(rec), flush=True)
+        (a.out / "session.json").write_text(json.dumps(summary, indent=1) + "\n")
+    log.close()
+    return 0 if all(s.get("rc") == 0 for s in summary["stages"] if "skipped" not in s) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

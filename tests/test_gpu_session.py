@@ -1,0 +1,44 @@
+"""The prepared GPU session (benchmarks/gpu_session.py), run dry on the CPU: every stage of the
+pipeline runs and writes the file a GPU session would bring back."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from helpers import load_benchmark  # noqa: E402
+
+pytestmark = pytest.mark.model
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_dry_run_writes_every_result_file(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "--dry-run", "--out",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    session = json.loads((tmp_path / "session.json").read_text())
+    assert [s["stage"] for s in session["stages"]] == ["decode-8b", "profile-1b", "fidelity-1b", "profile-8b"]
+    assert all(s["rc"] == 0 for s in session["stages"])
+    decode = json.loads((tmp_path / "decode-h200-llama-8b.json").read_text())
+    assert decode["efficiency_vs_matvec"] > 0 and decode["decode_graphs"] is False   # nothing to capture on a CPU
+    for name in ("h200-llama-1b.json", "h200-llama-8b.json"):
+        prof = json.loads((tmp_path / name).read_text())
+        assert prof["schema"] == 1 and prof["meta"]["decode_graphs"] is None
+    fid = json.loads((tmp_path / "fidelity-h200-llama-1b.json").read_text())
+    assert set(fid["results"]) == {"continuous", "chunked"} and fid["token_budget"] == 32
+    # At most 8 files come back from the device machine.
+    assert len(list(tmp_path.iterdir())) <= 8
+
+
+def test_stages_fit_the_device_time_and_cover_each_dry_stage() -> None:
+    """A session has 15 device minutes, start-up included, and one command may run 10."""
+    mod = load_benchmark("gpu_session")
+    assert sum(limit for _, limit, _ in mod.STAGES) <= 8 * 60
+    assert [n for n, _, _ in mod.STAGES] == list(mod.DRY)
+    for _, _, argv in mod.STAGES:
+        assert "cuda" in argv and any(a.startswith("{out}/") for a in argv)

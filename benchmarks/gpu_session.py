@@ -6,6 +6,8 @@ most important first, each stage in its own process with its own time limit, and
 stage that would overrun the budget rather than lose the files already written. Everything
 lands in ``--out`` (the device tool's ``$OUT``; at most 8 files come back):
 
+0. ``graphs-check.json``: decode graphs give the eager path's tokens (float64, ``tiny``,
+   three schedulers; ``check_graphs.py``): a broken capture shows in tokens, not in timings;
 1. ``decode-h200-llama-8b.json``: decode efficiency and the knee of the 8B shape in bf16,
    CUDA-graph steps against eager ones (``bench_decode.py``; target efficiency >= 0.80);
 2. ``h200-llama-1b.json``: the 1B shape's step-cost profile (``python -m batching measure``);
@@ -41,18 +43,19 @@ ROOT = Path(__file__).resolve().parent.parent
 #: (name, seconds allowed, argv with {out} for the output folder); in order of importance.
 #: The time limits add up to under 8 minutes, with the machine's start inside the 15.
 STAGES: list[tuple[str, int, list[str]]] = [
-    ("decode-8b", 110, ["benchmarks/bench_decode.py", "--model", "llama-8b", "--device", "cuda",
+    ("check-graphs", 45, ["benchmarks/check_graphs.py", "--device", "cuda", "--out", "{out}/graphs-check.json"]),
+    ("decode-8b", 100, ["benchmarks/bench_decode.py", "--model", "llama-8b", "--device", "cuda",
                         "--batches", "1,2,4,8,16,32,64,128,256", "--reps", "10", "--rounds", "2",
                         "--out", "{out}/decode-h200-llama-8b.json"]),
-    ("profile-1b", 100, ["-m", "batching", "measure", "--model", "llama-1b", "--device", "cuda",
+    ("profile-1b", 90, ["-m", "batching", "measure", "--model", "llama-1b", "--device", "cuda",
                          "--ctxs", "128,1024,4096", "--prefill", "16,64,256,512,1024,2048,4096,8192",
                          "--mixed-chunks", "64,256,512,1024,2048,4096", "--mixed-rows", "1,8,32",
                          "--reps", "5", "--rounds", "2", "--no-progress", "--out", "{out}/h200-llama-1b.json"]),
-    ("fidelity-1b", 170, ["benchmarks/bench_fidelity.py", "--model", "llama-1b", "--device", "cuda",
+    ("fidelity-1b", 145, ["benchmarks/bench_fidelity.py", "--model", "llama-1b", "--device", "cuda",
                           "--profile", "{out}/h200-llama-1b.json", "--requests", "200", "--scale-lengths", "1",
                           "--time-scale", "8", "--slots", "32", "--max-len", "4352", "--token-budget", "512",
                           "--out", "{out}/fidelity-h200-llama-1b.json"]),
-    ("profile-8b", 100, ["-m", "batching", "measure", "--model", "llama-8b", "--device", "cuda",
+    ("profile-8b", 90, ["-m", "batching", "measure", "--model", "llama-8b", "--device", "cuda",
                          "--ctxs", "128,512,1536", "--prefill", "16,64,256,512,1024,2048",
                          "--mixed-chunks", "64,256,512,1024,2048", "--mixed-rows", "1,8,32",
                          "--reps", "5", "--rounds", "1", "--no-progress", "--out", "{out}/h200-llama-8b.json"]),
@@ -60,6 +63,8 @@ STAGES: list[tuple[str, int, list[str]]] = [
 
 #: The same stages, small enough for a CPU in seconds (``--dry-run``): the pipeline's test.
 DRY: dict[str, list[str]] = {
+    "check-graphs": ["benchmarks/check_graphs.py", "--device", "cpu", "--requests", "8", "--max-len", "64",
+                     "--out", "{out}/graphs-check.json"],
     "decode-8b": ["benchmarks/bench_decode.py", "--model", "tiny", "--device", "cpu", "--ctx", "16",
                   "--batches", "1,2", "--reps", "2", "--rounds", "1", "--out", "{out}/decode-h200-llama-8b.json"],
     "profile-1b": ["-m", "batching", "measure", "--model", "tiny", "--device", "cpu", "--batches", "1,2,16",
@@ -98,7 +103,8 @@ def main() -> int:
     for name, limit, argv in STAGES:
         if only is not None and name not in only:
             continue
-        argv = DRY[name] if a.dry_run else argv
+        if a.dry_run:   # a shared CPU, perhaps busy: the GPU's limits do not apply
+            argv, limit = DRY[name], 300
         left = a.budget_s - (time.perf_counter() - t0)
         cmd = [sys.executable] + [x.format(out=a.out) for x in argv]
         rec = {"stage": name, "command": " ".join(cmd[1:]), "limit_s": limit}

@@ -19,16 +19,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_dry_run_writes_every_result_file(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "--dry-run", "--out",
-                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, (tmp_path / "log.txt").read_text()[-3000:]
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + (tmp_path / "log.txt").read_text()[-3000:]
     session = json.loads((tmp_path / "session.json").read_text())
-    assert [s["stage"] for s in session["stages"]] == ["decode-8b", "profile-1b", "fidelity-1b", "profile-8b"]
+    assert [s["stage"] for s in session["stages"]] == ["check-graphs", "decode-8b", "profile-1b", "fidelity-1b",
+                                                       "profile-8b"]
     assert all(s["rc"] == 0 for s in session["stages"])
     decode = json.loads((tmp_path / "decode-h200-llama-8b.json").read_text())
     assert decode["efficiency_vs_matvec"] > 0 and decode["decode_graphs"] is False   # nothing to capture on a CPU
     for name in ("h200-llama-1b.json", "h200-llama-8b.json"):
         prof = json.loads((tmp_path / name).read_text())
         assert prof["schema"] == 1 and prof["meta"]["decode_graphs"] is None
+    check = json.loads((tmp_path / "graphs-check.json").read_text())
+    assert check["ok"] and all(v["requests_equal"] == v["requests"] for v in check["schedulers"].values())
     fid = json.loads((tmp_path / "fidelity-h200-llama-1b.json").read_text())
     assert set(fid["results"]) == {"continuous", "chunked"} and fid["token_budget"] == 32
     # At most 8 files come back from the device machine.

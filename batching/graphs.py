@@ -80,7 +80,8 @@ def ctx_bucket(length: int, limit: int) -> int:
 
 
 def gqa_decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """One query per row against its slab (decode): q [B, H, D], k, v [B, K, L, D], mask [B, 1, 1, L] -> [B, H, D].
+    """One query per row against its slab (decode): q [B, H, D], k, v [B, K, L, D], mask [B, 1, 1, L]
+    (boolean, or added to the scores) -> [B, H, D].
 
     Query heads h = j*G .. j*G + G - 1 share kv head j (the repeat_interleave convention of
     ``sdpa``'s GQA): as G queries of head j they need no copy of K and V."""
@@ -134,7 +135,10 @@ class DecodeGraphs:
         view = inp.shape[1] * GATHER_PASSES >= slabs
         if view:   # every slab's query row: the batch's at its slot, position 0 elsewhere
             pos = torch.zeros(slabs, dtype=pos.dtype, device=r.device).index_copy_(0, slot, pos)   # [S+1]
-        mask = (torch.arange(length, device=r.device)[None, :] <= pos[:, None])[:, None, None, :]   # [N,1,1,L]
+        seen = torch.arange(length, device=r.device)[None, :] <= pos[:, None]         # [N, L]
+        # Additive, made once per step: a boolean mask is converted inside every layer's SDPA call.
+        mask = torch.zeros(seen.shape, dtype=r.dtype, device=r.device).masked_fill_(
+            ~seen, float("-inf"))[:, None, None, :]                                   # [N, 1, 1, L]
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             kc, vc = r._layers[layer]                                     # [S+1, K, max_len, D]

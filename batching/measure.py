@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable, Iterable
 
 import torch
+from torch import Tensor
 
 from .models import get_model
 from .real import device_name, resolve_device, resolve_dtype, CUDA_NAMES, REGISTRY_DTYPE
@@ -58,6 +59,28 @@ def stats(ts: list[float]) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------ the device
+#: Columns of the matrix-vector reference (a decode step's matrices have 512 to 14,336).
+MATVEC_COLS = 4096
+
+
+def _matvecs(src: Tensor) -> dict[str, tuple[Callable[[], Any], int]]:
+    """The two matrix-vector products over ``src``'s bytes: ``W @ x`` (``matvec_wx``) and
+    ``x @ W.T`` with ``W.T`` stored row-major (``matvec_xwt``), with the bytes each reads."""
+    n, cols = src.numel(), MATVEC_COLS
+    w = src[: (n // cols) * cols].view(-1, cols)                      # [rows, 4096]
+    wt = w.view(cols, -1)                                              # the same bytes as [4096, rows]
+    x = torch.rand(cols, 1, dtype=src.dtype, device=src.device)
+    xr = torch.rand(1, cols, dtype=src.dtype, device=src.device)
+    return {"matvec_wx": (lambda: w @ x, w.nbytes), "matvec_xwt": (lambda: xr @ wt, w.nbytes)}
+
+
+def matvec(device: torch.device, dtype: torch.dtype, nbytes: int, layout: str) -> tuple[Callable[[], Any], int]:
+    """One matrix-vector product over ``nbytes`` of fresh weights in ``layout`` (a
+    :func:`bandwidth` key) and the bytes it reads: the reference of decode efficiency."""
+    n = nbytes // torch.empty(0, dtype=dtype).element_size()
+    return _matvecs(torch.empty(n, dtype=dtype, device=device).uniform_())[layout]
+
+
 @torch.inference_mode()
 def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int = 10) -> dict[str, Any]:
     """Memory bandwidth three ways ("Why batching"): copy into an existing tensor (read +
@@ -72,16 +95,10 @@ def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int =
     n = nbytes // torch.empty(0, dtype=dtype).element_size()
     src = torch.empty(n, dtype=dtype, device=device).uniform_()    # no fp32 copy: 15 GB for an 8B's bytes
     dst = torch.empty_like(src)
-    cols = 4096
-    w = src[: (n // cols) * cols].view(-1, cols)                      # [rows, 4096]
-    wt = w.view(cols, -1)                                              # the same bytes as [4096, rows]
-    x = torch.rand(cols, 1, dtype=dtype, device=device)
-    xr = torch.rand(1, cols, dtype=dtype, device=device)
     out: dict[str, Any] = {"bytes": nbytes}
-    for name, fn, moved in (("copy", lambda: dst.copy_(src), 2 * src.nbytes),
-                            ("read", lambda: src.sum(), src.nbytes),
-                            ("matvec_wx", lambda: w @ x, w.nbytes),
-                            ("matvec_xwt", lambda: xr @ wt, w.nbytes)):
+    fns = [("copy", lambda: dst.copy_(src), 2 * src.nbytes), ("read", lambda: src.sum(), src.nbytes)]
+    fns += [(name, fn, moved) for name, (fn, moved) in _matvecs(src).items()]
+    for name, fn, moved in fns:
         ts = time_fn(fn, device, reps)
         out[name] = {"GBps_best": moved / min(ts) / 1e9, "GBps_median": moved / statistics.median(ts) / 1e9}
     best = max(("matvec_wx", "matvec_xwt"), key=lambda k: out[k]["GBps_best"])

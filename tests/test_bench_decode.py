@@ -18,12 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_cli_writes_every_efficiency_figure(tmp_path: Path) -> None:
     out = tmp_path / "decode.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_decode.py"), "--model", "tiny", "--ctx", "8",
-                    "--batches", "1,2", "--reps", "2", "--rounds", "1", "--out", str(out)],
+                    "--batches", "1,2", "--reps", "2", "--rounds", "1", "--pairs", "3", "--out", str(out)],
                    check=True, cwd=ROOT, capture_output=True)
     doc = json.loads(out.read_text())
     for k in ("efficiency_vs_matvec", "efficiency_best_vs_best", "efficiency_median_vs_median"):
         assert doc[k] > 0
     # Best against best can only be at least the median step against the best matvec.
     assert doc["efficiency_best_vs_best"] >= doc["efficiency_vs_matvec"]
+    # The paired ratio: one per (step, matvec) pair, its median reported.
+    assert len(doc["efficiency_paired"]) == 3 and doc["efficiency_paired_median"] == sorted(doc["efficiency_paired"])[1]
     assert set(doc["step_ms"]) == {"1", "2"} and doc["knee"]["2.0x"] in (1, 2)
     assert "thp_mem_alloc" in doc   # recorded, whatever the caller set

@@ -36,7 +36,7 @@ against the eager path.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -102,7 +102,7 @@ class _Graph:
 
     inp: Tensor
     logits: Tensor | None
-    graph: "torch.cuda.CUDAGraph | None"
+    graph: Any   # torch.cuda.CUDAGraph (replay()), None where nothing is captured
 
 
 class DecodeGraphs:
@@ -160,25 +160,31 @@ class DecodeGraphs:
         inp = self._padding(rows).to(r.device)
         if not self.capture:
             return _Graph(inp, None, None)
-        # Warm-up on a side stream before capturing (lazy cuBLAS/allocator set-up must not
-        # be recorded), as torch.cuda.graphs' documentation does.
         try:
-            s = torch.cuda.Stream(r.device)
-            s.wait_stream(torch.cuda.current_stream(r.device))
-            with torch.cuda.stream(s):
-                for _ in range(2):
-                    self._step(inp, length)
-            torch.cuda.current_stream(r.device).wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            # One memory pool for every bucket: steps never run concurrently, and each
-            # replay's logits are read (argmax) before the next replay.
-            with torch.cuda.graph(g, pool=self._pool):
-                logits = self._step(inp, length)
+            g, logits = self._capture(lambda: self._step(inp, length))
         except RuntimeError as e:   # an op that cannot be captured, or out of memory
             raise GraphCaptureError(f"capturing the decode graph of {rows} rows x {length} positions "
                                     f"failed: {e}") from e
         self.captures += 1
         return _Graph(inp, logits, g)
+
+    def _capture(self, step: Callable[[], Tensor]) -> tuple[Any, Tensor]:
+        """Record ``step``'s kernels as a CUDA graph: (the graph, its static output)."""
+        dev = self.r.device
+        # Warm-up on a side stream before capturing (lazy cuBLAS/allocator set-up must not
+        # be recorded), as torch.cuda.graphs' documentation does.
+        s = torch.cuda.Stream(dev)
+        s.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream(dev).wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        # One memory pool for every bucket: steps never run concurrently, and each
+        # replay's logits are copied out before the next replay.
+        with torch.cuda.graph(g, pool=self._pool):
+            out = step()
+        return g, out
 
     def _padding(self, rows: int, start: int = 0) -> Tensor:
         """[3, rows - start] of padding rows: PAD_ID at distinct positions of the scratch slab."""

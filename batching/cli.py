@@ -183,9 +183,9 @@ def cmd_measure(a: argparse.Namespace) -> int:
 
     from .measure import measure  # torch is needed here only
     gpu = a.device == "cuda" or (a.device == "auto" and _cuda())
-    # On the CPU every batch is padded to a bucket (model.padded_tokens): measure the
-    # buckets a step of up to 64 rows lands on.
-    batches = a.batches or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 2, 4, 8, 16, 24, 32, 48, 64, 128])
+    # Batch 1 to 256 on every device. On the CPU every batch is padded to a bucket
+    # (model.padded_tokens): the grid holds the buckets a step of up to 64 rows lands on.
+    batches = a.batches or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256])
     ctxs = a.ctxs or ([128, 1024, 4096] if gpu else [8, 32, 128, 512, 1024])
     # Small sizes densely: on a CPU a step's cost rises steeply from 1 to ~8 tokens and then
     # flattens (cpu-s: 2 tokens 12.8 ms, 8: 19.5, 32: 26.9), which coarse linear

@@ -54,7 +54,7 @@ STAGES: list[tuple[str, int, list[str]]] = [
     ("fidelity-1b", 145, ["benchmarks/bench_fidelity.py", "--model", "llama-1b", "--device", "cuda",
                           "--profile", "{out}/h200-llama-1b.json", "--requests", "200", "--scale-lengths", "1",
                           "--time-scale", "8", "--slots", "32", "--max-len", "4352", "--token-budget", "512",
-                          "--out", "{out}/fidelity-h200-llama-1b.json"]),
+                          "--real-runs", "2", "--out", "{out}/fidelity-h200-llama-1b.json"]),
     ("profile-8b", 90, ["-m", "batching", "measure", "--model", "llama-8b", "--device", "cuda",
                          "--ctxs", "128,512,1536", "--prefill", "16,64,256,512,1024,2048",
                          "--mixed-chunks", "64,256,512,1024,2048", "--mixed-rows", "1,8,32",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -56,3 +57,21 @@ def test_probe_points_move_to_the_nearest_measured_steps(profile: dict) -> None:
     assert ("prefill", (32,)) in bench.probe_points(bad)
     with pytest.raises(ValueError, match=r"lacks the probe point prefill\(32,\)"):
         bench.profile_ms(profile, "prefill", (32,))
+
+
+def test_sim_against_the_real_runs_per_request_median() -> None:
+    """Three 'real' runs at speeds 0.8, 1.0 and 1.25 (a drifting machine): each request's
+    median is the 1.0 run's, so a simulator at that speed is exact against it, though it
+    is off against either other run."""
+    from batching.engine import SimExecutor, run
+    from batching.schedulers import make_scheduler
+    from helpers import LinearCost, reqs
+
+    bench = load_benchmark("bench_fidelity")
+    work = [(0.0, 8, 5), (0.5, 4, 9), (1.0, 16, 3), (1.2, 2, 12)]
+    go = lambda base: run(reqs(*work), make_scheduler("continuous", max_context=64, slots=2),  # noqa: E731
+                          SimExecutor(LinearCost(base=base, per_token=0.01)))
+    reals = [go(0.08), go(0.1), go(0.125)]
+    assert bench.sim_vs_real_median(go(0.1), reals) == 0.0
+    assert bench.sim_vs_real_median(go(0.11), reals) > 0.0
+    assert min(float(np.median(bench.e2e_rel_err(r, go(0.1)))) for r in (reals[0], reals[2])) > 0.05

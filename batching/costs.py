@@ -303,8 +303,10 @@ class ProfileCost(_VectorCost):
       about a 32-token prefill, not a 16-token prefill plus a batch-16 decode), hence
       the grid.
 
-    Beyond the grid both use the edge segment's line (floored at 0); each such query adds
-    one to ``extrapolated``, every query to ``queries``. A ``mixed`` section, if present,
+    Beyond the grid both use the edge segment's line; each such query adds one to
+    ``extrapolated``, every query to ``queries``. No step is estimated below the cheapest
+    step the profile measured (``floor_s``): a noisy edge segment that slopes down would
+    otherwise extrapolate to zero or less. A ``mixed`` section, if present,
     that is not a grid is used only to report the mixed estimate's error in :meth:`describe`.
     """
 
@@ -326,6 +328,8 @@ class ProfileCost(_VectorCost):
         self.buckets = None if tb is None else np.asarray(tb, dtype=np.float64)
         self.queries = 0
         self.extrapolated = 0
+        self.floor_s = float(min([decode_s.min(), prefill_s.min()]
+                                 + ([mixed["ms"].min()] if mixed is not None else [])))
 
     @classmethod
     def from_json(cls, path: str | Path, model: ModelShape | None = None,
@@ -450,7 +454,7 @@ class ProfileCost(_VectorCost):
             out = np.where(both, m_out, out)
         self.queries += int(np.count_nonzero(has_d | has_p))
         self.extrapolated += int(np.count_nonzero(out))
-        return est
+        return np.where(has_d | has_p, np.maximum(est, self.floor_s), est)
 
     def mixed_error(self) -> float | None:
         """Largest relative error of the mixed estimate against the profile's mixed points."""

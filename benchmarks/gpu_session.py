@@ -25,8 +25,10 @@ With the device tool::
 
     run(command="python3 benchmarks/gpu_session.py --out $OUT", carry=[".gpu"], timeout_s=560)
 
-then copy the files into ``data/profiles/`` and ``benchmarks/results/``. ``--dry-run`` runs the
-same stages with the ``tiny`` model on the CPU in seconds (the test suite does).
+then ``python benchmarks/gpu_session.py --install <the fetched folder>`` puts each file where
+the project keeps it (profiles in ``data/profiles/``, the rest in ``benchmarks/results/``),
+refusing any that was not measured on a GPU. ``--dry-run`` runs the same stages with the
+``tiny`` model on the CPU in seconds (the test suite does).
 """
 from __future__ import annotations
 
@@ -80,13 +82,66 @@ DRY: dict[str, list[str]] = {
 }
 
 
+#: Where each file a GPU session brings back is kept in the repository.
+INSTALL: dict[str, str] = {
+    "graphs-check.json": "benchmarks/results/graphs-check-h200.json",
+    "decode-h200-llama-8b.json": "benchmarks/results/decode-h200-llama-8b.json",
+    "fidelity-h200-llama-1b.json": "benchmarks/results/fidelity-h200-llama-1b.json",
+    "h200-llama-1b.json": "data/profiles/h200-llama-1b.json",
+    "h200-llama-8b.json": "data/profiles/h200-llama-8b.json",
+    "session.json": "benchmarks/results/gpu-session-h200.json",
+}
+
+
+def _device_of(name: str, doc: dict) -> str:
+    """The device a result file says it was measured on."""
+    if "meta" in doc and "device_name" in doc["meta"]:                # a profile
+        return doc["meta"]["device_name"]
+    return str(doc.get("device_name") or doc.get("device") or "")
+
+
+def install(src: Path, root: Path = ROOT) -> list[Path]:
+    """Copy a GPU session's files from ``src`` to their places under ``root``; profiles are
+    checked by loading them as the simulator does. Refuses (ValueError, naming the file)
+    anything measured on a CPU, such as a dry run's output, and a session with no files."""
+    from batching.costs import ProfileCost
+
+    done = []
+    found = [n for n in INSTALL if (src / n).is_file()]
+    if not found:
+        raise ValueError(f"{src}: none of {', '.join(INSTALL)}")
+    for name in found:
+        text = (src / name).read_text()
+        doc = json.loads(text)
+        if name.startswith("h200-"):
+            ProfileCost.from_dict(doc, source=str(src / name))
+        if name != "session.json":
+            dev = _device_of(name, doc)
+            if "H200" not in dev.upper():
+                raise ValueError(f"{src / name}: measured on {dev!r}, not an H200; not installed")
+        elif doc.get("dry_run"):
+            raise ValueError(f"{src / name}: a dry run's session; not installed")
+        dest = root / INSTALL[name]
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text)
+        done.append(dest)
+    return done
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
     p.add_argument("--budget-s", type=float, default=480, help="stop starting stages after this many seconds")
     p.add_argument("--only", help="comma-separated stage names (default: all)")
     p.add_argument("--dry-run", action="store_true", help="the same stages with the tiny model on the CPU")
+    p.add_argument("--install", type=Path, metavar="DIR",
+                   help="instead of measuring: copy a fetched session's files into data/ and benchmarks/results/")
     a = p.parse_args()
+    if a.install is not None:
+        sys.path.insert(0, str(ROOT))
+        for dest in install(a.install):
+            print(f"installed {dest.relative_to(ROOT)}")
+        return 0
     a.out.mkdir(parents=True, exist_ok=True)
     traces = ROOT / ".gpu" / "traces"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}

@@ -322,3 +322,18 @@ def test_step_time_monotone_in_rows_and_ctx(rows: int, ctx: int, d_rows: int, d_
         assert c.step_time(_dec(rows + d_rows, ctx)) >= base
         assert c.step_time(_dec(rows, ctx + d_ctx)) >= base
         assert c.step_time(StepWork(decode_rows=rows, decode_ctx=rows * ctx + d_ctx)) >= base
+
+
+def test_no_step_is_estimated_below_the_cheapest_measured_step() -> None:
+    """A noisy edge that slopes down (batch 3 measured faster than batch 1) extrapolates
+    below zero by batch 7; the estimate stops at the cheapest measured step (10 ms here,
+    the fastest point of the profile) instead of handing the engine a zero duration."""
+    doc = _profile()
+    doc["decode"]["ms"] = [[30, 32], [18, 20]]          # -6 ms per row at ctx 100
+    doc["prefill"]["ms"] = [150, 10]                     # -0.7 ms per token
+    p = ProfileCost.from_dict(doc)
+    assert p.floor_s == pytest.approx(0.010)
+    assert p.step_time(_dec(2, 100)) == pytest.approx(0.024)            # inside: as interpolated
+    assert p.step_time(_dec(7, 100)) == pytest.approx(0.010)            # 30 - 6 x 6 = -6 ms -> floor
+    assert p.step_time(StepWork(prefill_tokens=400)) == pytest.approx(0.010)
+    assert p.step_time(StepWork()) == 0.0                               # an empty step costs nothing

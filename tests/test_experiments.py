@@ -559,6 +559,12 @@ def test_fidelity_summary_takes_the_worst_scheduler(tmp_path) -> None:
     assert (s["tput_err"], s["e2e_err"], s["step_err"], s["noise"]) == (0.002, 0.13, 0.26, 0.24)
     assert s["requests"] == 200 and s["date"] == "2026-11-30" and s["schedulers"] == "continuous, chunked"
     assert "0.2%" in s["text"] and "13%" in s["text"] and "24%" in s["text"]
+    assert s["e2e_vs_median"] is None and "median over the real runs" not in s["text"]
+    for r, x in zip(doc["results"].values(), (0.06, 0.08)):
+        r["sim_vs_real_median_e2e_median_abs_rel_err"] = x
+    f.write_text(json.dumps(doc))
+    s = E.fidelity_summary(str(f))
+    assert s["e2e_vs_median"] == 0.08 and "median over the real runs, 8%" in s["text"]
     # The committed measurement is readable and has the noise floor the pages quote.
     committed = E.fidelity_summary()
     assert committed["noise"] is not None and 0 <= committed["tput_err"] < 1

@@ -36,6 +36,25 @@ def test_dry_run_writes_every_result_file(tmp_path: Path) -> None:
     assert set(fid["results"]) == {"continuous", "chunked"} and fid["token_budget"] == 32
     # At most 8 files come back from the device machine.
     assert len(list(tmp_path.iterdir())) <= 8
+    # --install refuses a CPU's files named as H200 ones, naming the file and its device ...
+    mod = load_benchmark("gpu_session")
+    root = tmp_path / "repo"
+    with pytest.raises(ValueError, match=r"graphs-check.json: measured on '[^']*', not an H200"):
+        mod.install(tmp_path, root)
+    assert not root.exists()
+    # ... and puts an H200's where the project keeps them (profiles loaded as the simulator does).
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    for name in ("h200-llama-1b.json", "decode-h200-llama-8b.json"):
+        doc = json.loads((tmp_path / name).read_text())
+        if "meta" in doc:
+            doc["meta"]["device_name"] = "NVIDIA H200"
+        else:
+            doc["device_name"] = "NVIDIA H200"
+        (gpu / name).write_text(json.dumps(doc))
+    done = mod.install(gpu, root)
+    assert sorted(p.relative_to(root).as_posix() for p in done) == [
+        "benchmarks/results/decode-h200-llama-8b.json", "data/profiles/h200-llama-1b.json"]
 
 
 def test_stages_fit_the_device_time_and_cover_each_dry_stage() -> None:

@@ -27,5 +27,9 @@ def test_cli_writes_every_efficiency_figure(tmp_path: Path) -> None:
     assert doc["efficiency_best_vs_best"] >= doc["efficiency_vs_matvec"]
     # The paired ratio: one per (step, matvec) pair, its median reported.
     assert len(doc["efficiency_paired"]) == 3 and doc["efficiency_paired_median"] == sorted(doc["efficiency_paired"])[1]
+    # On a CPU, numpy's matvec over the same bytes is reported beside torch's (another BLAS).
+    assert doc["numpy_matvec_GBps"]["best"] >= doc["numpy_matvec_GBps"]["median"] > 0
+    assert doc["efficiency_vs_numpy_matvec"] == pytest.approx(
+        doc["achieved_GBps_batch1"] / doc["numpy_matvec_GBps"]["best"])
     assert set(doc["step_ms"]) == {"1", "2"} and doc["knee"]["2.0x"] in (1, 2)
     assert "thp_mem_alloc" in doc   # recorded, whatever the caller set

@@ -35,10 +35,12 @@ def numpy_matvec(nbytes: int, reps: int = 7) -> list[float]:
 
     The best matrix-vector product on a CPU is not necessarily torch's: measured here,
     numpy's OpenBLAS streamed 26-29 GB/s against MKL's 22-23 (MKL reads no faster with two
-    threads than with one on this AMD EPYC; OpenBLAS uses both cores). The model keeps MKL
-    (inside a step, OpenBLAS's threads and torch's OpenMP threads fight over the two
-    cores: 104 ms against 26 for a cpu-m batch-1 step, and 24 ms with torch on one
-    thread), so this is reported as the machine's ceiling beside torch's own."""
+    threads than with one on this AMD EPYC; OpenBLAS uses both cores). The model keeps MKL:
+    inside a step, OpenBLAS's threads and torch's OpenMP threads fight over the two cores
+    (a cpu-m batch-1 step 104 ms against 26 with MKL; 24 against 26.5 with torch on one
+    thread for the step, but in a live mix a batch-4 step right after such a step took 110
+    ms against 43, OpenBLAS's idle threads still spinning). So this is reported as the
+    machine's ceiling beside torch's own."""
     import time
 
     import numpy as np

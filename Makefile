@@ -34,9 +34,11 @@ book: venv
 
 # What benchmarks/gpu_session.py needs on a lent GPU machine, where ../shared does not travel:
 # the Azure conversation trace, in an ignored folder the device tool carries (carry=[".gpu"]).
-gpu-prep:
+# Then the same five stages, dry, on this CPU (~30 s): no device minute is spent on a broken script.
+gpu-prep: venv
 	mkdir -p .gpu/traces/azure-2023
-	cp $$($(PYTHON) -c "import sys; sys.path.insert(0, '.'); from batching.traces import find_trace; print(find_trace('azure-conv'))") .gpu/traces/azure-2023/
+	cp $$($(PY) -c "from batching.traces import find_trace; print(find_trace('azure-conv'))") .gpu/traces/azure-2023/
+	$(RUN) $(PY) benchmarks/gpu_session.py --dry-run --out _build/gpu-dry
 
 clean:
 	rm -rf _build .pytest_cache .hypothesis *.egg-info

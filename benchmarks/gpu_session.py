@@ -142,6 +142,7 @@ def main() -> int:
         for dest in install(a.install):
             print(f"installed {dest.relative_to(ROOT)}")
         return 0
+    a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
     traces = ROOT / ".gpu" / "traces"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}

@@ -125,6 +125,7 @@ class DecodeGraphs:
         return sorted(self._graphs)
 
     def bucket(self, rows: int, length: int) -> tuple[int, int]:
+        """The (rows, context) bucket a decode step of ``rows`` rows and longest context ``length`` replays."""
         return batch_bucket(rows, self.r.slots), ctx_bucket(length, self.r.max_len)
 
     def _step(self, inp: Tensor, length: int) -> Tensor:
@@ -155,6 +156,7 @@ class DecodeGraphs:
         return r.model(ids, inp[1], attend)
 
     def _make(self, rows: int, length: int) -> _Graph:
+        """A bucket's static input and, on CUDA, its captured graph."""
         r = self.r
         # Capture-time inputs are padding rows: warm-up and capture write only the scratch slab.
         inp = self._padding(rows).to(r.device)

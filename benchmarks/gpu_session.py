@@ -128,6 +128,35 @@ def install(src: Path, root: Path = ROOT) -> list[Path]:
     return done
 
 
+def headline(out: Path) -> dict:
+    """The figures a session reads first, from whichever result files exist in ``out``."""
+    h: dict = {}
+
+    def load(name: str) -> dict | None:
+        f = out / name
+        return json.loads(f.read_text()) if f.is_file() else None
+
+    if (c := load("graphs-check.json")) is not None:
+        h["graphs_check_ok"] = c.get("ok")
+    if (d := load("decode-h200-llama-8b.json")) is not None:
+        h["decode_8b"] = {k: d.get(k) for k in ("efficiency_vs_matvec", "efficiency_best_vs_best",
+                                                  "efficiency_paired_median", "efficiency_vs_matvec_eager",
+                                                  "knee", "bstar_roofline", "decode_graphs_error")}
+        h["decode_8b"]["step_ms_batch1"] = d["step_ms"]["1"]["median_ms"]
+    for name in ("h200-llama-1b.json", "h200-llama-8b.json"):
+        if (prof := load(name)) is not None:
+            h[name] = {"decode_ms_batch1": prof["decode"]["ms"][0], "wall_s": prof["meta"]["wall_s"],
+                       "decode_graphs": prof["meta"].get("decode_graphs", {}) and
+                       {k: v for k, v in prof["meta"]["decode_graphs"].items() if k != "buckets"}}
+    if (f := load("fidelity-h200-llama-1b.json")) is not None:
+        h["fidelity_1b"] = {k: {m: r.get(m) for m in ("e2e_median_abs_rel_err", "throughput_rel_err",
+                                                         "real_vs_real_e2e_median_abs_rel_err",
+                                                         "sim_vs_real_median_e2e_median_abs_rel_err",
+                                                         "step_median_abs_rel_err")}
+                            for k, r in f["results"].items()}
+    return h
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-out")))
@@ -180,6 +209,9 @@ def main() -> int:
         print(json.dumps(rec), flush=True)
         (a.out / "session.json").write_text(json.dumps(summary, indent=1) + "\n")
     log.close()
+    summary["headline"] = headline(a.out)
+    (a.out / "session.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary["headline"], indent=1))
     return 0 if all(s.get("rc") == 0 for s in summary["stages"] if "skipped" not in s) else 1
 
 

@@ -25,6 +25,10 @@ def test_dry_run_writes_every_result_file(tmp_path: Path) -> None:
     assert [s["stage"] for s in session["stages"]] == ["check-graphs", "decode-8b", "profile-1b", "fidelity-1b",
                                                        "profile-8b"]
     assert all(s["rc"] == 0 for s in session["stages"])
+    head = session["headline"]          # what the next session reads first
+    assert head["graphs_check_ok"] is True and head["decode_8b"]["step_ms_batch1"] > 0
+    assert set(head) >= {"h200-llama-1b.json", "h200-llama-8b.json", "fidelity_1b"}
+    assert set(head["fidelity_1b"]) == {"continuous", "chunked"}
     decode = json.loads((tmp_path / "decode-h200-llama-8b.json").read_text())
     assert decode["efficiency_vs_matvec"] > 0 and decode["decode_graphs"] is False   # nothing to capture on a CPU
     for name in ("h200-llama-1b.json", "h200-llama-8b.json"):

@@ -205,20 +205,14 @@ class DecodeGraphs:
             self._graphs[key] = self._make(rows, length)
         return self._graphs[key]
 
-    def capture_all(self, max_rows: int | None = None, max_length: int | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> int:
-        """Capture every bucket up to ``max_rows`` rows and ``max_length`` positions (default: the
-        runner's slots and slab); returns how many graphs exist. The real executor's warm-up."""
-        max_rows = self.r.slots if max_rows is None else max_rows
-        max_length = self.r.max_len if max_length is None else max_length
-        rows = sorted({batch_bucket(b, self.r.slots) for b in range(1, max_rows + 1)})
-        lens = sorted({ctx_bucket(n, self.r.max_len) for n in range(1, max_length + 1)})
-        keys = [(b, n) for b in rows for n in lens]
+    def capture_all(self) -> int:
+        """Capture every bucket the runner's slots and slab allow; returns how many graphs
+        exist. The real executor's warm-up, so that no timed step pays a capture."""
+        rows = sorted({batch_bucket(b, self.r.slots) for b in range(1, self.r.slots + 1)})
+        lens = sorted({ctx_bucket(n, self.r.max_len) for n in range(1, self.r.max_len + 1)})
         # Largest first, as vLLM captures: the shared pool is then sized by the largest step.
-        for i, (b, n) in enumerate(sorted(keys, reverse=True)):
+        for b, n in sorted(((b, n) for b in rows for n in lens), reverse=True):
             self.graph(b, n)
-            if progress is not None:
-                progress(i + 1, len(keys))
         return len(self._graphs)
 
     def run(self, ids: list[int], pos: list[int], slot: list[int]) -> Tensor:

@@ -278,8 +278,7 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "host": socket.gethostname(),
             "python": platform.python_version(), "params": shape.params, "weight_read_bytes": weight_bytes,
             "reps": reps, "rounds": rounds, "seed": seed, "token_buckets": runner.model.token_buckets(),
-            "decode_graphs": ({"error": runner.graphs_error} if runner.graphs_error else None if runner.graphs is None
-                              else {"captured": runner.graphs.captures, "buckets": [list(k) for k in runner.graphs.keys]}),
+            "decode_graphs": runner.graphs_info(),
             "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
             "wall_s": time.perf_counter() - t_start,
             "how": "python -m batching measure: synchronized wall clock around ModelRunner's packed forward "

@@ -164,8 +164,7 @@ class RealExecutor:
                 "linear": ("(W @ x.T).T; batch 1: x @ W.T stored transposed (tall weights), W @ x (others)" if r.model.wx
                            else "F.linear"),
                 "batch1_copy_bytes": r.model.batch1_bytes(),
-                "decode_graphs": ({"error": r.graphs_error} if r.graphs_error else None if r.graphs is None else
-                                  {"captured": r.graphs.captures, "replayed_as_graphs": r.graphs.capture}),
+                "decode_graphs": r.graphs_info(),
                 "slots": r.slots, "max_len": r.max_len, "kv_cache_bytes": r.kv_bytes, "seed": r.seed,
                 "rope_theta": r.cfg.rope_theta, "warmup_s": self.warmup_s,
                 "hardware": None if self.cost is None else self.cost.device.name}

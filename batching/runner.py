@@ -383,6 +383,16 @@ class ModelRunner:
             o = sdpa(qh, k, v, mask)
         return o[0].transpose(0, 1)                               # [m, H, D]
 
+    def graphs_info(self) -> dict | None:
+        """What decode graphs did (results' executor record, profiles' meta): None when off,
+        the capture error if one turned them off, else buckets captured and whether replayed."""
+        if self.graphs_error:
+            return {"error": self.graphs_error}
+        if self.graphs is None:
+            return None
+        return {"captured": self.graphs.captures, "replayed_as_graphs": self.graphs.capture,
+                "buckets": [list(k) for k in self.graphs.keys]}
+
     def _drop_graphs(self, e: GraphCaptureError) -> None:
         # Eager steps still give the right tokens; the runner records why it is slower
         # (results' executor record, profiles' meta) and says so once.

@@ -121,7 +121,7 @@ def scaled_profile(doc: dict, factor: float) -> ProfileCost:
 
 
 def e2e_of(res) -> np.ndarray:
-    """Per-request E2E latency of a run, in rid order."""
+    """Per-request E2E latency of a run, in rid order (every run of one workload has the same rids)."""
     return np.array([x["e2e"] for x in sorted(request_records(res.requests), key=lambda x: x["rid"])])
 
 
@@ -132,12 +132,10 @@ def sim_vs_real_median(sim, reals: list) -> float:
 
 
 def e2e_rel_err(ref, other) -> np.ndarray:
-    """|E2E(other) - E2E(ref)| / E2E(ref) for each request (same rids in the same order)."""
-    r, s = request_records(ref.requests), request_records(other.requests)
-    assert [x["rid"] for x in r] == [x["rid"] for x in s]
-    e2e_r = np.array([x["e2e"] for x in r])
-    e2e_s = np.array([x["e2e"] for x in s])
-    return np.abs(e2e_s - e2e_r) / e2e_r
+    """|E2E(other) - E2E(ref)| / E2E(ref) for each request (the same rids in both runs)."""
+    assert sorted(r.rid for r in ref.requests) == sorted(r.rid for r in other.requests)
+    e2e_r = e2e_of(ref)
+    return np.abs(e2e_of(other) - e2e_r) / e2e_r
 
 
 def compare(real, sim) -> dict:

@@ -69,10 +69,8 @@ def main() -> int:
         out["schedulers"][name] = {"requests_equal": len(toks[False]) - len(diff), "requests": len(toks[False]),
                                    "tokens": sum(map(len, toks[True].values())), "first_difference": first}
         ok &= not diff
-    g = runners[True]
-    out["graphs"] = {"captured": g.graphs.captures if g.graphs is not None else 0,
-                     "replayed_as_graphs": g.graphs is not None and g.graphs.capture, "error": g.graphs_error}
-    out["ok"] = ok and g.graphs_error is None
+    out["graphs"] = runners[True].graphs_info()
+    out["ok"] = ok and runners[True].graphs_error is None
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))

@@ -93,7 +93,7 @@ INSTALL: dict[str, str] = {
 }
 
 
-def _device_of(name: str, doc: dict) -> str:
+def _device_of(doc: dict) -> str:
     """The device a result file says it was measured on."""
     if "meta" in doc and "device_name" in doc["meta"]:                # a profile
         return doc["meta"]["device_name"]
@@ -102,25 +102,25 @@ def _device_of(name: str, doc: dict) -> str:
 
 def install(src: Path, root: Path = ROOT) -> list[Path]:
     """Copy a GPU session's files from ``src`` to their places under ``root``; profiles are
-    checked by loading them as the simulator does. Refuses (ValueError, naming the file)
-    anything measured on a CPU, such as a dry run's output, and a session with no files."""
+    checked by loading them as the simulator does. Refuses (ValueError, naming the file,
+    before anything is written) anything measured on a CPU, such as a dry run's output,
+    and a folder with none of the files."""
     from batching.costs import ProfileCost
 
-    done = []
-    found = [n for n in INSTALL if (src / n).is_file()]
-    if not found:
+    texts = {n: (src / n).read_text() for n in INSTALL if (src / n).is_file()}
+    if not texts:
         raise ValueError(f"{src}: none of {', '.join(INSTALL)}")
-    for name in found:
-        text = (src / name).read_text()
+    for name, text in texts.items():
         doc = json.loads(text)
         if name.startswith("h200-"):
             ProfileCost.from_dict(doc, source=str(src / name))
-        if name != "session.json":
-            dev = _device_of(name, doc)
-            if "H200" not in dev.upper():
-                raise ValueError(f"{src / name}: measured on {dev!r}, not an H200; not installed")
-        elif doc.get("dry_run"):
-            raise ValueError(f"{src / name}: a dry run's session; not installed")
+        if name == "session.json":
+            if doc.get("dry_run"):
+                raise ValueError(f"{src / name}: a dry run's session; not installed")
+        elif "H200" not in _device_of(doc).upper():
+            raise ValueError(f"{src / name}: measured on {_device_of(doc)!r}, not an H200; not installed")
+    done = []
+    for name, text in texts.items():
         dest = root / INSTALL[name]
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(text)

@@ -10,24 +10,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from batching.graphs import batch_bucket, ctx_bucket, gqa_decode_attention  # noqa: E402
-from batching.model import Llama, ModelConfig, sdpa  # noqa: E402
-from batching.models import get_model  # noqa: E402
+from batching.model import Llama, sdpa  # noqa: E402
 from batching.plan import PrefillChunk, StepPlan  # noqa: E402
 from batching.real import run_real  # noqa: E402
 from batching.runner import ModelRunner, kv_cache_bytes  # noqa: E402
 from batching.schedulers import make_scheduler  # noqa: E402
 from batching.workload import Workload  # noqa: E402
 
-from test_model import admitted, commit  # noqa: E402
+from test_model import F64, TINY, admitted, commit  # noqa: E402
 
 pytestmark = pytest.mark.model
-F64 = torch.float64
-TINY = ModelConfig.from_shape(get_model("tiny"))
-
-
-@pytest.fixture(scope="module")
-def model64() -> Llama:
-    return Llama(TINY, "cpu", F64, seed=0)
 
 
 def test_batch_buckets_double_to_8_then_step_by_8_capped_at_the_slots() -> None:
@@ -84,6 +76,8 @@ def test_fixed_shape_decode_step_equals_the_eager_step(model64: Llama, rows: lis
         for rid in e.logits:
             torch.testing.assert_close(f.logits[rid], e.logits[rid], rtol=0, atol=1e-11)
     assert fixed.graphs.keys == [bucket] and fixed.graphs.captures == 0   # nothing captured on a CPU
+    assert fixed.graphs_info() == {"captured": 0, "replayed_as_graphs": False, "buckets": [list(bucket)]}
+    assert eager.graphs_info() is None
     # Slabs no request used are still zero; padding rows (if any) wrote the scratch slab.
     for s in set(range(6)) - {s for _, s in rows}:
         assert not fixed.k_cache[:, s].any() and not fixed.v_cache[:, s].any()
@@ -137,6 +131,7 @@ def test_a_failed_capture_falls_back_to_eager_steps_and_says_why(model64: Llama,
             outs.append(runner.forward(plan))
     torch.testing.assert_close(outs[1].logits[0], outs[0].logits[0], rtol=0, atol=1e-11)
     assert fixed.graphs is None and "nope" in fixed.graphs_error
+    assert fixed.graphs_info() == {"error": fixed.graphs_error}
 
 
 class _Replayer:

@@ -17,11 +17,6 @@ F64 = torch.float64
 TINY = ModelConfig.from_shape(get_model("tiny"))
 
 
-@pytest.fixture(scope="module")
-def model64() -> Llama:
-    return Llama(TINY, "cpu", F64, seed=0)
-
-
 def commit(plan: StepPlan, out: StepOutput, t: float) -> None:
     """What the engine's scheduler.commit does to the requests, without a scheduler."""
     for c in plan.prefills:

@@ -66,11 +66,6 @@ def alone(model: Llama, spec: list[tuple[int, int, int]]) -> dict[int, list[int]
 
 
 @pytest.fixture(scope="module")
-def model64() -> Llama:
-    return Llama(TINY, "cpu", torch.float64, seed=0)
-
-
-@pytest.fixture(scope="module")
 def model32() -> Llama:
     return Llama(TINY, "cpu", torch.float32, seed=0)
 

@@ -1,0 +1,13 @@
+"""Fixtures shared by the torch-model tests (test_model, test_real, test_graphs)."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def model64():
+    """The ``tiny`` model in float64 (argmax near-ties cannot flip), seed 0; read-only in every test."""
+    torch = pytest.importorskip("torch")
+    from batching.model import Llama, ModelConfig
+    from batching.models import get_model
+    return Llama(ModelConfig.from_shape(get_model("tiny")), "cpu", torch.float64, seed=0)

@@ -351,11 +351,13 @@ def itl_figure(series: Mapping[str, Mapping[str, np.ndarray]], arrival: float,
     """7.3: the inter-token latency the running requests see, per configuration; triangles
     on the time axis mark the newcomer's first token."""
     fig, ax = plt.subplots(figsize=(WIDTH, 2.9))
+    top = 0.0
     for name, d in series.items():
         t, g = d["t"], d["itl"] * 1e3
         # Every running request sees the same step: draw one line of the step-by-step ITL.
         u, idx = np.unique(t, return_index=True)
         ax.step(u, g[idx], where="pre", lw=1.5, label=name, **_config_style(name))
+        top = max(top, float(g.max(initial=0.0)))
     ax.axvline(arrival, color="#999999", ls=":", lw=1)
     ax.annotate("long prompt arrives", (arrival, 0.93), xycoords=("data", "axes fraction"), xytext=(-4, 0),
                 textcoords="offset points", ha="right", fontsize=8, color="#666666")
@@ -367,7 +369,8 @@ def itl_figure(series: Mapping[str, Mapping[str, np.ndarray]], arrival: float,
         ax.set_xlim(*window)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("inter-token latency of\nthe running requests (ms)")
-    ax.set_ylim(bottom=0)
+    # Headroom above the tallest stall for the legend, which would otherwise sit on it.
+    ax.set_ylim(0, top * 1.45 if top > 0 else None)
     ax.legend(loc="upper right")
     return fig
 

@@ -341,6 +341,56 @@ def test_real_engine_crosscheck_agrees_with_the_simulator_on_steps_and_iteration
     assert len(rows) == 2 and len(header) == len(rows[0])
 
 
+@pytest.mark.model
+def test_real_padding_runs_the_padding_and_reports_its_measured_cost():
+    pytest.importorskip("torch")
+    rp = E.real_padding(model="tiny", device="cpu", short=8, long=40, reps=2, threads=1)
+    # The static run's one step prefilled 8 + 40 prompt tokens and 32 padding positions.
+    assert rp["pad_tokens"] == 32 and rp["padding_fraction"] == pytest.approx(32 / 80)
+    assert rp["token_ratio"] == 5 and rp["positions_ratio"] == pytest.approx(80 / 48)
+    assert rp["reps"] == 2 and rp["model"] == "tiny"
+    for k in ("padded_ms", "packed_ms", "short_ms", "long_ms"):
+        assert math.isfinite(rp[k]) and rp[k] > 0, k
+    assert rp["time_ratio_short"] == pytest.approx(rp["long_ms"] / rp["short_ms"])
+    assert rp["time_ratio_batch"] == pytest.approx(rp["padded_ms"] / rp["packed_ms"])
+    header, rows = E.real_padding_rows(rp)
+    assert [r[1] for r in rows] == ["8", "40", "48", "80"] and len(header) == 3
+    assert E.executor_text(rp["executor"]).startswith("tiny, 0.1M parameters, float32")
+    for bad, field in ((dict(short=0), "short=0"), (dict(short=40, long=40), "long=40"),
+                       (dict(reps=0), "reps=0")):
+        with pytest.raises(ValueError, match=field):
+            E.real_padding(model="tiny", device="cpu", **{"short": 8, "long": 40, **bad})
+
+
+@pytest.mark.model
+def test_real_stall_serves_the_long_prompt_whole_or_in_chunks_on_the_model():
+    pytest.importorskip("torch")
+    # tail_steps=20: the running requests keep decoding through the newcomer's chunks even
+    # if the calibration overstated the step 4x (a noisy neighbour on a shared machine).
+    st = E.real_stall(model="tiny", device="cpu", running=3, prompt=100, chunk=16, tail_steps=20,
+                      running_prompt=40, threads=1)
+    assert st["budget"] == 16 + 4 and st["at_s"] > 0 and st["decode_ms"] > 0
+    output = 2 * 10 + math.ceil(100 / 16) + 20
+    for tag, res in st["results"].items():
+        done = {r.rid: len(r.token_ids) for r in res.requests}
+        assert done == {0: output, 1: output, 2: output, 3: 8}, tag       # every token, nobody dropped
+        L = res.log.cols
+        prefills = [int(p) for p in L["prefill"] if p]
+        if tag == "chk":
+            # Budget 20 with the 3 running decodes: the newcomer's 100 tokens go in chunks
+            # of 16 (chunk_size), the last 4 left over, in steps that carry all 3 decodes.
+            assert [int(p) for p, d in zip(L["prefill"], L["decode"]) if p and d == 3] == [16] * 6 + [4]
+            assert max(prefills) <= 20
+        else:   # the running prompts together, then the whole long prompt in one step
+            assert prefills == [3 * 40, 100], tag
+    n = st["numbers"]
+    assert set(n) == {f"{t}_{k}" for t in ("mix", "sep", "chk")
+                      for k in ("itl_max_ms", "itl_p50_ms", "stall", "steps_over_2x", "ttft_ms")}
+    assert set(st["series"]) == set(st["labels"].values()) and st["model"] == "tiny"
+    with pytest.raises(ValueError, match="chunk=0"):
+        E.real_stall(model="tiny", device="cpu", running=3, prompt=100, chunk=0)
+
+
 # ---------------------------------------------------------------------- why batching
 def test_knee_is_the_last_batch_before_the_curve_first_leaves_the_band():
     b = [1, 2, 4, 8, 16, 32]

@@ -1,6 +1,7 @@
 """The experiments behind chapter 7's notebooks, one module per section: small functions
-that run a comparison or a sweep through the simulator (or, for cross-checks, the real
-engine) and return tidy dicts of plain Python numbers and numpy arrays.
+that run a comparison or a sweep through the simulator (or, for the measured sections, the
+real engine: 7.1's padding, 7.2's cross-check, 7.3's stall, the live decode curve) and
+return tidy dicts of plain Python numbers and numpy arrays.
 
 Notebooks call these and plot the results with :mod:`batching.plots`; nothing else in a
 notebook computes. Each function names the section it serves. All simulations use the
@@ -31,15 +32,16 @@ from .why import (LIVE_DEFAULTS, PROFILE_DIR, bstar_of, knee, roofline_curve, st
                   gpu_rooflines, live_defaults, decode_paths, live_decode_sweep, live_roofline,
                   profile_roofline, live_numbers, live_text, live_labels, knee_text, load_profiles,
                   profiles_text, profile_rows)
-from .static import (padding_cost, Segment, timeline, slot_steps, analytic_static_utilization,
+from .static import (padding_cost, REAL_PADDING_LONG, real_padding, real_padding_rows, Segment, timeline, slot_steps, analytic_static_utilization,
                      static_batch_sweep, wait_sweep, first_finisher_summary)
 from .continuous import (compare_schedulers, rate_sweep, sweep_numbers, saturation, with_probes,
                          probe_runs, iterations, subset_latency, decode_compute_share,
                          decode_step_ms, first_finisher_queue, probe_summary)
-from .chunked import (long_prompt_among_decodes, itl_series, spike_summary, stall_runs,
+from .chunked import (long_prompt_among_decodes, itl_series, spike_summary, stall_summary, stall_runs,
+                      REAL_STALL, stall_configs, real_stall,
                       stall_numbers, tradeoff_numbers, chunk_step_times, chunk_sweep)
 from .kv import (kv_over_time, kv_runs, kv_fit, kv_budget_sweep, budget_numbers)
-from .checks import (real_available, real_crosscheck, crosscheck_text, crosscheck_rows,
+from .checks import (REAL_MODELS, real_runner, serve_real, executor_text, real_available, real_crosscheck, crosscheck_text, crosscheck_rows,
                      FIDELITY_FILE, fidelity_summary)
 
 __all__ = [
@@ -48,12 +50,14 @@ __all__ = [
     "bstar_of", "knee", "roofline_curve", "stream_numbers", "gpu_rooflines", "live_defaults",
     "decode_paths", "live_decode_sweep", "live_roofline", "profile_roofline", "live_numbers",
     "live_text", "live_labels", "knee_text", "load_profiles", "profiles_text", "profile_rows",
-    "padding_cost", "Segment", "timeline", "slot_steps", "analytic_static_utilization",
+    "padding_cost", "REAL_PADDING_LONG", "real_padding", "real_padding_rows", "Segment", "timeline", "slot_steps", "analytic_static_utilization",
     "static_batch_sweep", "wait_sweep", "first_finisher_summary", "compare_schedulers",
     "rate_sweep", "sweep_numbers", "saturation", "with_probes", "probe_runs", "iterations",
     "subset_latency", "decode_compute_share", "decode_step_ms", "first_finisher_queue",
-    "probe_summary", "long_prompt_among_decodes", "itl_series", "spike_summary", "stall_runs",
+    "probe_summary", "long_prompt_among_decodes", "itl_series", "spike_summary", "stall_summary",
+    "stall_runs", "REAL_STALL", "stall_configs", "real_stall",
     "stall_numbers", "tradeoff_numbers", "chunk_step_times", "chunk_sweep", "kv_over_time",
-    "kv_runs", "kv_fit", "kv_budget_sweep", "budget_numbers", "real_available", "real_crosscheck",
+    "kv_runs", "kv_fit", "kv_budget_sweep", "budget_numbers", "REAL_MODELS", "real_runner",
+    "serve_real", "executor_text", "real_available", "real_crosscheck",
     "crosscheck_text", "crosscheck_rows", "FIDELITY_FILE", "fidelity_summary"
 ]

@@ -26,6 +26,48 @@ def real_available() -> bool:
     return True
 
 
+#: The model a real run of 7.1 or 7.3 builds by default on each kind of device: the CPU demo
+#: model whose profile this book measured (cpu-s: prefills of thousands of tokens take about a
+#: second on two cores), and the Llama 3.2 1B shape on a GPU (bf16).
+REAL_MODELS: dict[str, str] = {"cpu": "cpu-s", "cuda": "llama-1b"}
+
+
+def real_runner(model: str | None, device: str = "auto", slots: int = 1, max_len: int | None = None,
+                threads: int | None = None) -> Any:
+    """7.1, 7.3: one model with its slab KV cache on ``device`` ("auto": the GPU if there is one),
+    built once and served by several real runs in turn (``run_real(runner=...)``).
+    ``model`` None takes :data:`REAL_MODELS` for the device."""
+    import torch
+
+    from ..models import get_model
+    from ..real import resolve_device
+    from ..runner import ModelRunner
+
+    dev = resolve_device(device)
+    name = REAL_MODELS["cuda" if dev.type == "cuda" else "cpu"] if model is None else model
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return ModelRunner.from_shape(get_model(name), slots, device=dev, max_len=max_len)
+
+
+def serve_real(runner: Any, workload: Workload, scheduler: str, **options: Any) -> Any:
+    """7.1, 7.3: one real run of ``workload`` on ``runner`` under ``scheduler`` with
+    :func:`~batching.schedulers.make_scheduler`'s ``options``; returns the engine's RunResult."""
+    from ..real import run_real
+
+    sched = make_scheduler(scheduler, max_context=runner.max_len, **options)
+    return run_real(workload, sched, None, runner=runner)
+
+
+def executor_text(ex: Mapping[str, Any]) -> str:
+    """What a real run ran on, for a sentence or caption (7.1-7.3): model, parameters, dtype,
+    device, threads, torch."""
+    dev = ex.get("device_name", ex.get("device", "?"))
+    threads = f", {ex['threads']} threads" if str(ex.get("device", "cpu")).startswith("cpu") else ""
+    return (f"{ex.get('model', '?')}, {ex.get('params', 0) / 1e6:,.1f}M parameters, {ex.get('dtype', '?')}, "
+            f"{dev}{threads}, torch {ex.get('torch', '?')}")
+
+
 def real_crosscheck(workload: Workload, model: str = "tiny", schedulers: Sequence[str] = ("static", "continuous"),
                     slots: int = 4, threads: int | None = None, probe_output: int | None = None
                     ) -> dict[str, Any]:
@@ -84,16 +126,14 @@ def crosscheck_text(cc: Mapping[str, Any]) -> str:
                 "so this cross-check was skipped.")
     per = cc["per"]
     agree = all(p["steps_sim"] == p["steps_real"] and p["iters_sim"] == p["iters_real"] for p in per.values())
-    ex = cc.get("executor", {})
     parts = []
     for name, p in per.items():
         parts.append(f"{name}: {p['steps_real']} steps, slot utilization {p['slot_util_real']:.1%}, "
                      f"{p['busy_real_s']:.2f} s measured")
     verdict = ("The step counts and every probe's iteration count agree exactly with the simulator"
                if agree else "The step counts or iteration counts DIFFER from the simulator")
-    return (f"On the real engine ({cc['model']}, {ex.get('params', 0) / 1e6:.1f}M parameters, {ex.get('dtype', '?')}, "
-            f"{ex.get('device_name', ex.get('device', '?'))}, {ex.get('threads', '?')} threads, torch "
-            f"{ex.get('torch', '?')}): " + "; ".join(parts) + f". {verdict}.")
+    return (f"On the real engine ({executor_text(cc.get('executor', {}))}): " + "; ".join(parts)
+            + f". {verdict}.")
 
 
 def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:

@@ -67,23 +67,113 @@ def spike_summary(result: RunResult, running: Sequence[int], newcomer: int) -> d
             "ttft_ms": float(new.token_times[0] - new.arrival) * 1e3}
 
 
-def stall_runs(workload: Workload, cost: Any, configs: Mapping[str, tuple[str, str, Mapping[str, Any]]],
-               running: Sequence[int], newcomer: int, slots: int = 32) -> dict[str, Any]:
-    """7.3: run the long-prompt workload under each ``{tag: (label, scheduler, options)}``.
-
-    Returns ``series`` ({label: :func:`itl_series` of the running requests}), ``first_token``
-    ({label: the newcomer's first-token time, s}) and ``numbers`` (the
-    :func:`spike_summary` of each run, keys prefixed ``<tag>_``).
-    """
+def stall_summary(runs: Mapping[str, tuple[str, RunResult]], running: Sequence[int], newcomer: int
+                  ) -> dict[str, Any]:
+    """7.3: ``{tag: (label, result)}`` of the long-prompt workload, reduced to ``series``
+    ({label: :func:`itl_series` of the running requests}), ``first_token`` ({label: the
+    newcomer's first-token time, s}) and ``numbers`` (each run's :func:`spike_summary`,
+    keys prefixed ``<tag>_``)."""
     series: dict[str, Any] = {}
     first: dict[str, float] = {}
     numbers: dict[str, float] = {}
-    for tag, (label, sched, opts) in configs.items():
-        run_ = simulate(workload, cost, sched, slots=slots, **opts)
-        series[label] = itl_series(run_, running)
-        first[label] = next(r for r in run_.requests if r.rid == newcomer).token_times[0]
-        numbers.update(flat(tag, spike_summary(run_, running, newcomer)))
+    for tag, (label, res) in runs.items():
+        series[label] = itl_series(res, running)
+        first[label] = next(r for r in res.requests if r.rid == newcomer).token_times[0]
+        numbers.update(flat(tag, spike_summary(res, running, newcomer)))
     return {"series": series, "first_token": first, "numbers": numbers}
+
+
+def stall_runs(workload: Workload, cost: Any, configs: Mapping[str, tuple[str, str, Mapping[str, Any]]],
+               running: Sequence[int], newcomer: int, slots: int = 32) -> dict[str, Any]:
+    """7.3: simulate the long-prompt workload under each ``{tag: (label, scheduler, options)}``;
+    returns :func:`stall_summary`."""
+    runs = {tag: (label, simulate(workload, cost, sched, slots=slots, **opts))
+            for tag, (label, sched, opts) in configs.items()}
+    return stall_summary(runs, running, newcomer)
+
+
+#: The real stall experiment's sizes per device type (:func:`real_stall`). On the CPU, 8
+#: running requests and a 1,536-token prompt keep the runs to a few seconds. cpu-s turns
+#: compute-bound within a few dozen tokens (B* ~ 10), and below ~128 tokens a chunk's
+#: prefill runs well under its best throughput (measured here with 8 decodes: chunks of
+#: 64 took 45-75 ms, the whole prompt's first token came after 2.0 s against 0.7 s
+#: unchunked; chunks of 128 took 85-125 ms, 1.2 s), so the CPU uses 128. On a GPU the
+#: page's own sizes (30 running, 4,000 tokens, chunks of 512).
+REAL_STALL: dict[str, dict[str, int]] = {"cpu": {"running": 8, "prompt": 1536, "chunk": 128},
+                                         "cuda": {"running": 30, "prompt": 4000, "chunk": 512}}
+
+
+def stall_configs(chunk: int, slots: int) -> dict[str, tuple[str, str, dict[str, Any]]]:
+    """7.3: the three ways of serving the long prompt that the page compares, as
+    ``{tag: (label, scheduler, options)}``: mixed and separate prefill under continuous
+    batching, and chunked prefill with ``chunk``-token chunks (budget chunk + slots)."""
+    return {"mix": ("continuous, mixed prefill", "continuous", {}),
+            "sep": ("continuous, separate prefill", "continuous", {"prefill_mode": "separate"}),
+            "chk": (f"chunked, {chunk}-token chunks", "chunked",
+                    {"token_budget": chunk + slots, "chunk_size": chunk})}
+
+
+def real_stall(model: str | None = None, device: str = "auto", running: int | None = None,
+               prompt: int | None = None, chunk: int | None = None, lead_steps: int = 10, tail_steps: int = 30,
+               running_prompt: int = 128, threads: int | None = None) -> dict[str, Any]:
+    """7.3, measured: the long prompt among running decodes on the real model.
+
+    ``running`` requests (``running_prompt``-token prompts) start at t = 0; a short
+    calibration run of the same requests (chunked, their slowest prefill) measures this
+    device's decode step, and the long prompt is set to arrive ``lead_steps`` decode steps
+    after their prefill ends. Each
+    running request wants enough tokens to decode through twice the lead, the slowest
+    (chunked) prefill and ``tail_steps`` more. The workload then runs under each of :func:`stall_configs` on one
+    model. Returns :func:`stall_summary` plus ``at_s`` (the arrival), ``decode_ms`` (the
+    calibration's median decode step), ``running``, ``prompt``, ``chunk``, ``budget``,
+    ``labels`` ({tag: label}), ``results`` ({tag: RunResult}), ``model`` and ``executor``. None arguments take the device's
+    defaults (:data:`~batching.experiments.checks.REAL_MODELS`, :data:`REAL_STALL`).
+    """
+    from ..real import resolve_device
+    from .checks import real_runner, serve_real
+
+    kind = "cuda" if resolve_device(device).type == "cuda" else "cpu"
+    d = REAL_STALL[kind]
+    running = d["running"] if running is None else running
+    prompt = d["prompt"] if prompt is None else prompt
+    chunk = d["chunk"] if chunk is None else chunk
+    for name, v, lo in (("running", running, 1), ("prompt", prompt, 1), ("chunk", chunk, 1),
+                        ("lead_steps", lead_steps, 1), ("tail_steps", tail_steps, 1),
+                        ("running_prompt", running_prompt, 1)):
+        if isinstance(v, bool) or not (isinstance(v, int) and v >= lo):
+            raise ValueError(f"{name}={v!r}: must be an integer >= {lo}")
+    # Twice the lead: a fresh model's first steps run slow (the calibration's median can
+    # overstate the step), and a running request that ran out of tokens early would miss
+    # the very stall it is here to show.
+    output = 2 * lead_steps + math.ceil(prompt / chunk) + tail_steps
+    slots = running + 1
+    runner = real_runner(model, device, slots=slots, max_len=max(prompt + 8, running_prompt + output),
+                         threads=threads)
+    configs = stall_configs(chunk, slots)
+    # Calibrate under chunked prefill, the slowest to prefill the running prompts, so that
+    # in every configuration they are all decoding when the long prompt arrives.
+    _, sched, opts = configs["chk"]
+    calib = Workload.from_arrays(np.zeros(running), np.full(running, running_prompt), np.full(running, 16),
+                                 name="decode-step calibration")
+    cal = serve_real(runner, calib, sched, slots=slots, **opts)
+    L = cal.log.cols
+    dec = np.asarray(L["dur"])[np.asarray(L["prefill"]) == 0]
+    if dec.size < 2:
+        raise RuntimeError("the calibration run had fewer than two decode-only steps")
+    step = float(np.median(dec[dec.size // 2:]))   # the later half: past the first steps' warm-up
+    at = max(r.token_times[0] for r in cal.requests) + lead_steps * step
+    w = long_prompt_among_decodes(running=running, prompt=prompt, at=at, running_prompt=running_prompt,
+                                  running_output=output, output=8)
+    runs = {}
+    for tag, (label, sched, opts) in configs.items():
+        res = serve_real(runner, w, sched, slots=slots, **opts)
+        runs[tag] = (label, res)
+    out = stall_summary(runs, range(running), running)
+    out.update(at_s=at, decode_ms=step * 1e3, running=running, prompt=prompt, chunk=chunk,
+               budget=chunk + slots, labels={t: c[0] for t, c in configs.items()},
+               results={t: r for t, (_, r) in runs.items()}, model=res.executor["model"],
+               executor=res.executor)
+    return out
 
 
 def stall_numbers(cost: Any, chunk: int, prompt: int, decodes: int = 30, ctx: int = 300,

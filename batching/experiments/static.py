@@ -4,7 +4,7 @@ against batch size, and what a timeout (dynamic batching) changes.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -59,6 +59,78 @@ def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000, output: 
     out["bstar"] = float(cost.bstar())
     terms = cost.terms(work(short)), cost.terms(work(long))
     return {**out, "bound_short": terms[0]["bound"], "bound_padded": terms[1]["bound"]}  # type: ignore[dict-item]
+
+
+#: The long prompt of :func:`real_padding` per device type: as long as cpu-s's 2,048-token
+#: context allows on a CPU, the page's 4,000 on a GPU.
+REAL_PADDING_LONG: dict[str, int] = {"cpu": 2000, "cuda": 4000}
+
+
+def real_padding(model: str | None = None, device: str = "auto", short: int = 50, long: int | None = None,
+                 reps: int = 3, threads: int | None = None) -> dict[str, Any]:
+    """7.1 (a), measured: what padding a ``short`` prompt to a ``long`` one costs on the real model.
+
+    Four workloads, each request wanting one token so that a run is its prefill step: the
+    pair under static batching (B = 2: the short prompt padded to ``long`` and both
+    prefilled in one step), the pair under continuous batching (the two prompts packed,
+    ``short + long`` tokens, no padding), and each prompt alone. ``reps`` rounds, each
+    running all four in turn (drift hits them alike); the medians are returned, in ms:
+    ``padded_ms``, ``packed_ms``, ``short_ms``, ``long_ms``. A prompt padded to ``long``
+    tokens costs what a ``long``-token prefill costs, so ``time_ratio_short`` =
+    long_ms / short_ms is what padding multiplies the short prompt's prefill by (the
+    positions multiply by ``token_ratio``); ``time_ratio_batch`` = padded_ms / packed_ms is
+    what the batch pays, against ``positions_ratio`` = 2 long / (short + long) in
+    positions. Also ``pad_tokens`` and ``padding_fraction`` from the static run's
+    step log, ``executor`` (what ran) and ``model``. ``model`` None and ``long`` None take
+    the device's defaults (:data:`~batching.experiments.checks.REAL_MODELS`,
+    :data:`REAL_PADDING_LONG`).
+    """
+    from ..real import resolve_device
+    from .checks import real_runner, serve_real
+
+    kind = "cuda" if resolve_device(device).type == "cuda" else "cpu"
+    long = REAL_PADDING_LONG[kind] if long is None else long
+    if isinstance(short, bool) or not (isinstance(short, int) and isinstance(long, int) and 0 < short < long):
+        raise ValueError(f"short={short!r}, long={long!r}: need integers 0 < short < long")
+    if not (isinstance(reps, int) and reps >= 1):
+        raise ValueError(f"reps={reps!r}: must be an integer >= 1")
+    runner = real_runner(model, device, slots=2, max_len=long + 1, threads=threads)
+    pair = Workload.from_arrays([0.0, 0.0], [short, long], [1, 1], name="padding-pair, one token each")
+    alone = {n: Workload.from_arrays([0.0], [p], [1], name=f"{n} prompt alone") for n, p in
+             (("short", short), ("long", long))}
+    runs = {"padded": (pair, "static", {"slots": 2}), "packed": (pair, "continuous", {"slots": 2}),
+            "short": (alone["short"], "continuous", {"slots": 1}),
+            "long": (alone["long"], "continuous", {"slots": 1})}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(reps):
+        for key, (w, sched, opts) in runs.items():
+            res = serve_real(runner, w, sched, **opts)
+            L = res.log.cols
+            if len(L["dur"]) != 1:   # one token each: the prefill step is the whole run
+                raise RuntimeError(f"{key}: expected one step, the engine ran {len(L['dur'])}")
+            times[key].append(float(L["dur"][0]))
+            if key == "padded":
+                pad, needed = float(L["pad"][0]), float(L["prefill"][0])
+                executor = res.executor
+    out: dict[str, Any] = {f"{k}_ms": float(np.median(v)) * 1e3 for k, v in times.items()}
+    out.update(short=float(short), long=float(long), token_ratio=long / short, pad_tokens=pad,
+               positions_ratio=2 * long / (short + long),
+               padding_fraction=pad / (needed + pad), reps=float(reps),
+               time_ratio_short=out["long_ms"] / out["short_ms"],
+               time_ratio_batch=out["padded_ms"] / out["packed_ms"],
+               model=executor["model"], executor=executor)
+    return out
+
+
+def real_padding_rows(rp: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """7.1: header and rows of the measured padding table (:func:`real_padding`)."""
+    s, lg = int(rp["short"]), int(rp["long"])
+    header = ["prefill step", "positions computed", "measured (ms)"]
+    rows = [[f"{s}-token prompt alone", f"{s:,}", f"{rp['short_ms']:.1f}"],
+            [f"{lg:,}-token prompt alone (= the short one padded)", f"{lg:,}", f"{rp['long_ms']:.1f}"],
+            ["both, packed (continuous batching)", f"{s + lg:,}", f"{rp['packed_ms']:.1f}"],
+            ["both, padded (static batching, B = 2)", f"{2 * lg:,}", f"{rp['padded_ms']:.1f}"]]
+    return header, rows
 
 
 class Segment(NamedTuple):

@@ -403,6 +403,43 @@ def chunk_roofline_figure(chunks: np.ndarray, step_s: np.ndarray, decode_s: floa
     return fig
 
 
+def chunk_profile_figure(curves: Sequence[Mapping[str, Any]]) -> Figure:
+    """7.3, measured: for each :func:`batching.experiments.profile_chunk_steps` curve, the step
+    carrying running decodes and one prefill chunk over the decode-only step (the running
+    requests' ITL multiplier, left) and the chunk's prefill throughput as a share of the best
+    measured (right), against the chunk size; dotted: each profile's B*."""
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.8))
+    ticks: set[float] = set()
+    for i, c in enumerate(curves):
+        col = SOURCE_COLORS[i % len(SOURCE_COLORS)]
+        label = f"{c['short']}, {c['decodes']} decodes"
+        axes[0].plot(c["chunk"], c["over_decode"], "o-", color=col, ms=3.5, lw=1.4, label=label)
+        axes[1].plot(c["chunk"], c["share"] * 100, "o-", color=col, ms=3.5, lw=1.4)
+        ticks.update(float(x) for x in c["chunk"])
+        for a in axes:
+            a.axvline(c["bstar"], color=col, ls=":", lw=1)
+        axes[1].annotate("B*", (c["bstar"], 0.9), xycoords=("data", "axes fraction"), xytext=(3, 0),
+                         textcoords="offset points", fontsize=8, color=col)
+    if not curves:
+        axes[0].text(0.5, 0.5, "no measured mixed steps", ha="center", va="center", transform=axes[0].transAxes)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("step / decode-only step (log)")
+    axes[0].axhline(1.0, color="#bbbbbb", lw=0.8, zorder=1)
+    axes[1].set_ylabel("prefill throughput\n(% of best measured)")
+    axes[1].set_ylim(0, 105)
+    for a in axes:
+        a.set_xscale("log", base=2)
+        if ticks:
+            a.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(ticks)))
+        a.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        a.tick_params(axis="x", labelrotation=45)
+        a.set_xlabel("prefill chunk (tokens)")
+    if curves:
+        axes[0].legend(loc="upper left", fontsize=7)
+    return fig
+
+
 def chunk_tradeoff_figure(sweeps: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
     """7.3: TTFT p99 vs ITL p99 as the chunk size varies, one curve per load; the hollow
     marker is continuous batching without chunks."""

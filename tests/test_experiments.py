@@ -557,6 +557,40 @@ def test_load_profiles_picks_up_every_profile_and_says_which_devices_are_measure
     assert len(roof["batch"]) == 10 and roof["batch"][0] == 1 and roof["batch"][-1] == pytest.approx(256)
 
 
+def test_profile_chunk_steps_reads_the_measured_mixed_steps_as_they_are(tmp_path):
+    import json
+    prof = _gpu_profile()
+    # 8 decodes at 128 tokens each: 4.1 ms alone (decode grid), then chunks of 64..1024.
+    prof["mixed"] = {"prefill_tokens": [1024, 64, 256, 64, 256, 1024], "decode_rows": [8, 8, 8, 1, 1, 1],
+                     "decode_ctx": [128] * 6, "ms": [16.0, 4.1 * 1.25, 8.0, 4.5, 7.0, 15.0]}
+    (tmp_path / "h200-llama-8b.json").write_text(json.dumps(prof))
+    no_mixed = _gpu_profile()
+    no_mixed["meta"]["model"] = "llama-1b"
+    (tmp_path / "h200-llama-1b.json").write_text(json.dumps(no_mixed))
+    curves = E.profile_chunk_steps(E.load_profiles(tmp_path), decodes=8)
+    assert len(curves) == 1                             # the profile without mixed steps is left out
+    c = curves[0]
+    assert c["chunk"].tolist() == [64, 256, 1024] and c["step_ms"].tolist() == [5.125, 8.0, 16.0]
+    assert c["decode_ms"] == 4.1 and c["ctx"] == 128 and c["decodes"] == 8
+    assert c["over_decode"][0] == pytest.approx(1.25)
+    tps = np.array([64 / 5.125e-3, 256 / 8e-3, 1024 / 16e-3])
+    assert np.allclose(c["prefill_tps"], tps) and np.allclose(c["share"], tps / tps.max())
+    assert c["bstar"] == pytest.approx(700e12 * 2 / (2 * 4200e9))
+    assert c["short"] == "llama-8b bf16 on NVIDIA H200"
+    text = E.profile_chunk_text(curves, chunks=(64, 256))
+    # 256 tokens reach 0.5 of the best: 80% first at 1024 = 6 x B* (1024 / 166.7).
+    assert "a 64-token chunk makes it 5.1 ms (1.2x) at 20%" in text
+    assert "a 256-token chunk makes it 8.0 ms (2.0x) at 50%" in text
+    assert "80% of it takes chunks of 1024 tokens, 6 times B* (= 167)" in text
+    assert "No committed profile" in E.profile_chunk_text([])
+    assert E.profile_chunk_steps(E.load_profiles(tmp_path), decodes=16) == []
+    for cs in (curves, []):
+        fig = plots.chunk_profile_figure(cs)
+        png, _ = plots.save(fig, "chunk-profile", tmp_path)
+        assert png.stat().st_size > 5000
+        matplotlib.pyplot.close(fig)
+
+
 def test_why_batching_figures_draw_and_save(tmp_path):
     import json
     plots.style()

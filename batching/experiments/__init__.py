@@ -39,7 +39,8 @@ from .continuous import (compare_schedulers, rate_sweep, sweep_numbers, saturati
                          decode_step_ms, first_finisher_queue, probe_summary)
 from .chunked import (long_prompt_among_decodes, itl_series, spike_summary, stall_summary, stall_runs,
                       REAL_STALL, stall_configs, real_stall,
-                      stall_numbers, tradeoff_numbers, chunk_step_times, chunk_sweep)
+                      stall_numbers, tradeoff_numbers, chunk_step_times, profile_chunk_steps, profile_chunk_text,
+                      chunk_sweep)
 from .kv import (kv_over_time, kv_runs, kv_fit, kv_budget_sweep, budget_numbers)
 from .checks import (REAL_MODELS, real_runner, serve_real, executor_text, real_available, real_crosscheck, crosscheck_text, crosscheck_rows,
                      FIDELITY_FILE, fidelity_summary)
@@ -56,7 +57,8 @@ __all__ = [
     "subset_latency", "decode_compute_share", "decode_step_ms", "first_finisher_queue",
     "probe_summary", "long_prompt_among_decodes", "itl_series", "spike_summary", "stall_summary",
     "stall_runs", "REAL_STALL", "stall_configs", "real_stall",
-    "stall_numbers", "tradeoff_numbers", "chunk_step_times", "chunk_sweep", "kv_over_time",
+    "stall_numbers", "tradeoff_numbers", "chunk_step_times", "profile_chunk_steps", "profile_chunk_text",
+    "chunk_sweep", "kv_over_time",
     "kv_runs", "kv_fit", "kv_budget_sweep", "budget_numbers", "REAL_MODELS", "real_runner",
     "serve_real", "executor_text", "real_available", "real_crosscheck",
     "crosscheck_text", "crosscheck_rows", "FIDELITY_FILE", "fidelity_summary"

@@ -3,7 +3,9 @@ causes, and the chunk size's trade-off.
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -225,6 +227,64 @@ def chunk_step_times(cost: Any, chunks: Sequence[int], decodes: int = 30, ctx: i
     dec = cost.step_time(StepWork(decode_rows=decodes, decode_ctx=decodes * ctx))
     return {"chunk": ch, "step_s": steps, "decode_s": float(dec), "prefill_tps": ch / steps,
             "bstar": float(cost.bstar())}
+
+
+def profile_chunk_steps(profiles: Sequence[Mapping[str, Any]], decodes: int = 8) -> list[dict[str, Any]]:
+    """7.3, measured: how a step with ``decodes`` running decodes grows with the prefill chunk
+    it carries, read straight from each committed profile's measured mixed steps (no
+    interpolation). ``profiles``: :func:`~batching.experiments.load_profiles` entries; a
+    profile without mixed steps at ``decodes`` rows is left out.
+
+    Each entry: ``label``, ``short`` (model, dtype, device for a legend), ``device``, ``ctx`` (KV tokens per decode row), ``chunk``,
+    ``step_ms`` (measured), ``decode_ms`` (the decode-only step of the same rows and
+    context, from the profile's decode grid), ``over_decode`` (step / decode-only step: the
+    running requests' ITL multiplier), ``prefill_tps`` (chunk tokens per second of step
+    time), ``share`` (of the best measured), ``bstar`` (the profile's, from its measured
+    bandwidth and peak) and ``date``.
+    """
+    out = []
+    for p in profiles:
+        mixed = json.loads(Path(p["path"]).read_text()).get("mixed") or {}
+        rows = np.asarray(mixed.get("decode_rows", []), dtype=float)
+        sel = rows == decodes
+        ctxs = set(np.asarray(mixed.get("decode_ctx", []), dtype=float)[sel].tolist())
+        if not sel.any() or len(ctxs) != 1:
+            continue
+        ctx = ctxs.pop()
+        chunk = np.asarray(mixed["prefill_tokens"], dtype=float)[sel]
+        ms = np.asarray(mixed["ms"], dtype=float)[sel]
+        order = np.argsort(chunk)
+        chunk, ms = chunk[order], ms[order]
+        b, cs = np.asarray(p["batch"], dtype=float), np.asarray(p["ctxs"], dtype=float)
+        if decodes not in b or ctx not in cs:
+            continue
+        dec = float(p["ms"][int(np.flatnonzero(b == decodes)[0]), int(np.flatnonzero(cs == ctx)[0])])
+        tps = chunk / (ms / 1e3)
+        short = f"{p['meta']['model']} {p['shape'].dtype} on {p['meta'].get('device_name') or p['device']}"
+        out.append({"label": p["label"], "short": short, "device": p["device"], "ctx": ctx, "chunk": chunk, "step_ms": ms,
+                    "decode_ms": dec, "over_decode": ms / dec, "prefill_tps": tps, "share": tps / tps.max(),
+                    "bstar": float(p["bstar"]), "date": p["meta"]["date"][:10], "decodes": decodes})
+    return out
+
+
+def profile_chunk_text(curves: Sequence[Mapping[str, Any]], chunks: Sequence[int] = (32, 128)) -> str:
+    """7.3: one sentence per :func:`profile_chunk_steps` curve for the prose: the decode-only
+    step, and for each of ``chunks`` (where measured) the step it becomes and the share of
+    the best prefill throughput the chunk gets; the smallest chunk reaching 80% of it."""
+    if not curves:
+        return "No committed profile has measured mixed steps to show here."
+    parts = []
+    for c in curves:
+        ch = np.asarray(c["chunk"])
+        at = [f"a {n}-token chunk makes it {c['step_ms'][i]:.1f} ms ({c['over_decode'][i]:.1f}x) at "
+              f"{c['share'][i]:.0%} of the best prefill throughput measured"
+              for n in chunks for i in np.flatnonzero(ch == n)]
+        reach = ch[np.asarray(c["share"]) >= 0.8]
+        tail = (f"; 80% of it takes chunks of {reach[0]:.0f} tokens, {reach[0] / c['bstar']:.0f} times B* "
+                f"(= {c['bstar']:.0f})" if reach.size else "")
+        parts.append(f"On {c['label']}, the decode-only step of {c['decodes']} rows at {c['ctx']:.0f} tokens "
+                     f"each takes {c['decode_ms']:.1f} ms; " + "; ".join(at) + tail + ".")
+    return " ".join(parts)
 
 
 def chunk_sweep(workload: Workload, cost: Any, chunk_sizes: Sequence[int], slots: int = 32,

@@ -17,7 +17,11 @@ lands in ``--out`` (the device tool's ``$OUT``; at most 8 files come back):
 4. ``h200-llama-8b.json``: the 8B shape's profile (one slab length serves the whole grid:
    contexts up to 1,536 and prompts up to 2,048 give 257 slabs of 2,306 positions, 78 GB
    of the H200's 141; longer prompts are extrapolated);
-5. ``session.json`` (each stage's command, exit status, seconds) and ``log.txt``.
+5. ``stall-h200-llama-1b.json``: 7.1's padding and 7.3's stall on the 1B shape
+   (``bench_stall.py``: 30 running decodes, a 4,000-token prompt, 512-token chunks), quoted
+   by those pages beside their live CPU runs; the one stage beyond the 8-minute plan: it
+   starts only if the others finished a minute early;
+6. ``session.json`` (each stage's command, exit status, seconds) and ``log.txt``.
 
 Needs only torch, numpy and tqdm (what the GPU machine has) and the Azure conversation trace
 under ``.gpu/traces`` (``make gpu-prep`` copies it there; ``../shared`` does not travel).
@@ -43,7 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: (name, seconds allowed, argv with {out} for the output folder); in order of importance.
-#: The time limits add up to under 8 minutes, with the machine's start inside the 15.
+#: The time limits of all but the last add up to under 8 minutes, with the machine's start
+#: inside the 15; a stage starts only if its limit fits in what is left of ``--budget-s``.
 STAGES: list[tuple[str, int, list[str]]] = [
     ("check-graphs", 45, ["benchmarks/check_graphs.py", "--device", "cuda", "--out", "{out}/graphs-check.json"]),
     ("decode-8b", 100, ["benchmarks/bench_decode.py", "--model", "llama-8b", "--device", "cuda",
@@ -61,6 +66,7 @@ STAGES: list[tuple[str, int, list[str]]] = [
                          "--ctxs", "128,512,1536", "--prefill", "16,64,256,512,1024,2048",
                          "--mixed-chunks", "64,256,512,1024,2048", "--mixed-rows", "1,8,32",
                          "--reps", "5", "--rounds", "1", "--no-progress", "--out", "{out}/h200-llama-8b.json"]),
+    ("stall-1b", 60, ["benchmarks/bench_stall.py", "--device", "cuda", "--out", "{out}/stall-h200-llama-1b.json"]),
 ]
 
 #: The same stages, small enough for a CPU in seconds (``--dry-run``): the pipeline's test.
@@ -79,6 +85,9 @@ DRY: dict[str, list[str]] = {
     "profile-8b": ["-m", "batching", "measure", "--model", "tiny", "--device", "cpu", "--batches", "1,2",
                    "--ctxs", "16", "--prefill", "16", "--mixed-chunks", "16", "--mixed-rows", "1",
                    "--reps", "1", "--rounds", "1", "--no-progress", "--out", "{out}/h200-llama-8b.json"],
+    "stall-1b": ["benchmarks/bench_stall.py", "--device", "cpu", "--model", "tiny", "--short", "8", "--long", "300",
+                 "--reps", "1", "--running", "4", "--prompt", "300", "--chunk", "32",
+                 "--out", "{out}/stall-h200-llama-1b.json"],
 }
 
 
@@ -89,6 +98,7 @@ INSTALL: dict[str, str] = {
     "fidelity-h200-llama-1b.json": "benchmarks/results/fidelity-h200-llama-1b.json",
     "h200-llama-1b.json": "data/profiles/h200-llama-1b.json",
     "h200-llama-8b.json": "data/profiles/h200-llama-8b.json",
+    "stall-h200-llama-1b.json": "benchmarks/results/stall-h200-llama-1b.json",
     "session.json": "benchmarks/results/gpu-session-h200.json",
 }
 
@@ -154,6 +164,12 @@ def headline(out: Path) -> dict:
                                                          "sim_vs_real_median_e2e_median_abs_rel_err",
                                                          "step_median_abs_rel_err")}
                             for k, r in f["results"].items()}
+    if (s := load("stall-h200-llama-1b.json")) is not None:
+        n = s["stall"]["numbers"]
+        h["stall_1b"] = {"mixed_itl_max_ms": n["mix_itl_max_ms"], "chunked_itl_max_ms": n["chk_itl_max_ms"],
+                         "decode_ms": s["stall"]["decode_ms"], "ttft_mixed_ms": n["mix_ttft_ms"],
+                         "ttft_chunked_ms": n["chk_ttft_ms"],
+                         "padding_time_ratio_short": s["padding"]["time_ratio_short"]}
     return h
 
 

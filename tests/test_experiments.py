@@ -391,6 +391,46 @@ def test_real_stall_serves_the_long_prompt_whole_or_in_chunks_on_the_model():
         E.real_stall(model="tiny", device="cpu", running=3, prompt=100, chunk=0)
 
 
+def _stall_doc(device: str, device_name: str, model: str, mix_ms: float, chk_ms: float) -> dict:
+    """A bench_stall.py result with hand-picked numbers."""
+    return {"device": device, "device_name": device_name, "model": model, "dtype": "bf16",
+            "date": "2026-12-01T00:00:00+00:00", "command": "python benchmarks/bench_stall.py",
+            "padding": {"short": 50.0, "long": 4000.0, "short_ms": 2.0, "long_ms": 30.0, "token_ratio": 80.0,
+                        "time_ratio_short": 15.0, "time_ratio_batch": 1.9},
+            "stall": {"running": 30, "prompt": 4000, "chunk": 512, "decode_ms": 4.0,
+                      "numbers": {"mix_itl_max_ms": mix_ms, "mix_stall": mix_ms / 4.0, "chk_itl_max_ms": chk_ms,
+                                  "mix_ttft_ms": mix_ms, "chk_ttft_ms": 41.0}}}
+
+
+def test_committed_real_runs_are_read_cpu_first_and_described(tmp_path):
+    import json
+    res = tmp_path / "benchmarks" / "results"
+    res.mkdir(parents=True)
+    assert E.committed_real_runs(str(tmp_path)) == []
+    assert "No other device's measurement" in E.committed_stall_text([])
+    assert "No other device's measurement" in E.committed_padding_text([])
+    (res / "stall-h200-llama-1b.json").write_text(json.dumps(_stall_doc("H200-SXM", "NVIDIA H200", "llama-1b",
+                                                                         36.0, 6.0)))
+    (res / "stall-cpu-here-cpu-s.json").write_text(json.dumps(_stall_doc("cpu-here", "AMD EPYC", "cpu-s",
+                                                                         900.0, 110.0)))
+    docs = E.committed_real_runs(str(tmp_path))
+    assert [d["device"] for d in docs] == ["cpu-here", "H200-SXM"]
+    assert docs[1]["path"] == "benchmarks/results/stall-h200-llama-1b.json"
+    text = E.committed_stall_text(docs)
+    assert ("llama-1b bf16 on NVIDIA H200, measured 2026-12-01 (`benchmarks/results/stall-h200-llama-1b.json`): "
+            "with 30 requests decoding at 4.0 ms a step, a 4,000-token prompt prefilled whole held their next "
+            "token for 36 ms (9x their median), in 512-token chunks for at most 6 ms") in text
+    assert "No GPU measurement" not in text
+    assert "No GPU measurement is among them yet" in E.committed_stall_text(docs[:1])
+    pad = E.committed_padding_text(docs)
+    assert "the 50-token prompt's prefill took 15x its own time (2.0 vs 30.0 ms) for 80x the positions" in pad
+    bad = _stall_doc("cpu-here", "AMD EPYC", "cpu-s", 1.0, 1.0)
+    del bad["stall"]
+    (res / "stall-cpu-here-bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"stall-cpu-here-bad.json: no 'stall'"):
+        E.committed_real_runs(str(tmp_path))
+
+
 # ---------------------------------------------------------------------- why batching
 def test_knee_is_the_last_batch_before_the_curve_first_leaves_the_band():
     b = [1, 2, 4, 8, 16, 32]

@@ -23,12 +23,17 @@ def test_dry_run_writes_every_result_file(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + (tmp_path / "log.txt").read_text()[-3000:]
     session = json.loads((tmp_path / "session.json").read_text())
     assert [s["stage"] for s in session["stages"]] == ["check-graphs", "decode-8b", "profile-1b", "fidelity-1b",
-                                                       "profile-8b"]
+                                                       "profile-8b", "stall-1b"]
     assert all(s["rc"] == 0 for s in session["stages"])
     head = session["headline"]          # what the next session reads first
     assert head["graphs_check_ok"] is True and head["decode_8b"]["step_ms_batch1"] > 0
     assert set(head) >= {"h200-llama-1b.json", "h200-llama-8b.json", "fidelity_1b"}
     assert set(head["fidelity_1b"]) == {"continuous", "chunked"}
+    assert head["stall_1b"]["mixed_itl_max_ms"] > 0 and head["stall_1b"]["padding_time_ratio_short"] > 0
+    stall = json.loads((tmp_path / "stall-h200-llama-1b.json").read_text())
+    assert stall["model"] == "tiny" and stall["padding"]["pad_tokens"] == 300 - 8
+    assert stall["stall"]["prompt"] == 300 and stall["stall"]["chunk"] == 32
+    assert set(stall["stall"]["series"]) == set(stall["stall"]["labels"].values())
     decode = json.loads((tmp_path / "decode-h200-llama-8b.json").read_text())
     assert decode["efficiency_vs_matvec"] > 0 and decode["decode_graphs"] is False   # nothing to capture on a CPU
     for name in ("h200-llama-1b.json", "h200-llama-8b.json"):
@@ -64,7 +69,8 @@ def test_dry_run_writes_every_result_file(tmp_path: Path) -> None:
 def test_stages_fit_the_device_time_and_cover_each_dry_stage() -> None:
     """A session has 15 device minutes, start-up included, and one command may run 10."""
     mod = load_benchmark("gpu_session")
-    assert sum(limit for _, limit, _ in mod.STAGES) <= 8 * 60
+    # Every stage but the last (which runs only if the others finish early) fits in the budget.
+    assert sum(limit for _, limit, _ in mod.STAGES[:-1]) <= 8 * 60
     assert [n for n, _, _ in mod.STAGES] == list(mod.DRY)
     for _, _, argv in mod.STAGES:
         assert "cuda" in argv and any(a.startswith("{out}/") for a in argv)

@@ -68,6 +68,30 @@ def executor_text(ex: Mapping[str, Any]) -> str:
             f"{dev}{threads}, torch {ex.get('torch', '?')}")
 
 
+#: Committed runs of ``benchmarks/bench_stall.py`` (7.1's padding, 7.3's stall), relative to the
+#: repository root: ``stall-<device>-<model>.json``.
+STALL_GLOB = "benchmarks/results/stall-*.json"
+
+
+def committed_real_runs(root: str | None = None) -> list[dict[str, Any]]:
+    """7.1, 7.3: every committed ``bench_stall.py`` result, CPU ones first, then by name:
+    measurements from devices the book's build machine may not have (a lent H200)."""
+    base = Path(root) if root else Path(__file__).resolve().parents[2]
+    docs = []
+    for f in sorted(base.glob(STALL_GLOB)):
+        doc = json.loads(f.read_text())
+        for k in ("device", "device_name", "model", "dtype", "date", "command", "padding", "stall"):
+            if k not in doc:
+                raise ValueError(f"{f}: no {k!r} (not a bench_stall.py result?)")
+        docs.append({**doc, "path": str(f.relative_to(base))})
+    return sorted(docs, key=lambda d: (d["device"] != "cpu-here", d["path"]))
+
+
+def real_runs_label(doc: Mapping[str, Any]) -> str:
+    """``model dtype on device_name, measured date`` for a committed real run (7.1, 7.3)."""
+    return f"{doc['model']} {doc['dtype']} on {doc['device_name']}, measured {doc['date'][:10]}"
+
+
 def real_crosscheck(workload: Workload, model: str = "tiny", schedulers: Sequence[str] = ("static", "continuous"),
                     slots: int = 4, threads: int | None = None, probe_output: int | None = None
                     ) -> dict[str, Any]:

@@ -232,21 +232,17 @@ def chunk_step_times(cost: Any, chunks: Sequence[int], decodes: int = 30, ctx: i
 def committed_stall_text(docs: Sequence[Mapping[str, Any]]) -> str:
     """7.3: one sentence per committed ``bench_stall.py`` result
     (:func:`~batching.experiments.checks.committed_real_runs`) on the stall measured there."""
-    from .checks import real_runs_label
+    from .checks import committed_text
 
-    if not docs:
-        return "No other device's measurement is committed in `benchmarks/results/` yet."
-    parts = []
-    for d in docs:
+    def sentence(d: Mapping[str, Any]) -> str:
         s, n = d["stall"], d["stall"]["numbers"]
-        parts.append(f"{real_runs_label(d)} (`{d['path']}`): with {s['running']} requests decoding at "
-                     f"{s['decode_ms']:.1f} ms a step, a {s['prompt']:,}-token prompt prefilled whole held their "
-                     f"next token for {n['mix_itl_max_ms']:.0f} ms ({n['mix_stall']:.0f}x their median), in "
-                     f"{s['chunk']}-token chunks for at most {n['chk_itl_max_ms']:.0f} ms; its own first token "
-                     f"came after {n['mix_ttft_ms']:.0f} and {n['chk_ttft_ms']:.0f} ms")
-    gpu = any(d["device"] != "cpu-here" for d in docs)
-    tail = "" if gpu else " No GPU measurement is among them yet."
-    return "Committed measurements of the same experiment: " + "; ".join(parts) + "." + tail
+        return (f"with {s['running']} requests decoding at {s['decode_ms']:.1f} ms a step, a {s['prompt']:,}-token "
+                f"prompt prefilled whole held their next token for {n['mix_itl_max_ms']:.0f} ms "
+                f"({n['mix_stall']:.0f}x their median), in {s['chunk']}-token chunks for at most "
+                f"{n['chk_itl_max_ms']:.0f} ms; its own first token came after {n['mix_ttft_ms']:.0f} and "
+                f"{n['chk_ttft_ms']:.0f} ms")
+
+    return committed_text(docs, "the same experiment", sentence)
 
 
 def profile_chunk_steps(profiles: Sequence[Mapping[str, Any]], decodes: int = 8) -> list[dict[str, Any]]:

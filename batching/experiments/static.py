@@ -136,20 +136,16 @@ def real_padding_rows(rp: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]
 def committed_padding_text(docs: Sequence[Mapping[str, Any]]) -> str:
     """7.1: one sentence per committed ``bench_stall.py`` result
     (:func:`~batching.experiments.checks.committed_real_runs`) on what padding cost there."""
-    from .checks import real_runs_label
+    from .checks import committed_text
 
-    if not docs:
-        return "No other device's measurement is committed in `benchmarks/results/` yet."
-    parts = []
-    for d in docs:
+    def sentence(d: Mapping[str, Any]) -> str:
         p = d["padding"]
-        parts.append(f"{real_runs_label(d)} (`{d['path']}`): padded to {p['long']:,.0f} tokens, the "
-                     f"{p['short']:.0f}-token prompt's prefill took {p['time_ratio_short']:.0f}x its own time "
-                     f"({p['short_ms']:.1f} vs {p['long_ms']:.1f} ms) for {p['token_ratio']:.0f}x the positions, "
-                     f"and the padded pair {p['time_ratio_batch']:.1f}x the packed one")
-    gpu = any(d["device"] != "cpu-here" for d in docs)
-    tail = "" if gpu else " No GPU measurement is among them yet."
-    return "Committed measurements of the same runs: " + "; ".join(parts) + "." + tail
+        return (f"padded to {p['long']:,.0f} tokens, the {p['short']:.0f}-token prompt's prefill took "
+                f"{p['time_ratio_short']:.0f}x its own time ({p['short_ms']:.1f} vs {p['long_ms']:.1f} ms) for "
+                f"{p['token_ratio']:.0f}x the positions, and the padded pair {p['time_ratio_batch']:.1f}x the "
+                f"packed one")
+
+    return committed_text(docs, "the same runs", sentence)
 
 
 class Segment(NamedTuple):

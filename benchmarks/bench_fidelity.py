@@ -28,7 +28,7 @@ from batching.engine import SimExecutor, run
 from batching.measure import StepTimer, registry_device
 from batching.metrics import request_records, summarize
 from batching.models import get_model
-from batching.plan import StepWork
+from batching.experiments.checks import predicted_steps
 from batching.real import resolve_device, run_real
 from batching.runner import ModelRunner
 from batching.schedulers import make_scheduler
@@ -42,8 +42,7 @@ def per_step(real, cost: ProfileCost) -> dict:
     duration: the cost model's own error, free of the schedule divergence that E2E
     comparisons add (a slower step lets more arrivals join the next one)."""
     L = real.log.arrays()
-    pred = np.array([cost.step_time(StepWork(int(p + pd), int(a), int(d + x), int(c))) for p, pd, a, d, x, c in
-                     zip(L["prefill"], L["pad"], L["attn"], L["decode"], L["dead"], L["ctx"])])
+    pred = predicted_steps(real, cost)
     err = (pred - L["dur"]) / L["dur"]
     dec = L["prefill"] == 0
     return {"step_median_rel_err": float(np.median(err)), "step_median_abs_rel_err": float(np.median(np.abs(err))),

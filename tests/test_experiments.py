@@ -431,6 +431,46 @@ def test_committed_real_runs_are_read_cpu_first_and_described(tmp_path):
         E.committed_real_runs(str(tmp_path))
 
 
+@pytest.mark.model
+def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_machine(tmp_path):
+    import json
+    pytest.importorskip("torch")
+    import torch
+    from batching.real import device_name
+    # r0 wants 30 tokens, r1..r5 five each, all at t = 0, two slots. Static: batches
+    # (r0, r1) for 30 steps, then (r2, r3) and (r4, r5) for 5 each: 40 steps, 55 tokens
+    # in 80 slot-steps. Continuous: r1..r5 follow each other through the second slot while
+    # r0 runs: 30 steps, 55 of 60 slot-steps.
+    w = Workload.from_arrays([0.0] * 6, [8] * 6, [30] + [5] * 5, name="mini")
+    configs = {"static": dict(scheduler="static", slots=2), "continuous": dict(scheduler="continuous", slots=2)}
+    rs = E.real_schedulers(w, configs, model="tiny", device="cpu", threads=1, profile=None)
+    assert "sim" not in rs and rs["model"] == "tiny" and rs["requests"] == 6
+    assert (rs["real"]["static"]["steps"], rs["real"]["continuous"]["steps"]) == (40, 30)
+    assert rs["real"]["static"]["slot_util"] == pytest.approx(55 / 80)
+    assert rs["real"]["continuous"]["slot_util"] == pytest.approx(55 / 60)
+    assert "No profile measured on this machine" in E.real_schedulers_text(rs)
+    header, rows = E.real_schedulers_rows(rs)
+    assert header == ["measured", "static", "continuous"] and rows[0] == ["slot utilization", "69%", "92%"]
+    # A profile of this machine: every step 10 ms, whatever it holds.
+    here = device_name(torch.device("cpu"))
+    prof = {"schema": 1, "meta": {"device": "cpu-here", "device_name": here, "model": "tiny", "dtype": "fp32",
+                                  "date": "2026-11-30"},
+            "decode": {"batch": [1, 2], "ctx": [8, 64], "ms": [[10.0, 10.0], [10.0, 10.0]]},
+            "prefill": {"tokens": [1, 64], "ms": [10.0, 10.0]}}
+    (tmp_path / "cpu-here-tiny.json").write_text(json.dumps(prof))
+    assert E.profile_measured_here("tiny", here, str(tmp_path)) == str(tmp_path / "cpu-here-tiny.json")
+    assert E.profile_measured_here("tiny", "another CPU", str(tmp_path)) is None
+    assert E.profile_measured_here("cpu-s", here, str(tmp_path)) is None
+    rs = E.real_schedulers(w, configs, model="tiny", device="cpu", threads=1,
+                           profile=str(tmp_path / "cpu-here-tiny.json"))
+    assert {n: m["steps"] for n, m in rs["sim"].items()} == {"static": 40, "continuous": 30}
+    assert rs["sim"]["static"]["busy_s"] == pytest.approx(0.400)
+    assert set(rs["steps_pred_over_real"]["static"]) == {"prefill", "decode"}
+    assert rs["prefill_positions_max"] == {"static": 16.0, "continuous": 16.0} and rs["profile_prefill_max"] == 64
+    assert "it takes every step the real runs took" in E.real_schedulers_text(rs)
+    assert E.real_schedulers_rows(rs)[0][0] == "measured (simulated)"
+
+
 # ---------------------------------------------------------------------- why batching
 def test_knee_is_the_last_batch_before_the_curve_first_leaves_the_band():
     b = [1, 2, 4, 8, 16, 32]

@@ -43,7 +43,8 @@ from .chunked import (long_prompt_among_decodes, itl_series, spike_summary, stal
                       chunk_sweep)
 from .kv import (kv_over_time, kv_runs, kv_fit, kv_budget_sweep, budget_numbers)
 from .checks import (REAL_MODELS, real_runner, serve_real, executor_text, STALL_GLOB, committed_real_runs,
-                     real_runs_label, committed_text, real_available, real_crosscheck, crosscheck_text, crosscheck_rows,
+                     real_runs_label, committed_text, profile_measured_here, real_schedulers,
+                     real_schedulers_rows, real_schedulers_text, predicted_steps, real_available, real_crosscheck, crosscheck_text, crosscheck_rows,
                      FIDELITY_FILE, fidelity_summary)
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "chunk_sweep", "kv_over_time",
     "kv_runs", "kv_fit", "kv_budget_sweep", "budget_numbers", "REAL_MODELS", "real_runner",
     "serve_real", "executor_text", "STALL_GLOB", "committed_real_runs", "real_runs_label", "committed_text",
-    "real_available", "real_crosscheck",
+    "profile_measured_here", "real_schedulers", "real_schedulers_rows",
+    "real_schedulers_text", "predicted_steps", "real_available", "real_crosscheck",
     "crosscheck_text", "crosscheck_rows", "FIDELITY_FILE", "fidelity_summary"
 ]

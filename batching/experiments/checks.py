@@ -155,6 +155,133 @@ def real_crosscheck(workload: Workload, model: str = "tiny", schedulers: Sequenc
     return out
 
 
+def predicted_steps(result: Any, cost: Any) -> np.ndarray:
+    """The cost model's time for each logged step of a run (a real one: its measured
+    durations are ``result.log``'s ``dur``), from the step's logged work alone: the cost
+    model's own error, free of the schedule divergence that per-request comparisons add."""
+    from ..plan import StepWork
+
+    L = result.log.arrays()
+    return np.array([cost.step_time(StepWork(int(p + pd), int(a), int(d + x), int(c))) for p, pd, a, d, x, c in
+                     zip(L["prefill"], L["pad"], L["attn"], L["decode"], L["dead"], L["ctx"])])
+
+
+def profile_measured_here(model: str, name: str, directory: str | None = None) -> str | None:
+    """7.2: the committed profile of ``model`` measured on a device called ``name`` (the
+    CPU's model name, the GPU's), or None: a simulation is compared with real runs only on
+    the kind of machine its profile was measured on."""
+    base = Path(directory) if directory else Path(__file__).resolve().parents[2] / "data" / "profiles"
+    for f in sorted(base.glob("*.json")):
+        meta = json.loads(f.read_text()).get("meta", {})
+        if meta.get("model") == model and meta.get("device_name") == name:
+            return str(f)
+    return None
+
+
+def real_schedulers(workload: Workload, configs: Mapping[str, Mapping[str, Any]], model: str | None = None,
+                    device: str = "auto", threads: int | None = None, profile: str | None = "auto"
+                    ) -> dict[str, Any]:
+    """7.2, measured: ``workload`` served on the real model under each ``{name: options}``
+    (:func:`~batching.schedulers.make_scheduler`'s, ``scheduler`` among them), one model for
+    all runs. Its slabs hold the model's whole context, the limit the simulator's schedulers
+    see too: a static batch pads its prompts to the longest, and with slabs cut to the
+    longest request a long prompt could share a batch with no one (measured: batches of one
+    where the simulator formed batches of 16). Returns ``real`` ({name: :func:`metrics`
+    of the run}), ``executor``, ``model`` and, with a ``profile`` measured for this model,
+    ``sim`` (the same runs through the simulator on that profile), ``profile`` and
+    ``steps_pred_over_real`` ({name: {"prefill", "decode": the profile's time for the real
+    run's steps with a prefill, and for its decode-only steps, over their measured time}}),
+    ``prefill_positions_max`` ({name: the largest prefill step's positions, padding included})
+    and ``profile_prefill_max`` (the profile's longest prompt).
+    ``profile="auto"``: :func:`profile_measured_here`, if there is one."""
+    from ..costs import ProfileCost
+
+    slots = max(int(o.get("slots", 32)) for o in configs.values())
+    runner = real_runner(model, device, slots=slots, threads=threads)
+    out: dict[str, Any] = {"real": {}, "model": runner.cfg.name, "workload": workload.name,
+                           "requests": len(workload)}
+    if profile == "auto":
+        from ..real import device_name
+        profile = profile_measured_here(runner.cfg.name, device_name(runner.device))
+    cost = None
+    if profile is not None:
+        cost = ProfileCost.from_json(profile)
+        if cost.model.name != runner.cfg.name:
+            raise ValueError(f"profile {profile} is of {cost.model.name}, the runs use {runner.cfg.name}")
+        out.update(sim={}, profile=profile)
+    for name, opts in configs.items():
+        opts = dict(opts)
+        sched = opts.pop("scheduler")
+        res = serve_real(runner, workload, sched, **opts)
+        out["real"][name], out["executor"] = metrics(res), res.executor
+        if cost is not None:
+            out["sim"][name] = metrics(simulate(workload, cost, sched, kv_tokens=None, **opts))
+            L, pred = res.log.arrays(), predicted_steps(res, cost)
+            pre = L["prefill"] > 0
+            out.setdefault("steps_pred_over_real", {})[name] = {
+                kind: float((pred[m] * L["n"][m]).sum() / (L["dur"][m] * L["n"][m]).sum()) if m.any() else None
+                for kind, m in (("prefill", pre), ("decode", ~pre))}
+            out.setdefault("prefill_positions_max", {})[name] = float((L["prefill"] + L["pad"]).max())
+            out["profile_prefill_max"] = float(cost.pt[-1])
+    return out
+
+
+def real_schedulers_rows(rs: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
+    """7.2: header and rows of the measured scheduler comparison (:func:`real_schedulers`);
+    with a profile, each cell reads "measured (simulated)"."""
+    names = list(rs["real"])
+    sim = rs.get("sim")
+    rows_def = [("slot utilization", "slot_util", "{:.0%}"), ("p50 end-to-end (s)", "e2e_p50", "{:.2f}"),
+                ("p99 end-to-end (s)", "e2e_p99", "{:.2f}"), ("p99 time to first token (s)", "ttft_p99", "{:.2f}"),
+                ("output tokens/s", "throughput_tok", "{:.0f}"), ("steps", "steps", "{:.0f}"),
+                ("busy (s)", "busy_s", "{:.1f}")]
+    rows = []
+    for label, key, fmt in rows_def:
+        cells = []
+        for n in names:
+            cell = fmt.format(rs["real"][n][key])
+            if sim is not None:
+                cell += f" ({fmt.format(sim[n][key])})"
+            cells.append(cell)
+        rows.append([label] + cells)
+    return ["measured" + (" (simulated)" if sim is not None else "")] + names, rows
+
+
+def real_schedulers_text(rs: Mapping[str, Any], a: str = "static", b: str = "continuous") -> str:
+    """7.2: what :func:`real_schedulers` measured, scheduler ``b`` against ``a``, and how the
+    simulator did where there was a profile of this machine (MyST)."""
+    ra, rb = rs["real"][a], rs["real"][b]
+    text = (f"{b.capitalize()} batching kept {rb['slot_util']:.0%} of its slot-steps producing kept tokens "
+            f"against {ra['slot_util']:.0%} for {a} batching, and cut p99 end-to-end latency from "
+            f"{ra['e2e_p99']:.1f} s to {rb['e2e_p99']:.1f} s while serving "
+            f"{rb['throughput_tok'] / ra['throughput_tok']:.1f}x the output tokens per second.")
+    if "sim" not in rs:
+        return text + (" No profile measured on this machine is committed, so no simulation is set beside "
+                       "these runs (a profile of another machine would not predict this one).")
+    rel = Path(rs["profile"]).resolve()
+    try:
+        rel = rel.relative_to(Path(__file__).resolve().parents[2])
+    except ValueError:
+        pass
+    sa, sb = rs["sim"][a], rs["sim"][b]
+    same = all(rs["sim"][n]["steps"] == rs["real"][n]["steps"] for n in rs["real"])
+    pa = rs["steps_pred_over_real"][a]
+    text += (f" In parentheses, the simulator on the profile measured on this machine (`{rel}`): it "
+             f"{'takes every step the real runs took' if same else 'takes about the steps the real runs took'}, "
+             f"and its busy time differs from the measured one by {sb['busy_s'] / rb['busy_s'] - 1:+.0%} for {b} "
+             f"batching and {sa['busy_s'] / ra['busy_s'] - 1:+.0%} for {a}.")
+    if pa["prefill"] is not None and abs(pa["prefill"] - 1) > 0.15:
+        text += (f" Priced step by step, {a} batching's decode steps come out at "
+                 f"{pa['decode']:.0%} of their measured time but its padded prefill steps at "
+                 f"{pa['prefill']:.0%}: the profile measures prefill one prompt at a time, so a batch of "
+                 f"padded prompts is priced as one prompt of all their positions, with that prompt's "
+                 f"attention")
+        beyond = rs["prefill_positions_max"][a] > rs["profile_prefill_max"]
+        text += (f", up to {rs['prefill_positions_max'][a]:,.0f} positions where the profile's longest "
+                 f"prompt is {rs['profile_prefill_max']:,.0f} tokens." if beyond else ".")
+    return text
+
+
 def crosscheck_text(cc: Mapping[str, Any]) -> str:
     """7.2: one paragraph (MyST) reporting :func:`real_crosscheck`, whether it ran or not."""
     if not cc.get("available"):

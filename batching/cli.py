@@ -178,6 +178,13 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers") from None
 
 
+def _pairs(text: str) -> list[tuple[int, int]]:
+    try:
+        return [(int(r), int(t)) for r, t in (x.split("x") for x in text.split(",") if x)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated ROWSxTOKENS pairs") from None
+
+
 def cmd_measure(a: argparse.Namespace) -> int:
     import json
 
@@ -197,8 +204,15 @@ def cmd_measure(a: argparse.Namespace) -> int:
     chunks = a.mixed_chunks or ([256, 512, 2048] if gpu else [2, 4, 8, 16, 32, 64, 128, 256, 512])
     rows = a.mixed_rows or ([1, 32, 128] if gpu else [1, 2, 4, 8, 16])
     mixed = [(t, r, a.mixed_ctx) for t in chunks for r in rows]
+    # Equal prompts side by side at totals the single-prompt grid measured: the difference
+    # is attention (ProfileCost prices a padded static batch with it). On a CPU also past
+    # the longest prompt cpu-s takes (a static batch of padded prompts can hold 8,000
+    # positions): those extend the prefill curve.
+    prows = a.prefill_rows if a.prefill_rows is not None else (
+        [(4, 512), (16, 128), (4, 2048)] if gpu else
+        [(2, 512), (8, 128), (4, 512), (16, 128), (4, 1024), (16, 512)])
     doc = measure(a.model, a.device, a.dtype, batches=batches, ctxs=ctxs, prefill_tokens=prefill,
-                  mixed=mixed, reps=a.reps, rounds=a.rounds, seed=a.seed,
+                  mixed=mixed, prefill_rows=prows, reps=a.reps, rounds=a.rounds, seed=a.seed,
                   graphs=False if a.no_graphs else None, progress=not a.no_progress and sys.stderr.isatty())
     d, m = doc["device"], doc["meta"]
     print(f"{m['model']} {m['dtype']} on {m['device_name']} ({m['device']}), torch {m['torch']}, "
@@ -264,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--mixed-rows", type=_ints, help="decode rows beside a prefill chunk")
     m.add_argument("--mixed-chunks", type=_ints, help="prefill chunk sizes of the mixed grid")
     m.add_argument("--mixed-ctx", type=int, default=128, help="decode context of the mixed grid")
+    m.add_argument("--prefill-rows", type=_pairs, help="equal prompts in one pass as ROWSxTOKENS, e.g. "
+                   "8x128,4x512 (none: '')")
     m.add_argument("--reps", type=int, default=3, help="repetitions of each step per round")
     m.add_argument("--rounds", type=int, default=3, help="sweeps of the whole grid, pooled per point")
     m.add_argument("--seed", type=int, default=0)

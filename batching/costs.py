@@ -259,6 +259,30 @@ def _mixed_grid(mixed: dict[str, np.ndarray] | None) -> tuple[np.ndarray, np.nda
     return None if np.isnan(ms).any() else (P, R, ms, float(mixed["decode_ctx"][0]))
 
 
+def _pairs(tokens: Any) -> Any:
+    """(query, key) pairs of causal attention over one fresh prompt of ``tokens`` tokens."""
+    return tokens * (tokens + 1) / 2.0
+
+
+def _fit_attention(tokens: np.ndarray, seconds: np.ndarray, rows: dict[str, np.ndarray] | None) -> float:
+    """Seconds per attention pair from ``prefill_rows`` points: each is ``rows`` prompts of
+    ``tokens`` each, set against one prompt of the same total (interpolated in the
+    single-prompt grid; points outside it are not used). Same positions, fewer pairs: the
+    time saved over the pairs saved, by least squares through zero; never negative."""
+    if rows is None:
+        return 0.0
+    total = rows["rows"] * rows["tokens"]
+    inside = (total >= tokens[0]) & (total <= tokens[-1])
+    if not inside.any():
+        return 0.0
+    total = total[inside]
+    i, w = _segment(tokens, total)
+    single = (1 - w) * seconds[i] + w * seconds[i + 1]
+    saved_s = single - rows["ms"][inside]
+    saved_pairs = _pairs(total) - rows["rows"][inside] * _pairs(rows["tokens"][inside])
+    return max(float((saved_s * saved_pairs).sum() / (saved_pairs ** 2).sum()), 0.0)
+
+
 def _segment(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Index of the grid segment for ``x`` (edge segments beyond the grid) and the weight in it."""
     i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
@@ -279,7 +303,9 @@ class ProfileCost(_VectorCost):
          "prefill": {"tokens": [32, 128, ...],      # one prompt from an empty cache
                      "ms": [...]},
          "mixed": {"prefill_tokens": [...], "decode_rows": [...],   # optional: measured
-                   "decode_ctx": [...], "ms": [...]}}               # mixed steps, ctx per row
+                   "decode_ctx": [...], "ms": [...]},               # mixed steps, ctx per row
+         "prefill_rows": {"rows": [...], "tokens": [...],    # optional: rows equal prompts
+                          "ms": [...]}}                       # of tokens each, one pass
 
     ``meta.device``/``meta.model``/``meta.dtype``/``meta.date`` are required (registry names;
     the model and device supply FLOPs, bytes and peaks for utilization); other meta fields
@@ -288,8 +314,16 @@ class ProfileCost(_VectorCost):
     Estimates:
 
     * decode: bilinear in (rows, mean KV per row = ``decode_ctx / decode_rows``);
-    * prefill: linear in tokens; attention over context before a chunk (chunked prefill)
-      is not in the profile and is not added;
+    * prefill: linear in tokens, plus attention. A single prompt's points include the
+      attention of one sequence of that length; a step's attention differs (a padded static
+      batch: many short sequences; a chunk after cached context: more pairs), and the
+      difference, ``attn_s`` seconds per (query, key) pair times the step's pairs minus one
+      sequence's, is added. ``attn_s`` is fitted to the ``prefill_rows`` points against the
+      single prompt of the same total (least squares, >= 0); a profile without them gets 0,
+      and its estimates are the single prompt's. ``prefill_rows`` points whose total is
+      beyond the longest single prompt extend the curve without attention (a padded batch
+      can hold more positions than a model's context); beyond those, that curve is
+      extrapolated and the attention added back;
     * ``meta.token_buckets`` (optional, increasing): the runner pads a step's token count
       up to the next bucket (CPU: model.padded_tokens), so decode rows and prefill tokens
       are read at their bucket;
@@ -313,10 +347,28 @@ class ProfileCost(_VectorCost):
     def __init__(self, meta: dict[str, Any], decode_batch: np.ndarray, decode_ctx: np.ndarray,
                  decode_s: np.ndarray, prefill_tokens: np.ndarray, prefill_s: np.ndarray,
                  model: ModelShape, device: DeviceSpec, mixed: dict[str, np.ndarray] | None = None,
-                 source: str | None = None) -> None:
+                 source: str | None = None, prefill_rows: dict[str, np.ndarray] | None = None) -> None:
         self.meta, self.source = meta, source
         self.db, self.dc, self.ds = decode_batch, decode_ctx, decode_s
         self.pt, self.ps = prefill_tokens, prefill_s
+        self.prefill_rows = prefill_rows
+        self.attn_s = _fit_attention(prefill_tokens, prefill_s, prefill_rows)
+        # What positions cost without their attention: the single prompts' curve less one
+        # sequence's pairs, extended by equal-prompt points beyond the longest single prompt
+        # (a model's context caps a prompt, not a padded batch of them).
+        lin_t, lin_s = prefill_tokens, prefill_s - self.attn_s * _pairs(prefill_tokens)
+        if prefill_rows is not None and self.attn_s > 0:
+            total = prefill_rows["rows"] * prefill_rows["tokens"]
+            beyond = total > prefill_tokens[-1]
+            if beyond.any():
+                t_b = total[beyond]
+                s_b = prefill_rows["ms"][beyond] - self.attn_s * prefill_rows["rows"][beyond] * _pairs(
+                    prefill_rows["tokens"][beyond])
+                order = np.argsort(t_b, kind="stable")
+                t_b, s_b = t_b[order], s_b[order]
+                keep = np.concatenate(([True], np.diff(t_b) > 0))      # one point per total
+                lin_t, lin_s = np.concatenate((lin_t, t_b[keep])), np.concatenate((lin_s, s_b[keep]))
+        self.pt_lin, self.ps_lin = lin_t, lin_s
         self.model, self.device = model, device
         self.peak_flops = device.peak(model.dtype)
         self.bandwidth = device.bandwidth
@@ -398,7 +450,19 @@ class ProfileCost(_VectorCost):
                     isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v),
                     f"mixed.{k}", f"must be a list of {len(ms_m)} integers >= 0")
                 mixed[k] = np.asarray(v, dtype=np.float64)
-        return cls(dict(meta), batch, ctx, decode_s, tokens, prefill_s, model, device, mixed, source)
+        prows = None
+        if data.get("prefill_rows") is not None:
+            pr = data["prefill_rows"]
+            ms_r = _get(pr, "ms", "prefill_rows.ms")
+            _need(isinstance(ms_r, list) and len(ms_r) >= 1, "prefill_rows.ms", "must be a non-empty list")
+            prows = {"ms": _times_ms(ms_r, len(ms_r), "prefill_rows.ms")}
+            for k, lo in (("rows", 2), ("tokens", 1)):
+                v = _get(pr, k, f"prefill_rows.{k}")
+                _need(isinstance(v, list) and len(v) == len(ms_r) and all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= lo for x in v),
+                    f"prefill_rows.{k}", f"must be a list of {len(ms_r)} integers >= {lo}")
+                prows[k] = np.asarray(v, dtype=np.float64)
+        return cls(dict(meta), batch, ctx, decode_s, tokens, prefill_s, model, device, mixed, source, prows)
 
     # ------------------------------------------------------------- estimates
     def _decode(self, rows: np.ndarray, ctx_per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -410,10 +474,13 @@ class ProfileCost(_VectorCost):
                | (ctx_per_row < self.dc[0]) | (ctx_per_row > self.dc[-1]))
         return np.maximum(t, 0.0), out
 
-    def _prefill(self, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        i, w = _segment(self.pt, tokens)
-        t = (1 - w) * self.ps[i] + w * self.ps[i + 1]
-        return np.maximum(t, 0.0), (tokens < self.pt[0]) | (tokens > self.pt[-1])
+    def _prefill(self, tokens: np.ndarray, pairs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Prefill of ``tokens`` positions whose attention spans ``pairs`` (query, key)
+        pairs (None: one fresh prompt's)."""
+        i, w = _segment(self.pt_lin, tokens)
+        t = (1 - w) * self.ps_lin[i] + w * self.ps_lin[i + 1]
+        t = t + self.attn_s * (_pairs(tokens) if pairs is None else pairs)
+        return np.maximum(t, 0.0), (tokens < self.pt_lin[0]) | (tokens > self.pt_lin[-1])
 
     def _mixed(self, pt: np.ndarray, rows: np.ndarray, ctx_per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mixed steps on the measured mixed grid, moved from its context to ``ctx_per_row``
@@ -442,7 +509,10 @@ class ProfileCost(_VectorCost):
         # the profile's decode and prefill points sit on buckets: read them there. Mixed
         # grid points include their own totals' padding and are interpolated as measured.
         dec, d_out = self._decode(self._padded(rows), ctx / np.maximum(rows, 1.0))
-        pre, p_out = self._prefill(self._padded(pt))
+        # Positions at the padded size (the linear layers run on the bucket), attention as
+        # the step has it: one fresh prompt's, a padded static batch's many short ones, or
+        # a chunk's that also reads its cached context.
+        pre, p_out = self._prefill(self._padded(pt), pa)
         dec, pre = np.where(has_d, dec, 0.0), np.where(has_p, pre, 0.0)
         shared = np.where(has_d & has_p, self.ds[0, 0], 0.0)
         est = np.maximum(pre + dec - shared, np.maximum(pre, dec))
@@ -450,6 +520,8 @@ class ProfileCost(_VectorCost):
         out = (has_d & d_out) | (has_p & p_out)
         if self.mixed_grid is not None and both.any():
             mix, m_out = self._mixed(pt, np.maximum(rows, 1.0), ctx / np.maximum(rows, 1.0))
+            # The grid's chunks were fresh prompts: add the attention this step's chunks differ by.
+            mix = np.maximum(mix + self.attn_s * (pa - _pairs(pt)), 0.0)
             est = np.where(both, mix, est)
             out = np.where(both, m_out, out)
         self.queries += int(np.count_nonzero(has_d | has_p))
@@ -462,7 +534,7 @@ class ProfileCost(_VectorCost):
             return None
         m = self.mixed
         q, e = self.queries, self.extrapolated   # checking is not a query of the simulation
-        est = self._times(m["prefill_tokens"], np.zeros_like(m["ms"]), m["decode_rows"],
+        est = self._times(m["prefill_tokens"], _pairs(m["prefill_tokens"]), m["decode_rows"],
                           m["decode_rows"] * m["decode_ctx"])
         self.queries, self.extrapolated = q, e
         return float(np.max(np.abs(est - m["ms"]) / m["ms"]))
@@ -473,6 +545,7 @@ class ProfileCost(_VectorCost):
                 "decode_batch": self.db.tolist(), "decode_ctx": self.dc.tolist(),
                 "prefill_tokens": self.pt.tolist(), "queries": self.queries,
                 "extrapolated": self.extrapolated, "mixed_max_rel_err": self.mixed_error(),
+                "attn_s_per_pair": self.attn_s,
                 "mixed_estimate": "grid" if self.mixed_grid is not None else "additive"}
 
 

@@ -182,6 +182,17 @@ class StepTimer:
         req.on_admit(0, 0.0)
         return self._time(("prefill", tokens), StepPlan(prefills=[PrefillChunk(req, tokens)]))
 
+    def prefill_rows(self, rows: int, tokens: int) -> dict[str, float]:
+        """``rows`` prompts of ``tokens`` tokens each from empty caches (slots 0..rows-1) in
+        one pass, each emitting its first token: a static batch's prefill of equal prompts,
+        the same positions as one prompt of ``rows x tokens`` but 1/rows of its attention."""
+        chunks = []
+        for i in range(rows):
+            req = Request(i, 0.0, tokens, 1)
+            req.on_admit(i, 0.0)
+            chunks.append(PrefillChunk(req, tokens))
+        return self._time(("prefill_rows", rows, tokens), StepPlan(prefills=chunks))
+
     def mixed(self, tokens: int, rows: int, ctx: int) -> dict[str, float]:
         """A ``tokens``-token prompt prefilled in the pass of ``rows`` decodes, its slot in
         the middle of theirs (slots 0..rows). That is where a live batch puts it: a finished
@@ -216,7 +227,8 @@ def _progress(items: list, desc: str, enabled: bool) -> Iterable:
 
 def measure(model: str, device: str = "auto", dtype: str | None = None, *,
             batches: list[int], ctxs: list[int], prefill_tokens: list[int],
-            mixed: list[tuple[int, int, int]], reps: int = 5, rounds: int = 1, seed: int = 0,
+            mixed: list[tuple[int, int, int]], prefill_rows: list[tuple[int, int]] = (),
+            reps: int = 5, rounds: int = 1, seed: int = 0,
             bandwidth_bytes: int | None = None, peak_n: int | None = None,
             graphs: bool | None = None, progress: bool = False) -> dict[str, Any]:
     """Measure one model on one device; returns the profile document (schema 1).
@@ -226,7 +238,10 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
     drifts by 20-30% over minutes (this project's CPU), one sweep puts a slow spell on a
     few neighbouring points and bends the interpolated curve; rounds spread every spell
     over the whole grid. ``graphs``: decode steps as CUDA graphs (default on CUDA, as the
-    real executor runs them; each (rows, context) bucket is captured in its first warm-up)."""
+    real executor runs them; each (rows, context) bucket is captured in its first warm-up).
+    ``prefill_rows``: (rows, tokens) pairs, that many equal prompts prefilled in one pass
+    (:meth:`StepTimer.prefill_rows`): set beside single prompts of ``rows x tokens``
+    tokens, they separate the cost of attention from the cost of positions (``ProfileCost``)."""
     if not (isinstance(rounds, int) and rounds >= 1):
         raise ValueError(f"rounds={rounds!r}: must be an integer >= 1")
     if not (isinstance(reps, int) and reps >= 1):
@@ -239,10 +254,14 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
     for name, vals in (("batches", batches), ("ctxs", ctxs), ("prefill_tokens", prefill_tokens)):
         if not vals or sorted(set(vals)) != list(vals) or vals[0] < (0 if name == "ctxs" else 1):
             raise ValueError(f"{name}={vals!r}: must be increasing and positive")
-    max_len = max([c * 3 // 2 + 2 for c in ctxs] + prefill_tokens + [t for t, _, _ in mixed] + [c + 1 for _, _, c in mixed])
+    for rows, tokens in prefill_rows:
+        if not (isinstance(rows, int) and isinstance(tokens, int) and rows >= 2 and tokens >= 1):
+            raise ValueError(f"prefill_rows ({rows!r}, {tokens!r}): need integers rows >= 2, tokens >= 1")
+    max_len = max([c * 3 // 2 + 2 for c in ctxs] + prefill_tokens + [t for t, _, _ in mixed]
+                  + [c + 1 for _, _, c in mixed] + [t for _, t in prefill_rows])
     if max_len > shape.max_context:
         raise ValueError(f"a measured length of {max_len} exceeds {model}'s max_context={shape.max_context}")
-    slots = max(batches + [r + 1 for _, r, _ in mixed])
+    slots = max(batches + [r + 1 for _, r, _ in mixed] + [r for r, _ in prefill_rows])
     load0 = os.getloadavg()[0]
     t_start = time.perf_counter()
     elem = torch.empty(0, dtype=tdt).element_size()
@@ -257,17 +276,21 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
     grid: list[list[Any]] = [[None] * len(ctxs) for _ in batches]
     pre: list[Any] = [None] * len(prefill_tokens)
     mix: list[Any] = [None] * len(mixed)
+    prows: list[Any] = [None] * len(prefill_rows)
     points = ([("decode", i, j) for i in range(len(batches)) for j in range(len(ctxs))]
               + [("prefill", i, 0) for i in range(len(prefill_tokens))]
-              + [("mixed", i, 0) for i in range(len(mixed))])
+              + [("mixed", i, 0) for i in range(len(mixed))]
+              + [("prefill_rows", i, 0) for i in range(len(prefill_rows))])
     for kind, i, j in _progress(points * rounds, f"{rounds} round(s)", progress):
         if kind == "decode":
             grid[i][j] = timer.decode(batches[i], ctxs[j])      # pooled over the rounds so far
         elif kind == "prefill":
             pre[i] = timer.prefill(prefill_tokens[i])
+        elif kind == "prefill_rows":
+            prows[i] = timer.prefill_rows(*prefill_rows[i])
         else:
             mix[i] = timer.mixed(*mixed[i])
-    return {
+    doc = {
         "schema": PROFILE_SCHEMA,
         "meta": {
             "device": registry_device(dev), "device_name": device_name(dev), "model": shape.name,
@@ -291,3 +314,7 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
         "mixed": {"prefill_tokens": [t for t, _, _ in mixed], "decode_rows": [r for _, r, _ in mixed],
                   "decode_ctx": [c for _, _, c in mixed], "ms": [p["median_ms"] for p in mix], "spread": mix},
     }
+    if prefill_rows:
+        doc["prefill_rows"] = {"rows": [r for r, _ in prefill_rows], "tokens": [t for _, t in prefill_rows],
+                               "ms": [p["median_ms"] for p in prows], "spread": prows}
+    return doc

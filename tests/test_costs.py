@@ -225,6 +225,45 @@ def test_profile_reads_padded_steps_at_their_bucket() -> None:
         ProfileCost.from_dict(doc)
 
 
+def test_profile_prices_attention_from_equal_prompts_side_by_side() -> None:
+    """Single prompts cost 10 ms + 0.1 ms/token + 0.1 us per attention pair; prefill_rows
+    points (equal prompts in one pass) let the profile find the 0.1 us and price any step's
+    pairs: a padded static batch of short prompts, a chunk after cached context (by hand)."""
+    b = 1e-7
+    cost = lambda tokens, pairs: 10e-3 + 0.1e-3 * tokens + b * pairs   # noqa: E731
+    pairs = lambda n: n * (n + 1) / 2                                   # noqa: E731
+    doc = _profile()
+    doc["prefill"] = {"tokens": [100, 200, 400], "ms": [cost(t, pairs(t)) * 1e3 for t in (100, 200, 400)]}
+    doc["prefill_rows"] = {"rows": [2, 4, 16], "tokens": [100, 100, 100],
+                           "ms": [cost(200, 2 * pairs(100)) * 1e3, cost(400, 4 * pairs(100)) * 1e3,
+                                  cost(1600, 16 * pairs(100)) * 1e3]}   # 1,600 positions: beyond the grid
+    p = ProfileCost.from_dict(doc)
+    assert p.attn_s == pytest.approx(b, rel=1e-9) and p.describe()["attn_s_per_pair"] == pytest.approx(b)
+    pre = lambda t, a: p.step_time(StepWork(prefill_tokens=t, prefill_attn=a))   # noqa: E731
+    assert pre(200, pairs(200)) == pytest.approx(cost(200, pairs(200)))          # a grid point, as measured
+    assert pre(300, pairs(300)) == pytest.approx(cost(300, pairs(300)))          # 44.515 ms, not 45.015
+    assert pre(100, 100 * 300 + pairs(100)) == pytest.approx(0.023505)          # after 300 cached tokens
+    # The 16 x 100 point (1,600 positions, beyond the longest single prompt) extends the
+    # curve without attention: a padded 8 x 100 batch is interpolated, not extrapolated.
+    assert pre(800, 8 * pairs(100)) == pytest.approx(cost(800, 8 * pairs(100)))  # 94.04 ms
+    assert p.extrapolated == 0
+    # Without the point beyond, the same estimate by extrapolating that curve (counted).
+    doc["prefill_rows"] = {k: v[:2] for k, v in doc["prefill_rows"].items()}
+    p = ProfileCost.from_dict(doc)
+    assert p.step_time(StepWork(prefill_tokens=800, prefill_attn=8 * pairs(100))) == pytest.approx(
+        cost(800, 8 * pairs(100)))
+    assert p.extrapolated == 1 and p.attn_s == pytest.approx(b, rel=1e-9)
+    # Without prefill_rows the same step is priced as one prompt of all its positions.
+    del doc["prefill_rows"]
+    q = ProfileCost.from_dict(doc)
+    assert q.attn_s == 0.0
+    assert q.step_time(StepWork(prefill_tokens=300, prefill_attn=pairs(300))) == pytest.approx(
+        (cost(200, pairs(200)) + cost(400, pairs(400))) / 2)
+    doc["prefill_rows"] = {"rows": [1], "tokens": [100], "ms": [5.0]}
+    with pytest.raises(ProfileError, match="prefill_rows.rows"):
+        ProfileCost.from_dict(doc)
+
+
 def test_profile_extrapolation_counted() -> None:
     p = ProfileCost.from_dict(_profile())
     assert p.step_time(StepWork(prefill_tokens=400)) == pytest.approx(0.170)   # 0.4 ms/token

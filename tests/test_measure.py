@@ -35,6 +35,18 @@ def test_measured_profile_loads_and_interpolates_its_own_points():
     assert cost.step_time(StepWork(prefill_tokens=32, prefill_attn=32 * 33 // 2)) == pytest.approx(
         doc["prefill"]["ms"][1] / 1e3, rel=1e-12)
     assert cost.extrapolated == 0
+    assert "prefill_rows" not in doc and cost.attn_s == 0.0
+
+
+def test_equal_prompts_side_by_side_are_measured_for_the_attention_fit():
+    doc = measure("tiny", "cpu", **{**GRID, "prefill_rows": [(4, 8), (2, 16)]})
+    pr = doc["prefill_rows"]
+    assert (pr["rows"], pr["tokens"]) == ([4, 2], [8, 16]) and all(m > 0 for m in pr["ms"])
+    assert all(p["reps"] == 2 for p in pr["spread"])
+    cost = ProfileCost.from_dict(json.loads(json.dumps(doc)))
+    assert cost.attn_s >= 0.0 and cost.describe()["attn_s_per_pair"] == cost.attn_s
+    with pytest.raises(ValueError, match=r"prefill_rows \(1, 8\)"):
+        measure("tiny", "cpu", **{**GRID, "prefill_rows": [(1, 8)]})
 
 
 def test_rounds_pool_every_repetition_of_each_point():
@@ -61,7 +73,8 @@ def test_run_and_simulate_write_the_same_results_shape(tmp_path, capsys):
     prof = tmp_path / "p.json"
     assert main(["measure", "--model", "tiny", "--device", "cpu", "--batches", "1,2,4", "--ctxs", "8,64",
                  "--prefill", "8,64", "--mixed-rows", "1", "--mixed-chunks", "8", "--mixed-ctx", "8",
-                 "--reps", "2", "--rounds", "1", "--out", str(prof), "--no-progress"]) == 0
+                 "--prefill-rows", "2x32", "--reps", "2", "--rounds", "1", "--out", str(prof), "--no-progress"]) == 0
+    assert json.loads(prof.read_text())["prefill_rows"]["rows"] == [2]
     sim = tmp_path / "sim.json"
     assert main(["simulate", *common, "--device", "cpu", "--profile", str(prof), "--out", str(sim)]) == 0
     r, s = json.loads(real.read_text()), json.loads(sim.read_text())

@@ -259,6 +259,24 @@ def _mixed_grid(mixed: dict[str, np.ndarray] | None) -> tuple[np.ndarray, np.nda
     return None if np.isnan(ms).any() else (P, R, ms, float(mixed["decode_ctx"][0]))
 
 
+def _points(data: dict, section: str, fields: dict[str, int]) -> dict[str, np.ndarray] | None:
+    """An optional list-of-points section (``mixed``, ``prefill_rows``): ``ms`` (converted to
+    seconds) and each of ``fields``, integers >= its minimum, as arrays; None if absent."""
+    if data.get(section) is None:
+        return None
+    sec = data[section]
+    ms = _get(sec, "ms", f"{section}.ms")
+    _need(isinstance(ms, list) and len(ms) >= 1, f"{section}.ms", "must be a non-empty list")
+    out = {"ms": _times_ms(ms, len(ms), f"{section}.ms")}
+    for k, lo in fields.items():
+        v = _get(sec, k, f"{section}.{k}")
+        _need(isinstance(v, list) and len(v) == len(ms) and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= lo for x in v),
+            f"{section}.{k}", f"must be a list of {len(ms)} integers >= {lo}")
+        out[k] = np.asarray(v, dtype=np.float64)
+    return out
+
+
 def _pairs(tokens: Any) -> Any:
     """(query, key) pairs of causal attention over one fresh prompt of ``tokens`` tokens."""
     return tokens * (tokens + 1) / 2.0
@@ -438,30 +456,8 @@ class ProfileCost(_VectorCost):
         tokens = _grid(_get(pre, "tokens", "prefill.tokens"), "prefill.tokens", 1)
         prefill_s = _times_ms(_get(pre, "ms", "prefill.ms"), len(tokens), "prefill.ms")
 
-        mixed = None
-        if data.get("mixed") is not None:
-            mx = data["mixed"]
-            ms_m = _get(mx, "ms", "mixed.ms")
-            _need(isinstance(ms_m, list) and len(ms_m) >= 1, "mixed.ms", "must be a non-empty list")
-            mixed = {"ms": _times_ms(ms_m, len(ms_m), "mixed.ms")}
-            for k in ("prefill_tokens", "decode_rows", "decode_ctx"):
-                v = _get(mx, k, f"mixed.{k}")
-                _need(isinstance(v, list) and len(v) == len(ms_m) and all(
-                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v),
-                    f"mixed.{k}", f"must be a list of {len(ms_m)} integers >= 0")
-                mixed[k] = np.asarray(v, dtype=np.float64)
-        prows = None
-        if data.get("prefill_rows") is not None:
-            pr = data["prefill_rows"]
-            ms_r = _get(pr, "ms", "prefill_rows.ms")
-            _need(isinstance(ms_r, list) and len(ms_r) >= 1, "prefill_rows.ms", "must be a non-empty list")
-            prows = {"ms": _times_ms(ms_r, len(ms_r), "prefill_rows.ms")}
-            for k, lo in (("rows", 2), ("tokens", 1)):
-                v = _get(pr, k, f"prefill_rows.{k}")
-                _need(isinstance(v, list) and len(v) == len(ms_r) and all(
-                    isinstance(x, int) and not isinstance(x, bool) and x >= lo for x in v),
-                    f"prefill_rows.{k}", f"must be a list of {len(ms_r)} integers >= {lo}")
-                prows[k] = np.asarray(v, dtype=np.float64)
+        mixed = _points(data, "mixed", {"prefill_tokens": 0, "decode_rows": 0, "decode_ctx": 0})
+        prows = _points(data, "prefill_rows", {"rows": 2, "tokens": 1})
         return cls(dict(meta), batch, ctx, decode_s, tokens, prefill_s, model, device, mixed, source, prows)
 
     # ------------------------------------------------------------- estimates

@@ -466,8 +466,11 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
     assert {n: m["steps"] for n, m in rs["sim"].items()} == {"static": 40, "continuous": 30}
     assert rs["sim"]["static"]["busy_s"] == pytest.approx(0.400)
     assert set(rs["steps_pred_over_real"]["static"]) == {"prefill", "decode"}
-    assert rs["prefill_positions_max"] == {"static": 16.0, "continuous": 16.0} and rs["profile_prefill_max"] == 64
-    assert "it takes every step the real runs took" in E.real_schedulers_text(rs)
+    text = E.real_schedulers_text(rs)
+    assert "it takes every step the real runs took" in text
+    sp, cp = rs["steps_pred_over_real"]["static"], rs["steps_pred_over_real"]["continuous"]
+    assert (f"Priced one by one, the real runs' steps come out at static's prefill steps at {sp['prefill']:.0%} "
+            f"and decode steps at {sp['decode']:.0%}; continuous's prefill steps at {cp['prefill']:.0%}") in text
     assert E.real_schedulers_rows(rs)[0][0] == "measured (simulated)"
 
 

@@ -32,19 +32,21 @@ from .why import (LIVE_DEFAULTS, PROFILE_DIR, bstar_of, knee, roofline_curve, st
                   gpu_rooflines, live_defaults, decode_paths, live_decode_sweep, live_roofline,
                   profile_roofline, live_numbers, live_text, live_labels, knee_text, load_profiles,
                   profiles_text, profile_rows)
-from .static import (padding_cost, REAL_PADDING_LONG, real_padding, real_padding_rows, committed_padding_text, Segment, timeline, slot_steps, analytic_static_utilization,
+from .static import (padding_cost, REAL_PADDING_LONG, real_padding, real_padding_rows,
+                     committed_padding_text, Segment, timeline, slot_steps, analytic_static_utilization,
                      static_batch_sweep, wait_sweep, first_finisher_summary)
 from .continuous import (compare_schedulers, rate_sweep, sweep_numbers, saturation, with_probes,
                          probe_runs, iterations, subset_latency, decode_compute_share,
                          decode_step_ms, first_finisher_queue, probe_summary)
 from .chunked import (long_prompt_among_decodes, itl_series, spike_summary, stall_summary, stall_runs,
-                      REAL_STALL, stall_configs, real_stall, committed_stall_text,
-                      stall_numbers, tradeoff_numbers, chunk_step_times, profile_chunk_steps, profile_chunk_text,
+                      REAL_STALL, stall_configs, real_stall, committed_stall_text, stall_numbers,
+                      tradeoff_numbers, chunk_step_times, profile_chunk_steps, profile_chunk_text,
                       chunk_sweep)
 from .kv import (kv_over_time, kv_runs, kv_fit, kv_budget_sweep, budget_numbers)
-from .checks import (REAL_MODELS, real_runner, serve_real, executor_text, STALL_GLOB, committed_real_runs,
-                     real_runs_label, committed_text, profile_measured_here, real_schedulers,
-                     real_schedulers_rows, real_schedulers_text, predicted_steps, real_available, real_crosscheck, crosscheck_text, crosscheck_rows,
+from .checks import (REAL_MODELS, real_kind, real_runner, serve_real, executor_text, STALL_GLOB,
+                     committed_real_runs, real_runs_label, committed_text, predicted_steps,
+                     profile_measured_here, real_schedulers, real_schedulers_rows, real_schedulers_text,
+                     real_available, real_crosscheck, crosscheck_text, crosscheck_rows,
                      FIDELITY_FILE, fidelity_summary)
 
 __all__ = [
@@ -53,17 +55,17 @@ __all__ = [
     "bstar_of", "knee", "roofline_curve", "stream_numbers", "gpu_rooflines", "live_defaults",
     "decode_paths", "live_decode_sweep", "live_roofline", "profile_roofline", "live_numbers",
     "live_text", "live_labels", "knee_text", "load_profiles", "profiles_text", "profile_rows",
-    "padding_cost", "REAL_PADDING_LONG", "real_padding", "real_padding_rows", "committed_padding_text", "Segment", "timeline", "slot_steps", "analytic_static_utilization",
-    "static_batch_sweep", "wait_sweep", "first_finisher_summary", "compare_schedulers",
-    "rate_sweep", "sweep_numbers", "saturation", "with_probes", "probe_runs", "iterations",
-    "subset_latency", "decode_compute_share", "decode_step_ms", "first_finisher_queue",
-    "probe_summary", "long_prompt_among_decodes", "itl_series", "spike_summary", "stall_summary",
-    "stall_runs", "REAL_STALL", "stall_configs", "real_stall", "committed_stall_text",
-    "stall_numbers", "tradeoff_numbers", "chunk_step_times", "profile_chunk_steps", "profile_chunk_text",
-    "chunk_sweep", "kv_over_time",
-    "kv_runs", "kv_fit", "kv_budget_sweep", "budget_numbers", "REAL_MODELS", "real_runner",
-    "serve_real", "executor_text", "STALL_GLOB", "committed_real_runs", "real_runs_label", "committed_text",
-    "profile_measured_here", "real_schedulers", "real_schedulers_rows",
-    "real_schedulers_text", "predicted_steps", "real_available", "real_crosscheck",
-    "crosscheck_text", "crosscheck_rows", "FIDELITY_FILE", "fidelity_summary"
+    "padding_cost", "REAL_PADDING_LONG", "real_padding", "real_padding_rows", "committed_padding_text",
+    "Segment", "timeline", "slot_steps", "analytic_static_utilization", "static_batch_sweep",
+    "wait_sweep", "first_finisher_summary", "compare_schedulers", "rate_sweep", "sweep_numbers",
+    "saturation", "with_probes", "probe_runs", "iterations", "subset_latency", "decode_compute_share",
+    "decode_step_ms", "first_finisher_queue", "probe_summary", "long_prompt_among_decodes",
+    "itl_series", "spike_summary", "stall_summary", "stall_runs", "REAL_STALL", "stall_configs",
+    "real_stall", "committed_stall_text", "stall_numbers", "tradeoff_numbers", "chunk_step_times",
+    "profile_chunk_steps", "profile_chunk_text", "chunk_sweep", "kv_over_time", "kv_runs", "kv_fit",
+    "kv_budget_sweep", "budget_numbers", "REAL_MODELS", "real_kind", "real_runner", "serve_real",
+    "executor_text", "STALL_GLOB", "committed_real_runs", "real_runs_label", "committed_text",
+    "predicted_steps", "profile_measured_here", "real_schedulers", "real_schedulers_rows",
+    "real_schedulers_text", "real_available", "real_crosscheck", "crosscheck_text", "crosscheck_rows",
+    "FIDELITY_FILE", "fidelity_summary",
 ]

@@ -26,10 +26,21 @@ def real_available() -> bool:
     return True
 
 
+#: The repository root: committed results and profiles are read relative to it.
+ROOT = Path(__file__).resolve().parents[2]
+
 #: The model a real run of 7.1 or 7.3 builds by default on each kind of device: the CPU demo
 #: model whose profile this book measured (cpu-s: prefills of thousands of tokens take about a
 #: second on two cores), and the Llama 3.2 1B shape on a GPU (bf16).
 REAL_MODELS: dict[str, str] = {"cpu": "cpu-s", "cuda": "llama-1b"}
+
+
+def real_kind(device: str = "auto") -> str:
+    """``"cuda"`` or ``"cpu"``: the kind of device a real run on ``device`` uses ("auto": the
+    GPU if there is one), the key of each measured section's per-device sizes."""
+    from ..real import resolve_device
+
+    return "cuda" if resolve_device(device).type == "cuda" else "cpu"
 
 
 def real_runner(model: str | None, device: str = "auto", slots: int = 1, max_len: int | None = None,
@@ -44,7 +55,7 @@ def real_runner(model: str | None, device: str = "auto", slots: int = 1, max_len
     from ..runner import ModelRunner
 
     dev = resolve_device(device)
-    name = REAL_MODELS["cuda" if dev.type == "cuda" else "cpu"] if model is None else model
+    name = REAL_MODELS[real_kind(device)] if model is None else model
     if threads is not None:
         torch.set_num_threads(threads)
     return ModelRunner.from_shape(get_model(name), slots, device=dev, max_len=max_len)
@@ -76,7 +87,7 @@ STALL_GLOB = "benchmarks/results/stall-*.json"
 def committed_real_runs(root: str | None = None) -> list[dict[str, Any]]:
     """7.1, 7.3: every committed ``bench_stall.py`` result, CPU ones first, then by name:
     measurements from devices the book's build machine may not have (a lent H200)."""
-    base = Path(root) if root else Path(__file__).resolve().parents[2]
+    base = Path(root) if root else ROOT
     docs = []
     for f in sorted(base.glob(STALL_GLOB)):
         doc = json.loads(f.read_text())
@@ -170,7 +181,7 @@ def profile_measured_here(model: str, name: str, directory: str | None = None) -
     """7.2: the committed profile of ``model`` measured on a device called ``name`` (the
     CPU's model name, the GPU's), or None: a simulation is compared with real runs only on
     the kind of machine its profile was measured on."""
-    base = Path(directory) if directory else Path(__file__).resolve().parents[2] / "data" / "profiles"
+    base = Path(directory) if directory else ROOT / "data" / "profiles"
     for f in sorted(base.glob("*.json")):
         meta = json.loads(f.read_text()).get("meta", {})
         if meta.get("model") == model and meta.get("device_name") == name:
@@ -190,9 +201,7 @@ def real_schedulers(workload: Workload, configs: Mapping[str, Mapping[str, Any]]
     of the run}), ``executor``, ``model`` and, with a ``profile`` measured for this model,
     ``sim`` (the same runs through the simulator on that profile), ``profile`` and
     ``steps_pred_over_real`` ({name: {"prefill", "decode": the profile's time for the real
-    run's steps with a prefill, and for its decode-only steps, over their measured time}}),
-    ``prefill_positions_max`` ({name: the largest prefill step's positions, padding included})
-    and ``profile_prefill_max`` (the profile's longest prompt).
+    run's steps with a prefill, and for its decode-only steps, over their measured time}}).
     ``profile="auto"``: :func:`profile_measured_here`, if there is one."""
     from ..costs import ProfileCost
 
@@ -221,8 +230,6 @@ def real_schedulers(workload: Workload, configs: Mapping[str, Mapping[str, Any]]
             out.setdefault("steps_pred_over_real", {})[name] = {
                 kind: float((pred[m] * L["n"][m]).sum() / (L["dur"][m] * L["n"][m]).sum()) if m.any() else None
                 for kind, m in (("prefill", pre), ("decode", ~pre))}
-            out.setdefault("prefill_positions_max", {})[name] = float((L["prefill"] + L["pad"]).max())
-            out["profile_prefill_max"] = float(cost.pt[-1])
     return out
 
 
@@ -260,26 +267,20 @@ def real_schedulers_text(rs: Mapping[str, Any], a: str = "static", b: str = "con
                        "these runs (a profile of another machine would not predict this one).")
     rel = Path(rs["profile"]).resolve()
     try:
-        rel = rel.relative_to(Path(__file__).resolve().parents[2])
+        rel = rel.relative_to(ROOT)
     except ValueError:
         pass
     sa, sb = rs["sim"][a], rs["sim"][b]
     same = all(rs["sim"][n]["steps"] == rs["real"][n]["steps"] for n in rs["real"])
-    pa = rs["steps_pred_over_real"][a]
     text += (f" In parentheses, the simulator on the profile measured on this machine (`{rel}`): it "
              f"{'takes every step the real runs took' if same else 'takes about the steps the real runs took'}, "
              f"and its busy time differs from the measured one by {sb['busy_s'] / rb['busy_s'] - 1:+.0%} for {b} "
              f"batching and {sa['busy_s'] / ra['busy_s'] - 1:+.0%} for {a}.")
-    if pa["prefill"] is not None and abs(pa["prefill"] - 1) > 0.15:
-        text += (f" Priced step by step, {a} batching's decode steps come out at "
-                 f"{pa['decode']:.0%} of their measured time but its padded prefill steps at "
-                 f"{pa['prefill']:.0%}: the profile measures prefill one prompt at a time, so a batch of "
-                 f"padded prompts is priced as one prompt of all their positions, with that prompt's "
-                 f"attention")
-        beyond = rs["prefill_positions_max"][a] > rs["profile_prefill_max"]
-        text += (f", up to {rs['prefill_positions_max'][a]:,.0f} positions where the profile's longest "
-                 f"prompt is {rs['profile_prefill_max']:,.0f} tokens." if beyond else ".")
-    return text
+    # The cost model's own error, free of schedule divergence: the real runs' steps priced one by one.
+    priced = [f"{n}'s " + " and ".join(f"{kind} steps at {r:.0%}" for kind, r in rs["steps_pred_over_real"][n].items()
+                                       if r is not None)
+              for n in (a, b)]
+    return text + " Priced one by one, the real runs' steps come out at " + "; ".join(priced) + " of their measured time."
 
 
 def crosscheck_text(cc: Mapping[str, Any]) -> str:
@@ -330,7 +331,7 @@ def fidelity_summary(path: str | None = None, root: str | None = None) -> dict[s
     plus ``model``,
     ``requests``, ``date``, ``schedulers`` and ``text``: one sentence for a caption.
     """
-    base = Path(root) if root else Path(__file__).resolve().parents[2]
+    base = Path(root) if root else ROOT
     f = Path(path) if path else base / FIDELITY_FILE
     doc = json.loads(f.read_text())
     res = doc["results"]

@@ -3,9 +3,7 @@ causes, and the chunk size's trade-off.
 """
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -131,11 +129,9 @@ def real_stall(model: str | None = None, device: str = "auto", running: int | No
     ``labels`` ({tag: label}), ``results`` ({tag: RunResult}), ``model`` and ``executor``. None arguments take the device's
     defaults (:data:`~batching.experiments.checks.REAL_MODELS`, :data:`REAL_STALL`).
     """
-    from ..real import resolve_device
-    from .checks import real_runner, serve_real
+    from .checks import real_kind, real_runner, serve_real
 
-    kind = "cuda" if resolve_device(device).type == "cuda" else "cpu"
-    d = REAL_STALL[kind]
+    d = REAL_STALL[real_kind(device)]
     running = d["running"] if running is None else running
     prompt = d["prompt"] if prompt is None else prompt
     chunk = d["chunk"] if chunk is None else chunk
@@ -260,15 +256,15 @@ def profile_chunk_steps(profiles: Sequence[Mapping[str, Any]], decodes: int = 8)
     """
     out = []
     for p in profiles:
-        mixed = json.loads(Path(p["path"]).read_text()).get("mixed") or {}
-        rows = np.asarray(mixed.get("decode_rows", []), dtype=float)
-        sel = rows == decodes
-        ctxs = set(np.asarray(mixed.get("decode_ctx", []), dtype=float)[sel].tolist())
+        mixed = p["mixed"]
+        if mixed is None:
+            continue
+        sel = mixed["decode_rows"] == decodes
+        ctxs = set(mixed["decode_ctx"][sel].tolist())
         if not sel.any() or len(ctxs) != 1:
             continue
         ctx = ctxs.pop()
-        chunk = np.asarray(mixed["prefill_tokens"], dtype=float)[sel]
-        ms = np.asarray(mixed["ms"], dtype=float)[sel]
+        chunk, ms = mixed["prefill_tokens"][sel], mixed["ms"][sel] * 1e3
         order = np.argsort(chunk)
         chunk, ms = chunk[order], ms[order]
         b, cs = np.asarray(p["batch"], dtype=float), np.asarray(p["ctxs"], dtype=float)

@@ -85,11 +85,9 @@ def real_padding(model: str | None = None, device: str = "auto", short: int = 50
     the device's defaults (:data:`~batching.experiments.checks.REAL_MODELS`,
     :data:`REAL_PADDING_LONG`).
     """
-    from ..real import resolve_device
-    from .checks import real_runner, serve_real
+    from .checks import real_kind, real_runner, serve_real
 
-    kind = "cuda" if resolve_device(device).type == "cuda" else "cpu"
-    long = REAL_PADDING_LONG[kind] if long is None else long
+    long = REAL_PADDING_LONG[real_kind(device)] if long is None else long
     if isinstance(short, bool) or not (isinstance(short, int) and isinstance(long, int) and 0 < short < long):
         raise ValueError(f"short={short!r}, long={long!r}: need integers 0 < short < long")
     if not (isinstance(reps, int) and reps >= 1):

@@ -386,7 +386,8 @@ def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[di
     ``bandwidth_gbs``/``peak_tflops`` and ``roofs_from`` (the profile's own ``device``
     section if it has one, else the device registry's constants), ``bstar``; and at
     ``ref_ctx``, the profile's context nearest ``ctx``: ``ref_ms`` (the column), ``t1_ms``
-    (batch 1), ``knee125``/``knee2`` (:func:`knee`).
+    (batch 1), ``knee125``/``knee2`` (:func:`knee`); ``mixed``: the measured mixed steps
+    (``ProfileCost.mixed``, times in seconds; None if the profile has none).
     """
     from ..costs import ProfileCost
     out = []
@@ -411,6 +412,7 @@ def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[di
                     "device": cost.device.name, "batch": b, "ctxs": cost.dc, "ms": ms, "shape": cost.model,
                     "bandwidth_gbs": bw, "peak_tflops": peak, "roofs_from": roofs,
                     "bstar": bstar_of(peak * 1e12, bw * 1e9, cost.model.bytes_per_param),
+                    "mixed": cost.mixed,
                     "ref_ctx": float(cost.dc[j]), "ref_ms": col, "t1_ms": float(col[0]),
                     "knee125": float(knee(b, col, 1.25)), "knee2": float(knee(b, col, 2.0))})
     return out

@@ -346,8 +346,10 @@ class ProfileCost(_VectorCost):
       up to the next bucket (CPU: model.padded_tokens), so decode rows and prefill tokens
       are read at their bucket;
     * mixed step: where the ``mixed`` points form a grid (every prefill size with every
-      row count, one context), bilinear in (prefill tokens, decode rows) over that grid,
-      plus the decode grid's change from the grid's context to the step's; otherwise
+      row count, one context), bilinear in (prefill tokens, decode rows) over that grid
+      less its chunks' attention, plus the step's own attention and the decode grid's
+      change from the grid's context to the step's; beyond the grid's largest chunk, the
+      prefill curve's cost of the extra positions (see :meth:`_mixed`); otherwise
       prefill(tokens) + decode(rows, ctx) - decode(batch[0], ctx[0]): the step streams
       the weights and pays the launch overhead once, and the cheapest measured step
       stands for that shared cost. On a CPU the additive form overcharges small mixed
@@ -355,7 +357,7 @@ class ProfileCost(_VectorCost):
       about a 32-token prefill, not a 16-token prefill plus a batch-16 decode), hence
       the grid.
 
-    Beyond the grid both use the edge segment's line; each such query adds one to
+    Beyond the decode and prefill grids, the edge segment's line; each such query adds one to
     ``extrapolated``, every query to ``queries``. No step is estimated below the cheapest
     step the profile measured (``floor_s``): a noisy edge segment that slopes down would
     otherwise extrapolate to zero or less. A ``mixed`` section, if present,
@@ -478,13 +480,27 @@ class ProfileCost(_VectorCost):
         t = t + self.attn_s * (_pairs(tokens) if pairs is None else pairs)
         return np.maximum(t, 0.0), (tokens < self.pt_lin[0]) | (tokens > self.pt_lin[-1])
 
-    def _mixed(self, pt: np.ndarray, rows: np.ndarray, ctx_per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _mixed(self, pt: np.ndarray, pa: np.ndarray, rows: np.ndarray, ctx_per_row: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
         """Mixed steps on the measured mixed grid, moved from its context to ``ctx_per_row``
-        along the decode grid."""
+        along the decode grid, with the attention of the step's own ``pa`` (query, key) pairs.
+
+        The grid is read without its chunks' attention (each was a fresh prompt), so that a
+        step whose chunks are many short prompts or read cached context pays its own pairs.
+        Beyond the grid's largest chunk the grid's edge is extended along the prefill curve
+        (what the extra positions cost in a prefill), not along the edge segment's line: a
+        line drawn through the attention of two fresh prompts, then stripped of a much larger
+        prompt's attention, priced a 2,205-token step of many short prompts below the same
+        positions prefilled alone (681 against 1,007 ms, cpu-s)."""
         P, R, ms, c = self.mixed_grid
-        i, u = _segment(P, pt)
+        lin = ms - self.attn_s * _pairs(P)[:, None]
+        at = np.minimum(pt, P[-1])
+        i, u = _segment(P, at)
         j, v = _segment(R, rows)
-        t = (1 - u) * ((1 - v) * ms[i, j] + v * ms[i, j + 1]) + u * ((1 - v) * ms[i + 1, j] + v * ms[i + 1, j + 1])
+        t = (1 - u) * ((1 - v) * lin[i, j] + v * lin[i, j + 1]) + u * ((1 - v) * lin[i + 1, j] + v * lin[i + 1, j + 1])
+        zero = np.zeros_like(pt)
+        extra = self._prefill(pt, zero)[0] - self._prefill(at, zero)[0]   # 0 inside the grid
+        t = t + extra + self.attn_s * pa
         d_step, d_out = self._decode(rows, ctx_per_row)
         d_grid, _ = self._decode(rows, np.full_like(rows, c))
         out = (pt < P[0]) | (pt > P[-1]) | (rows < R[0]) | (rows > R[-1]) | d_out
@@ -515,9 +531,7 @@ class ProfileCost(_VectorCost):
         both = has_d & has_p
         out = (has_d & d_out) | (has_p & p_out)
         if self.mixed_grid is not None and both.any():
-            mix, m_out = self._mixed(pt, np.maximum(rows, 1.0), ctx / np.maximum(rows, 1.0))
-            # The grid's chunks were fresh prompts: add the attention this step's chunks differ by.
-            mix = np.maximum(mix + self.attn_s * (pa - _pairs(pt)), 0.0)
+            mix, m_out = self._mixed(pt, pa, np.maximum(rows, 1.0), ctx / np.maximum(rows, 1.0))
             est = np.where(both, mix, est)
             out = np.where(both, m_out, out)
         self.queries += int(np.count_nonzero(has_d | has_p))

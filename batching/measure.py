@@ -27,7 +27,7 @@ from .models import get_model
 from .real import device_name, resolve_device, resolve_dtype, CUDA_NAMES, REGISTRY_DTYPE
 from .plan import PrefillChunk, StepPlan
 from .request import Request
-from .runner import ModelRunner
+from .runner import SPAN_PER_ROW, ModelRunner
 
 PROFILE_SCHEMA = 1
 
@@ -164,15 +164,24 @@ class StepTimer:
         By default like a live batch: the rows' contexts differ (spread evenly over
         ctx/2 .. 3ctx/2, so attention reads up to the longest and masks the shorter ones);
         their slots are 0..B-1, as the schedulers' lowest-free-slot policy mostly leaves
-        them (a scattered batch also pays a gather of its slabs; ``scattered=True`` times
-        that). ``uniform=True`` gives every row the same context: the pure
-        weight-streaming story of "Why batching".
+        them. ``scattered=True`` spreads the rows evenly over all the runner's slots, so that
+        the runner gathers (copies) their slabs in every layer; the runner must have more
+        than ``SPAN_PER_ROW`` x ``batch`` slots. ``uniform=True`` gives every row the same
+        context: the pure weight-streaming story of "Why batching".
         """
         if uniform or batch == 1:
             pos = [ctx] * batch
         else:
             pos = [round(ctx * (0.5 + i / (batch - 1))) for i in range(batch)]
-        slots = list(range(batch))[::-1] if scattered and batch > 1 else list(range(batch))
+        slots = list(range(batch))
+        if scattered and batch > 1:
+            # The runner sorts rows by slot, so any order of slots 0..B-1 is still one range,
+            # read as a view: only a span wider than SPAN_PER_ROW slots per row is gathered.
+            span = self.r.slots
+            if span <= SPAN_PER_ROW * batch:
+                raise ValueError(f"scattered decode of {batch} rows needs a runner of more than "
+                                 f"{SPAN_PER_ROW * batch} slots; this one has {span}")
+            slots = [round(i * (span - 1) / (batch - 1)) for i in range(batch)]
         return self._time(("decode", batch, ctx, uniform, scattered),
                           StepPlan(decodes=[self._decoding(i, s, c) for i, (s, c) in enumerate(zip(slots, pos))]))
 

@@ -44,6 +44,9 @@ SCHEDULER_COLORS: dict[str, str] = {
     "chunked": "#56B4E9",     # sky blue
 }
 POLICY_COLORS: dict[str, str] = {"slab": "#8C564B", "exact": "#0072B2"}
+#: One (colour, marker) per load of a sweep (7.3's trade-off): distinct hues, not shades.
+LOAD_STYLES: tuple[tuple[str, str], ...] = (("#56B4E9", "o"), ("#E69F00", "s"), ("#0072B2", "^"),
+                                            ("#CC79A7", "v"))
 #: Book text column width (inches) and the resolution of saved PNGs.
 WIDTH = 7.0
 DPI = 150
@@ -172,10 +175,12 @@ def padding_figure(pc: Mapping[str, float]) -> Figure:
 
 def timeline_figure(panels: Sequence[tuple[str, Sequence[Segment]]], kinds: Sequence[str] = KINDS,
                     height_per_panel: float = 2.3, time_unit: str = "s",
-                    marks: Sequence[Sequence[tuple[float, str]]] | None = None) -> Figure:
+                    marks: Sequence[Sequence[tuple[float, str]]] | None = None,
+                    sharex: bool = False) -> Figure:
     """Per-slot timelines (7.1 (b), 7.2): one panel per (title, segments); rows are slots,
     time runs left to right, colour is what the row does (:data:`PHASE_COLORS`).
-    ``marks[i]`` lists (time in s, label) pairs drawn as dotted lines on panel i."""
+    ``marks[i]`` lists (time in s, label) pairs drawn as dotted lines on panel i.
+    ``sharex``: every panel spans the longest one's time, so panels compare by eye (7.2)."""
     scale = {"s": 1.0, "ms": 1e3}[time_unit]
     fig, axes = plt.subplots(len(panels), 1, figsize=(WIDTH, height_per_panel * len(panels) + 0.5),
                              squeeze=False)
@@ -197,6 +202,8 @@ def timeline_figure(panels: Sequence[tuple[str, Sequence[Segment]]], kinds: Sequ
             if bars:
                 used.add(kind)
         t_end = max(s.t1 for s in segs) * scale
+        if sharex:
+            t_end = max(max(s.t1 for s in sg) for _, sg in panels) * scale
         ax.set_xlim(0, t_end)
         ax.set_ylim(nslots - 0.5, -0.5)
         ax.set_ylabel("slot")
@@ -242,27 +249,45 @@ def batch_sweep_figure(sweep: Mapping[str, np.ndarray]) -> Figure:
 def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | None = None) -> Figure:
     """7.1 (d): mean queueing delay vs slot utilization as the collection timeout grows."""
     fig, ax = plt.subplots(figsize=(WIDTH, 3.0))
+    top = max(0.6, (ceiling or 0) * 1.25)
+    qs = []
     for name, d in sweep.items():
         q = np.maximum(d["queue_mean"], 1e-3)
+        qs.append(q)
         ax.plot(q, d["slot_util"], "o-", color=SCHEDULER_COLORS[name],
                 label=f"{name} ({'timeout' if name == 'static' else 'max_wait'} T, s)")
-        last: tuple[float, float] | None = None
-        for x, y, w in zip(q, d["slot_util"], d["wait"]):
-            # Skip a label that would sit on the previous one (points bunch up at small T).
-            if last is not None and abs(math.log10(x / last[0])) < 0.12 and abs(y - last[1]) < 0.03:
-                continue
-            last = (x, y)
-            below = name == "static"
-            ax.annotate(f"{w:g}", (x, y), textcoords="offset points", xytext=(4, -10) if below else (-4, 5),
-                        ha="left" if below else "right", fontsize=7.5, color=SCHEDULER_COLORS[name])
+        # Points that bunch up (small T) share one label listing every T of the bunch,
+        # written below it, where the curves leave room; a lone point keeps its own label.
+        groups: list[list[int]] = []
+        for j, (x, y) in enumerate(zip(q, d["slot_util"])):
+            x0, y0 = (q[groups[-1][0]], d["slot_util"][groups[-1][0]]) if groups else (None, None)
+            if groups and abs(math.log10(x / x0)) < 0.12 and abs(y - y0) < 0.03:
+                groups[-1].append(j)
+            else:
+                groups.append([j])
+        for g in groups:
+            x, y = q[g[0]], d["slot_util"][g[0]]
+            text = ", ".join(f"{d['wait'][j]:g}" for j in g)
+            if len(g) > 1:
+                off, ha, va = (2, -9), "left", "top"
+            elif name == "static" and y > 0.08 * top:
+                off, ha, va = (4, -10), "left", "baseline"
+            elif name == "static":          # near the axis: above, not cut off below it
+                off, ha, va = (4, 5), "left", "baseline"
+            else:
+                off, ha, va = (-4, 5), "right", "baseline"
+            ax.annotate(text, (x, y), textcoords="offset points", xytext=off, ha=ha, va=va,
+                        fontsize=7.5, color=SCHEDULER_COLORS[name])
     if ceiling is not None:
         ax.axhline(ceiling, color="#999999", ls="--", lw=1.2)
         ax.annotate("full batches of B (first-finisher ceiling)", (0.99, ceiling),
                     xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=8, color="#666666")
     ax.set_xscale("log")
+    allq = np.concatenate(qs) if qs else np.array([1.0])
+    ax.set_xlim(allq.min() / 1.6, allq.max() * 1.8)     # room for the labels at both ends
     ax.set_xlabel("mean queueing delay, arrival to admission (s, log scale)")
     ax.set_ylabel("slot utilization")
-    ax.set_ylim(0, max(0.6, (ceiling or 0) * 1.25))
+    ax.set_ylim(0, top)
     _pct(ax)
     ax.legend(loc="upper left")
     return fig
@@ -295,21 +320,63 @@ def rate_util_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], trace_rate: 
     return fig
 
 
-def latency_throughput_figure(sweep: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
-    """7.2: p50 and p99 end-to-end latency vs achieved output throughput, one point per rate."""
-    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.9), sharey=True)
-    for name, d in sweep.items():
+def latency_throughput_figure(sweep: Mapping[str, Mapping[str, np.ndarray]],
+                              label_scales: Sequence[float] = ()) -> Figure:
+    """7.2: p50 and p99 end-to-end latency vs achieved throughput in requests/s (the unit of
+    the page's table), one point per rate; points whose replay speed is in ``label_scales``
+    are labelled with it ("0.75x"), so a curve that bends back can be followed."""
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.2), sharey=True)
+    # One side per curve (above, right, below), so labels of curves that start together at
+    # light load do not stack; any that still collide are dropped by _drop_overlapping.
+    sides = [((3, 5), "left"), ((6, -3), "left"), ((3, -12), "left")]
+    labels: list[Any] = []
+    for i, (name, d) in enumerate(sweep.items()):
         c = SCHEDULER_COLORS.get(name.split()[0])
+        offset, ha = sides[i % len(sides)]
         for ax, key in zip(axes, ("e2e_p50", "e2e_p99")):
-            ax.plot(d["throughput_tok"], d[key], "o-", color=c, ms=3.5, label=name)
+            ax.plot(d["throughput_req"], d[key], "o-", color=c, ms=3.5, label=name)
+            for x, y, k in zip(d["throughput_req"], d[key], d["time_scale"]):
+                if any(math.isclose(k, s) for s in label_scales):
+                    labels.append(ax.annotate(f"{k:g}x", (x, y), xytext=offset, textcoords="offset points",
+                                              ha=ha, fontsize=7, color=c))
     for ax, t in zip(axes, ("p50 end-to-end latency", "p99 end-to-end latency")):
         ax.set_yscale("log")
-        ax.set_xlabel("achieved output throughput (tokens/s)")
+        ax.set_xlabel("achieved throughput (requests/s)")
         ax.set_title(t, fontsize=9)
     axes[0].set_ylabel("seconds (log scale)")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels))
+    ys = np.concatenate([np.asarray(d[k], dtype=float) for d in sweep.values() for k in ("e2e_p50", "e2e_p99")])
+    xs = np.concatenate([np.asarray(d["throughput_req"], dtype=float) for d in sweep.values()])
+    axes[0].set_ylim(ys.min() / 3, ys.max() * 2.2)  # room for the labels around the curves
+    for ax in axes:
+        ax.set_xlim(0, xs.max() * 1.12)
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside lower center", ncol=len(names))
+    _drop_overlapping(fig, labels)
     return fig
+
+
+def _drop_overlapping(fig: Figure, texts: Sequence[Any], pad: float = 2.0,
+                      avoid: Sequence[tuple[Any, Any, Any]] = (), marker_px: float = 4.0) -> None:
+    """Remove every text whose box (grown by ``pad`` pixels) overlaps one kept before it, a
+    marker of ``avoid`` ((axes, xs, ys) in data coordinates, each point ``marker_px`` pixels
+    either side), or leaves its axes: point labels stay readable however the curves fall.
+    Earlier texts win, so list the most important first."""
+    from matplotlib.transforms import Bbox
+
+    fig.canvas.draw()  # lays the figure out, so the boxes are where they will be saved
+    renderer = fig.canvas.get_renderer()
+    kept: list[Any] = []
+    for ax, xs, ys in avoid:
+        for px, py in ax.transData.transform(np.column_stack([np.asarray(xs, float), np.asarray(ys, float)])):
+            kept.append(Bbox([[px - marker_px, py - marker_px], [px + marker_px, py + marker_px]]))
+    for t in texts:
+        raw = t.get_window_extent(renderer)
+        box = raw.padded(pad)
+        inside = t.axes is None or t.axes.bbox.contains(raw.x0, raw.y0) and t.axes.bbox.contains(raw.x1, raw.y1)
+        if not inside or any(box.overlaps(k) for k in kept):
+            t.remove()
+        else:
+            kept.append(box)
 
 
 def iterations_figure(its: Mapping[str, Mapping[str, np.ndarray]], probe: int) -> Figure:
@@ -423,6 +490,10 @@ def chunk_profile_figure(curves: Sequence[Mapping[str, Any]]) -> Figure:
     if not curves:
         axes[0].text(0.5, 0.5, "no measured mixed steps", ha="center", va="center", transform=axes[0].transAxes)
     axes[0].set_yscale("log")
+    if curves:  # 1x, 2x, 5x... : a multiplier reads better than 10^0, 10^1
+        over = np.concatenate([np.asarray(c["over_decode"], dtype=float) for c in curves])
+        _log_ticks(axes[0], min(1.0, over.min()) * 0.9, over.max() * 1.1, axis="y")
+        axes[0].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
     axes[0].set_ylabel("step / decode-only step (log)")
     axes[0].axhline(1.0, color="#bbbbbb", lw=0.8, zorder=1)
     axes[1].set_ylabel("prefill throughput\n(% of best measured)")
@@ -443,14 +514,21 @@ def chunk_profile_figure(curves: Sequence[Mapping[str, Any]]) -> Figure:
 def chunk_tradeoff_figure(sweeps: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
     """7.3: TTFT p99 vs ITL p99 as the chunk size varies, one curve per load; the hollow
     marker is continuous batching without chunks."""
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.2))
-    cmap = plt.get_cmap("Blues")
-    n = len(sweeps)
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.4))
+    labels: list[Any] = []
+    points: list[tuple[Any, Any, Any]] = []
     for i, (label, d) in enumerate(sweeps.items()):
-        c = cmap(0.45 + 0.55 * (i + 1) / n)
-        ax.plot(d["itl_p99"] * 1e3, d["ttft_p99"], "o-", color=c, label=f"chunked, {label}")
-        for x, y, ch in zip(d["itl_p99"] * 1e3, d["ttft_p99"], d["chunk"]):
-            ax.annotate(f"{int(ch)}", (x, y), textcoords="offset points", xytext=(3, 4), fontsize=7.5, color=c)
+        c, mk = LOAD_STYLES[i % len(LOAD_STYLES)]
+        points += [(ax, d["itl_p99"] * 1e3, d["ttft_p99"]),
+                   (ax, d["continuous_itl_p99"] * 1e3, d["continuous_ttft_p99"])]
+        ax.plot(d["itl_p99"] * 1e3, d["ttft_p99"], "-", marker=mk, color=c, ms=5, label=f"chunked, {label}")
+        first = int(np.argmin(d["chunk"]))
+        for j, (x, y, ch) in enumerate(zip(d["itl_p99"] * 1e3, d["ttft_p99"], d["chunk"])):
+            # The smallest chunks of every load sit at about the same ITL, where each curve
+            # drops in from above: label those to the left of the point, the others below it.
+            xy, ha = ((-6, -3), "right") if j == first else ((0, -13), "center")
+            t = ax.annotate(f"{int(ch)}", (x, y), textcoords="offset points", xytext=xy, ha=ha, fontsize=7.5, color=c)
+            labels.insert(0, t) if j == first else labels.append(t)  # the smallest chunks' labels win
         ax.plot(d["continuous_itl_p99"] * 1e3, d["continuous_ttft_p99"], "D", mfc="white", color=c, ms=6,
                 label=f"no chunking, {label}")
     ax.set_xscale("log")
@@ -459,9 +537,11 @@ def chunk_tradeoff_figure(sweeps: Mapping[str, Mapping[str, np.ndarray]]) -> Fig
     ys = np.concatenate([np.r_[d["ttft_p99"], d["continuous_ttft_p99"]] for d in sweeps.values()])
     _log_ticks(ax, xs.min() * 0.8, xs.max() * 1.25)
     _log_ticks(ax, ys.min() * 0.8, ys.max() * 1.25, axis="y")
+    ax.set_ylim(ys.min() * 0.6, ys.max() * 1.6)  # room for the labels under the lowest curve
     ax.set_xlabel("p99 inter-token latency (ms, log)")
     ax.set_ylabel("p99 time to first token (s, log)")
-    ax.legend(loc="upper right", ncol=2, fontsize=7.5)
+    ax.legend(loc="upper right", ncol=max(1, len(sweeps)), fontsize=7.5)  # one column per load
+    _drop_overlapping(fig, labels, avoid=points)
     return fig
 
 
@@ -518,12 +598,16 @@ def kv_fit_figure(lengths: np.ndarray, fit: Mapping[str, float], measured_peak: 
 
 
 def kv_budget_figure(sweep: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
-    """What chapter 7 sets up: throughput and preemptions vs KV budget, per policy."""
+    """What chapter 7 sets up: throughput and preemptions vs KV budget, per policy of
+    continuous batching, and static batching under the same budget (series ``static``)."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.8))
     for pol, d in sweep.items():
-        c = POLICY_COLORS[pol]
-        axes[0].plot(d["budget"] / 1e3, d["throughput_tok"], "o-", color=c, label=pol)
-        axes[1].plot(d["budget"] / 1e3, d["running_peak"], "o-", color=c, label=f"{pol}: peak running")
+        # Static's usual brown is the slab policy's here: grey, dashed, keeps the two apart.
+        c = "#7f7f7f" if pol == "static" else POLICY_COLORS[pol]
+        label = "static (B = budget / slab)" if pol == "static" else f"continuous, {pol}"
+        style = "s--" if pol == "static" else "o-"
+        axes[0].plot(d["budget"] / 1e3, d["throughput_tok"], style, color=c, label=label)
+        axes[1].plot(d["budget"] / 1e3, d["running_peak"], style, color=c, label=label)
         if d["preemptions"].max() > 0:
             for x, y, p in zip(d["budget"] / 1e3, d["throughput_tok"], d["preemptions"]):
                 axes[0].annotate(f"{int(p)}", (x, y), textcoords="offset points", xytext=(3, -11),
@@ -531,11 +615,10 @@ def kv_budget_figure(sweep: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
     axes[0].set_xlabel("KV budget (k tokens)")
     axes[0].set_ylabel("output throughput (tokens/s)")
     axes[0].set_ylim(bottom=0)
-    axes[0].legend(loc="lower right", title="numbers: preemptions", title_fontsize=7.5)
+    axes[0].legend(loc="upper left", title="numbers: preemptions", title_fontsize=7.5, fontsize=7.5)
     axes[1].set_xlabel("KV budget (k tokens)")
     axes[1].set_ylabel("peak running requests")
     axes[1].set_ylim(bottom=0)
-    axes[1].legend(loc="upper left")
     return fig
 
 
@@ -623,7 +706,8 @@ def gpu_roofline_figure(gr: Mapping[str, Any]) -> Figure:
                for dev in gr["devices"]]
     handles += [Line2D([], [], color="#666666", ls="--", lw=1, label="memory: bytes / bandwidth"),
                 Line2D([], [], color="#666666", ls=":", lw=1.4, label="compute: FLOPs / peak")]
-    ax.legend(handles=handles, loc="upper left", fontsize=7.5)
+    # Mid-height on the left: the top of the panel holds the B* labels, the bottom the curves.
+    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(0.0, 0.6), fontsize=7.5)
     axes[1].set_ylabel("output tokens/s (thousands)")
     axes[1].set_title("throughput (lines end when KV fills memory)", fontsize=9)
     axes[1].set_ylim(bottom=0)
@@ -664,8 +748,14 @@ def live_decode_figure(sweep: Mapping[str, Any], numbers: Mapping[str, float],
     k = numbers["knee2"]
     ky = float(np.asarray(sweep["uniform_ms"])[list(b).index(k)])
     ax.plot([k], [ky], "o", ms=11, mfc="none", mec="black", mew=1.2, zorder=5)
-    ax.annotate(f"2x knee: {k:.0f}", (k, ky), xytext=(-6, 10), textcoords="offset points", ha="right",
-                fontsize=7.5, zorder=6, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+    # Far below the circle (a factor 3.5 on the log axis), with a leader line: the 1.25x and
+    # 2x lines and their labels run above the knee (it sits at most 2x above batch 1), and
+    # the measured points and the roofline close under it.
+    first = k <= b.min()     # a knee at the first batch has no room on its left
+    ax.annotate(f"2x knee: {k:.0f}", (k, ky), xytext=(k, ky / 3.5), textcoords="data",
+                ha="left" if first else "right", va="top",
+                fontsize=7.5, zorder=6, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+                arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.7, "shrinkB": 6})
     _bstar_line(ax, numbers["bstar"], y=0.97)
     _log_y(ax, ys, headroom=1.6)
     ax.set_ylabel("decode step (ms, log)")
@@ -720,11 +810,15 @@ def profiles_figure(profiles: Sequence[Mapping[str, Any]], roofs: Sequence[Mappi
         if roof is not None:
             axes[0].plot(roof["batch"], roof["time_s"] * 1e3, "--", color=col, lw=1)
     if gpu is not None:
-        for (dev, d), (ls, gc, lw) in zip(gpu["devices"].items(),
-                                          (("--", "#aaaaaa", 2.6), (":", "#333333", 1.4), ("-.", "#666666", 1.2))):
+        # Below B* both GPUs' relative costs are the same ratio of bytes, so their lines lie
+        # on top of each other: distinct markers (open vs filled) keep both visible.
+        for (dev, d), (ls, gc, mk, mfc) in zip(gpu["devices"].items(),
+                                               (("--", "#888888", "s", "none"), (":", "#222222", "^", "#222222"),
+                                                ("-.", "#555555", "D", "none"))):
             cur = d["ctx"][min(d["ctx"])]
             ok = (cur["batch"] >= lo) & (cur["batch"] <= hi)
-            axes[1].plot(cur["batch"][ok], (cur["time_s"] / cur["time_s"][0])[ok], ls, color=gc, lw=lw,
+            axes[1].plot(cur["batch"][ok], (cur["time_s"] / cur["time_s"][0])[ok], ls, color=gc, lw=1.3,
+                         marker=mk, ms=5 if mfc == "none" else 3, mfc=mfc, mec=gc,
                          label=f"roofline prediction: {gpu['model']} {gpu['dtype']} on {dev}, "
                                f"{min(d['ctx']):,} tok/row")
     for f in (1.25, 2.0):

@@ -209,6 +209,33 @@ def test_profile_mixed_grid_interpolates_and_follows_context() -> None:
     assert ProfileCost.from_dict(doc).describe()["mixed_estimate"] == "additive"
 
 
+def test_profile_mixed_step_beyond_the_grid_pays_its_own_attention() -> None:
+    """Single prompts cost 10 ms + 0.1 ms/token + 0.1 us per pair, a mixed step 2 ms more per
+    decode row; the grid holds chunks of 200 and 400 tokens. A step of 16 short prompts
+    (1,600 positions) and one decode is priced as the grid's edge without its attention, the
+    prefill curve's cost of the 1,200 positions beyond it, and its own pairs: 180.08 ms.
+    (A line through the grid's two fresh prompts, less a 1,600-token prompt's attention,
+    gave 96.08 ms: below the same positions prefilled alone.)"""
+    b = 1e-7
+    cost = lambda tokens, pairs: 10e-3 + 0.1e-3 * tokens + b * pairs   # noqa: E731
+    pairs = lambda n: n * (n + 1) / 2                                   # noqa: E731
+    doc = _profile()
+    doc["prefill"] = {"tokens": [100, 200, 400], "ms": [cost(t, pairs(t)) * 1e3 for t in (100, 200, 400)]}
+    doc["prefill_rows"] = {"rows": [2, 4, 16], "tokens": [100, 100, 100],
+                           "ms": [cost(r * 100, r * pairs(100)) * 1e3 for r in (2, 4, 16)]}
+    doc["mixed"] = {"prefill_tokens": [200, 200, 400, 400], "decode_rows": [1, 3, 1, 3], "decode_ctx": [100] * 4,
+                    "ms": [(cost(t, pairs(t)) + 2e-3 * r) * 1e3 for t, r in ((200, 1), (200, 3), (400, 1), (400, 3))]}
+    p = ProfileCost.from_dict(doc)
+    assert p.describe()["mixed_estimate"] == "grid"
+    mixed = lambda t, a, r: p.step_time(StepWork(prefill_tokens=t, prefill_attn=a, decode_rows=r,  # noqa: E731
+                                                 decode_ctx=r * 100))
+    assert mixed(400, pairs(400), 3) == pytest.approx(cost(400, pairs(400)) + 6e-3)   # a grid point
+    assert mixed(200, 2 * pairs(100), 1) == pytest.approx(cost(200, 2 * pairs(100)) + 2e-3)   # two short chunks
+    short16 = 16 * pairs(100)
+    assert mixed(1600, short16, 1) == pytest.approx(cost(1600, short16) + 2e-3) == pytest.approx(0.18008)
+    assert mixed(1600, short16, 1) > p.step_time(StepWork(prefill_tokens=1600, prefill_attn=short16))
+
+
 def test_profile_reads_padded_steps_at_their_bucket() -> None:
     """meta.token_buckets (CPU runner pads a step's tokens): a decode of 2 rows is read at
     the 3-row bucket, a 150-token prefill at 300; beyond the last bucket, as measured."""
@@ -376,3 +403,18 @@ def test_no_step_is_estimated_below_the_cheapest_measured_step() -> None:
     assert p.step_time(_dec(7, 100)) == pytest.approx(0.010)            # 30 - 6 x 6 = -6 ms -> floor
     assert p.step_time(StepWork(prefill_tokens=400)) == pytest.approx(0.010)
     assert p.step_time(StepWork()) == 0.0                               # an empty step costs nothing
+
+
+def test_the_intro_quotes_the_roofline_assumptions_as_the_code_has_them() -> None:
+    # chapters/intro.md names the roofline's unmeasured constants in prose (a .md page has
+    # no glue): if one changes here, the sentence must change with it.
+    from batching.costs import MEM_RESERVE
+
+    intro = " ".join((Path(__file__).resolve().parent.parent / "chapters" / "intro.md").read_text().split())
+    gpus = [d for d in DEVICES.values() if d.name != "cpu-here"]
+    assert {d.step_overhead_s for d in gpus} == {0.3e-3}
+    assert {d.allreduce_latency_s for d in gpus} == {10e-6}
+    assert MEM_RESERVE == 0.10
+    for quoted in ("0.3 ms per GPU engine step", "10 µs per all-reduce", "10% of device memory kept back",
+                   "the other 90%"):
+        assert quoted in intro, quoted

@@ -16,7 +16,7 @@ from batching import experiments as E  # noqa: E402
 from batching import plots  # noqa: E402
 from batching.costs import get_cost_model  # noqa: E402
 from batching.engine import SimExecutor, run  # noqa: E402
-from batching.schedulers import ContinuousScheduler, StaticScheduler  # noqa: E402
+from batching.schedulers import ContinuousScheduler, StaticScheduler, make_scheduler  # noqa: E402
 from batching.workload import LogNormal, Workload, preset, synthetic  # noqa: E402
 from helpers import LinearCost, reqs  # noqa: E402
 
@@ -186,6 +186,64 @@ def test_first_finisher_queue_static_makes_the_queue_wait_for_the_long_request()
 
 
 # ------------------------------------------------------------------------------ 7.3
+def test_dense_batches_counts_members_per_batch_by_hand():
+    # B = 3, timeout 1 s, every step 1 s, one output token each. Three arrivals by t = 0.4
+    # fill a batch; the one at t = 5 is sealed alone by its timeout at t = 6; the two at
+    # t = 10 and 10.5 are sealed together at t = 11. Batches of 3, 1 and 2.
+    res = run(reqs((0, 4, 1), (0.2, 4, 1), (0.4, 4, 1), (5, 4, 1), (10, 4, 1), (10.5, 4, 1)),
+              StaticScheduler(3, 64, timeout=1.0), UNIT)
+    assert E.dense_batches(res) == {"n": 3.0, "mean": 2.0, "p50": 2.0, "full_share": pytest.approx(1 / 3)}
+    with pytest.raises(ValueError):
+        E.dense_batches(run(reqs((0, 4, 1)), ContinuousScheduler(2, 64), UNIT))
+
+
+def test_batch_fill_seals_static_batches_at_the_timeout_and_skips_continuous():
+    # 40 requests, one every 0.25 s (4 req/s): a 1 s timeout seals about 1 + 4 x 1 = 5
+    # members (the opener plus the next four arrivals), far below the 32 slots; dynamic
+    # batching (no wait) takes whatever has arrived whenever the device is free.
+    w = Workload.from_arrays(0.25 * np.arange(40), [64] * 40, [4] * 40)
+    fill = E.batch_fill(w, H100_8B, {"static": dict(scheduler="static", slots=32, timeout=1.0),
+                                     "dynamic": dict(scheduler="dynamic", slots=32, timeout=0.0),
+                                     "continuous": dict(scheduler="continuous", slots=32)})
+    assert set(fill) == {"static", "dynamic"}
+    assert fill["static"]["timeout_expect"] == pytest.approx(1 + 40 / 9.75)
+    assert fill["static"]["n"] == 8 and fill["static"]["mean"] == 5 and fill["static"]["full_share"] == 0
+    assert "timeout_expect" not in fill["dynamic"] and fill["dynamic"]["mean"] < 5
+
+
+def test_metric_range_names_the_lowest_and_highest_configuration():
+    sweep = {"a": {"time_scale": np.array([1.0, 2.0]), "bw": np.array([0.7, 0.5])},
+             "b": {"time_scale": np.array([1.0, 2.0]), "bw": np.array([0.6, 0.9])}}
+    assert E.metric_range(sweep, "bw", 2.0) == {"lo": 0.5, "hi": 0.9, "lo_name": "a", "hi_name": "b"}
+    assert E.metric_range(sweep, "bw", 1.0)["lo_name"] == "b"
+
+
+def test_slab_text_says_whether_memory_or_the_slots_bind():
+    # llama-8b on one H100: (0.9 x 80 GB - 16.06 GB of weights) / 128 KiB per token =
+    # 426,784 tokens, 52 slabs of 8,192; a stub with room for 2 slabs binds before 4 slots do.
+    t = E.slab_text(H100_8B, 32)
+    assert "(8,192 tokens)" in t and "426,784 KV tokens" in t and "52 slabs, more than the 32 slots" in t
+    assert 'kv_policy="slab"' in t
+
+    class Stub:
+        model = type("M", (), {"max_context": 8192})()
+
+        def kv_capacity(self) -> float:
+            return 20000.0
+
+    t = E.slab_text(Stub(), 4)
+    assert "only 2 slabs for 4 slots, so memory, not the slots, limits" in t
+
+
+def test_bend_text_finds_where_a_static_curve_bends_back():
+    sweep = {"static": {"time_scale": np.array([0.5, 1.0, 2.0]), "e2e_p99": np.array([10.0, 900.0, 400.0])},
+             "continuous": {"time_scale": np.array([0.5, 1.0, 2.0]), "e2e_p99": np.array([1.0, 2.0, 30.0])}}
+    assert E.bend_text(sweep, "static", 2.0) == (
+        "The static curve bends back: past 1x its latency falls as the load rises (900 s to 400 s at p99 "
+        "by 2x), because faster arrivals fill more of each batch before its 2 s timeout seals it.")
+    assert E.bend_text(sweep, "continuous", 2.0) == "The continuous curve rises with the load over the whole sweep."
+
+
 def test_itl_spike_without_chunks_and_none_with_them():
     w = E.long_prompt_among_decodes(running=30, prompt=4000, at=0.5)
     cfg = {"mix": ("mixed", "continuous", {}),
@@ -199,6 +257,82 @@ def test_itl_spike_without_chunks_and_none_with_them():
     # The newcomer's prompt costs about the same compute either way: TTFT within 10%.
     assert n["chk_ttft_ms"] == pytest.approx(n["mix_ttft_ms"], rel=0.1)
     assert rf["chunks"] == 8
+
+
+def test_stall_numbers_derive_the_long_step_from_the_cost_models_flops():
+    # llama-8b: 32 layers x 218.1M matrix parameters = 6.98B, so 13.96 GFLOP per prompt token
+    # (the 8.03B total includes embeddings and the LM head, which prefill rows skip); causal
+    # attention over 4,000 tokens: 4 x 32 x 32 x 128 x 4000 x 4001 / 2 = 4.1954 TFLOP.
+    rf = E.stall_numbers(H100_8B, 512, 4000, decodes=30)
+    assert rf["layer_params_b"] == pytest.approx(6.979, abs=1e-3)
+    assert rf["tok_gflop"] == pytest.approx(13.959, abs=1e-3)
+    assert rf["attn_tflop"] == pytest.approx(4.19535, abs=1e-4)
+    # The step: prompt matrices + attention + 30 decode rows (matrices, LM head, KV reads).
+    assert 4000 * rf["tok_gflop"] / 1e3 + rf["attn_tflop"] < rf["long_tflop"] < 4000 * 16 / 1e3
+    assert rf["long_compute_ms"] == pytest.approx(rf["long_tflop"] / 989.0 * 1e3, rel=1e-3)
+    # Compute-bound: the roofline's step is exactly that time plus its overhead.
+    assert rf["long_ms"] == pytest.approx(rf["long_compute_ms"] + rf["overhead_ms"], rel=1e-9)
+
+
+def test_chunk_for_itl_is_the_largest_chunk_within_the_itl_target():
+    # llama-8b on an H100, 30 decodes at 300 tokens: the decode-only step is memory-bound,
+    # 15.0 GB of weights + 1.18 GB of KV over 3.35 TB/s + 0.3 ms = 5.13 ms. Twice that leaves
+    # 10.27 - 0.3 ms of compute: at 13.96 GFLOP a token (+ the 30 rows' LM head and a little
+    # attention) about 700 tokens with the decodes, so a chunk of about 665.
+    ex = E.chunk_for_itl(H100_8B, 2.0, decodes=30, ctx=300, reference=[256, 4096])
+    assert ex["decode_ms"] == pytest.approx(5.134, abs=1e-3) and 655 <= ex["chunk"] <= 675
+    t = E.chunk_step_times(H100_8B, [int(ex["chunk"]), int(ex["chunk"]) + 1], decodes=30, ctx=300)["step_s"]
+    assert t[0] <= 2 * ex["decode_ms"] / 1e3 < t[1]
+    assert ex["step_ms"] == pytest.approx(t[0] * 1e3) and 0.9 < ex["share"] < 1
+    with pytest.raises(ValueError):
+        E.chunk_for_itl(H100_8B, 1.0)
+
+
+def test_spike_summary_splits_the_slow_steps_around_the_long_prompt():
+    # A step costs 1 s + 1 s per token it carries; budget 8, chunks of 8. Steps 1-2 prefill
+    # r0's then r1's 8-token prompt: r0, decoding from t = 9, waits 9 s for its next token
+    # (slow: the decode-only median is 3 s) before the newcomer exists. The newcomer's 16
+    # tokens at t = 30 go 6 + 6 + 4 beside the two decodes: steps of 9, 9 and 7 s, all > 6 s.
+    w = Workload.from_arrays([0, 0, 30.0], [8, 8, 16], [20, 20, 2])
+    res = run(w.fresh(), make_scheduler("chunked", max_context=64, slots=3, token_budget=8, chunk_size=8),
+              SimExecutor(LinearCost(1.0, 1.0)))
+    s = E.spike_summary(res, [0, 1], 2)
+    assert (s["steps_over_2x_before"], s["steps_over_2x_during"], s["steps_over_2x_after"]) == (1, 3, 0)
+    assert s["steps_over_2x"] == 4 and s["itl_p50_ms"] == 3000 and s["itl_max_ms"] == 9000
+    assert s["ttft_ms"] == 25000  # first token at the end of the third chunk step, t = 55
+    assert s["prefill_itl_p50_ms"] == 9000  # r0's ITLs over those steps: 9, 9 and 7 s
+    rs = {"numbers": {"chk_steps_over_2x_before": 7.0, "chk_steps_over_2x_during": 12.0,
+                      "chk_steps_over_2x_after": 1.0}, "chunks": 12, "chunk": 128, "running_prompt": 128,
+          "budget": 137}
+    t = E.slow_steps_text(rs)
+    assert t.startswith("Of the 20 steps that took more than twice the median, 12 while the long prompt was "
+                        "prefilled (it takes 12 chunks of 128 tokens); 7 before it arrived: the running")
+    assert t.endswith("; 1 after its first token, with nothing left to prefill: run-to-run noise on this machine.")
+    rs["numbers"].update(chk_steps_over_2x_before=0.0, chk_steps_over_2x_after=0.0)
+    assert E.slow_steps_text(rs) == ("Of the 12 steps that took more than twice the median, 12 while the long "
+                                     "prompt was prefilled (it takes 12 chunks of 128 tokens).")
+
+
+def test_ttft_cost_text_reports_a_delay_only_beyond_the_noise():
+    assert E.ttft_cost_text({"chk_ttft_ms": 1330.0, "mix_ttft_ms": 891.0}) == (
+        "The newcomer paid for the chunks: its first token came 1,330 ms after arrival instead of 891 ms, 49% later.")
+    assert E.ttft_cost_text({"chk_ttft_ms": 1102.0, "mix_ttft_ms": 1132.0}).endswith(
+        "against 1,132 ms unchunked: in this run its chunks did not delay it measurably.")
+
+
+def test_real_chunk_text_reads_the_run_against_its_devices_profile():
+    curve = {"device": "cpu-here", "bstar": 12.8, "chunk": np.array([64, 128, 256]),
+             "share": np.array([0.5, 0.7, 0.9])}
+    rs = {"executor": {"hardware": "cpu-here"}, "chunk": 128, "chunks": 12,
+          "numbers": {"chk_prefill_itl_p50_ms": 108.0, "chk_itl_p50_ms": 20.0}}
+    t = E.real_chunk_text([curve], rs)
+    assert t.startswith("A 128-token chunk is 10 times this machine's B* (= 13, from its profile)")
+    assert "still wait 5.4x their median" in t and "over the prompt's 12 chunks rather than remove it" in t
+    assert "runs at 70% of the best" in t and "80% of it takes chunks of 256 tokens." in t
+    t = E.real_chunk_text([curve], {**rs, "numbers": {"chk_prefill_itl_p50_ms": 30.0, "chk_itl_p50_ms": 20.0}})
+    assert "rather than remove it" not in t and "the median chunk step holds the running requests for only 1.5x" in t
+    t = E.real_chunk_text([curve], {**rs, "executor": {"hardware": "h200"}})
+    assert t.startswith("No committed profile of this device (h200)")
 
 
 def test_chunk_roofline_is_flat_below_bstar_and_linear_above():
@@ -319,6 +453,65 @@ def test_every_figure_draws_and_saves(tmp_path):
     assert "x" in plots.table([[1, "ab"]], ["x", "y"])
 
 
+def test_latency_figure_plots_requests_per_second_and_labels_replay_speeds_without_overlap():
+    plots.style()
+    a = {"time_scale": np.array([0.5, 1.0, 2.0]), "throughput_req": np.array([0.5, 1.0, 1.2]),
+         "e2e_p50": np.array([1.0, 2.0, 50.0]), "e2e_p99": np.array([2.0, 4.0, 90.0])}
+    b = {**a, "throughput_req": a["throughput_req"] + 1e-3, "e2e_p50": a["e2e_p50"] * 1.01,
+         "e2e_p99": a["e2e_p99"] * 1.01}  # b sits on a: its labels would cover a's
+    fig = plots.latency_throughput_figure({"static": a, "dynamic": b}, label_scales=[0.5, 2.0])
+    ax0 = fig.axes[0]
+    assert ax0.get_xlabel() == "achieved throughput (requests/s)"
+    assert np.allclose(ax0.lines[0].get_xdata(), [0.5, 1.0, 1.2])
+    texts = [t.get_text() for t in ax0.texts]
+    assert "1x" not in texts and texts.count("0.5x") == 1 and texts.count("2x") == 1  # b's copies dropped
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(r) for ax in fig.axes for t in ax.texts]
+    assert not any(p.overlaps(q) for i, p in enumerate(boxes) for q in boxes[i + 1:])
+    matplotlib.pyplot.close(fig)
+
+
+def test_timeline_panels_share_the_time_axis_on_request():
+    short = [Seg(0, 0, "decode", 0.0, 2.0, 2)]
+    long = [Seg(0, 0, "decode", 0.0, 5.0, 5)]
+    fig = plots.timeline_figure([("a", short), ("b", long)])
+    assert [ax.get_xlim()[1] for ax in fig.axes] == [2.0, 5.0]
+    fig = plots.timeline_figure([("a", short), ("b", long)], sharex=True)
+    assert [ax.get_xlim()[1] for ax in fig.axes] == [5.0, 5.0]
+    matplotlib.pyplot.close("all")
+
+
+def test_chunk_tradeoff_figure_separates_loads_and_keeps_labels_apart():
+    plots.style()
+    # Like the Azure code trace: every load's 128- and 256-token chunks at about the same ITL.
+    mk = lambda itl, ttft: {"chunk": np.array([128.0, 256, 512]), "itl_p99": np.array(itl) / 1e3,  # noqa: E731
+                            "ttft_p99": np.array(ttft), "continuous_itl_p99": np.array([0.15]),
+                            "continuous_ttft_p99": np.array([ttft[-1]])}
+    fig = plots.chunk_tradeoff_figure({"1x": mk([5.4, 5.5, 9.5], [7.5, 1.5, 0.9]),
+                                       "2x": mk([5.5, 5.5, 9.6], [15.0, 5.3, 3.8]),
+                                       "4x": mk([5.5, 5.6, 9.7], [30.0, 9.5, 7.7])})
+    ax = fig.axes[0]
+    curves = [ln for ln in ax.lines if ln.get_linestyle() == "-"]
+    assert len({ln.get_color() for ln in curves}) == 3 and len({ln.get_marker() for ln in curves}) == 3
+    assert [t.get_text() for t in ax.texts].count("128") == 3  # every load's smallest chunk is labelled
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(r) for t in ax.texts]
+    assert not any(p.overlaps(q) for i, p in enumerate(boxes) for q in boxes[i + 1:])
+    matplotlib.pyplot.close(fig)
+
+
+def test_chunk_profile_figure_reads_the_itl_multiplier_as_1x_2x_5x():
+    plots.style()
+    curve = {"short": "m", "decodes": 8, "chunk": np.array([2.0, 64, 512]), "over_decode": np.array([1.2, 2.5, 12.0]),
+             "share": np.array([0.05, 0.6, 1.0]), "bstar": 13.0}
+    fig = plots.chunk_profile_figure([curve])
+    fig.canvas.draw()
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["1x", "2x", "5x", "10x"]
+    matplotlib.pyplot.close(fig)
+
+
 def test_phase_colours_are_distinct_and_cover_every_kind():
     assert set(plots.PHASE_COLORS) == set(E.KINDS)
     assert len(set(plots.PHASE_COLORS.values())) == len(E.KINDS)
@@ -385,7 +578,10 @@ def test_real_stall_serves_the_long_prompt_whole_or_in_chunks_on_the_model():
             assert prefills == [3 * 40, 100], tag
     n = st["numbers"]
     assert set(n) == {f"{t}_{k}" for t in ("mix", "sep", "chk")
-                      for k in ("itl_max_ms", "itl_p50_ms", "stall", "steps_over_2x", "ttft_ms")}
+                      for k in ("itl_max_ms", "itl_p50_ms", "stall", "steps_over_2x", "steps_over_2x_before",
+                                "steps_over_2x_during", "steps_over_2x_after", "prefill_itl_p50_ms", "ttft_ms")}
+    for t in ("mix", "sep", "chk"):
+        assert sum(n[f"{t}_steps_over_2x_{k}"] for k in ("before", "during", "after")) == n[f"{t}_steps_over_2x"]
     assert set(st["series"]) == set(st["labels"].values()) and st["model"] == "tiny"
     with pytest.raises(ValueError, match="chunk=0"):
         E.real_stall(model="tiny", device="cpu", running=3, prompt=100, chunk=0)
@@ -735,3 +931,286 @@ def test_fidelity_summary_takes_the_worst_scheduler(tmp_path) -> None:
     # The committed measurement is readable and has the noise floor the pages quote.
     committed = E.fidelity_summary()
     assert committed["noise"] is not None and 0 <= committed["tput_err"] < 1
+
+
+def test_fidelity_summary_says_the_gpu_figures_are_unchecked_until_a_gpu_run_lands(tmp_path) -> None:
+    """The CPU check validates the profile-driven simulator, not the GPU roofline figures it is
+    quoted under: the sentence says so while no GPU fidelity run is committed, and reports the
+    GPU run (and drops "not yet checked") once one is."""
+    import json
+    res = tmp_path / "benchmarks" / "results"
+    res.mkdir(parents=True)
+    run = lambda dev, err: {"model": "cpu-s" if dev == "cpu-here" else "llama-1b", "device": dev,  # noqa: E731
+                            "date": "2026-12-01T08:00:00+00:00", "workload": {"requests": 200},
+                            "results": {"continuous": {"throughput_rel_err": err, "e2e_median_abs_rel_err": 2 * err,
+                                                       "step_median_abs_rel_err": 0.1}}}
+    (res / "fidelity.json").write_text(json.dumps(run("cpu-here", 0.01)))
+    (res / "fidelity-600.json").write_text(json.dumps(run("cpu-here", 0.5)))  # a CPU variant: not a GPU check
+    s = E.fidelity_summary(root=str(tmp_path))
+    assert s["gpu_checks"] == 0 and E.gpu_fidelity_files(str(tmp_path)) == []
+    assert s["text"].startswith("Simulator checked on the book's CPU only: driven by a step profile")
+    assert "within 1.0% in output throughput and 2% in median per-request latency" in s["text"]
+    assert s["text"].endswith("roofline predictions from datasheet constants, not yet checked against a GPU.")
+    assert s["gpu"] in s["text"]
+    (res / "fidelity-h200-llama-1b.json").write_text(json.dumps(run("h200", 0.03)))
+    s = E.fidelity_summary(root=str(tmp_path))
+    assert s["gpu_checks"] == 1
+    assert [f.name for f in E.gpu_fidelity_files(str(tmp_path))] == ["fidelity-h200-llama-1b.json"]
+    assert "not yet checked" not in s["text"] and "CPU only" not in s["text"]
+    assert ("h200 (llama-1b, 200 requests, 2026-12-01): output throughput within 3.0%, "
+            "median per-request latency 6%") in s["text"]
+    assert s["tput_err"] == 0.01  # the CPU numbers still come from the CPU file
+
+
+# ------------------------------------------- review fixes: why.ipynb and static.ipynb
+def test_static_batch_sizes_close_a_batch_early_at_the_context_by_hand():
+    # B = 3, context 100: request 2 (prompt 60) cannot join [10/50, 10/5] (60 + 50 > 100),
+    # so that batch closes at 2; [60/5, 10/5, 10/5] is full; the last request is alone.
+    prompts, outputs = [10, 10, 60, 10, 10, 10], [50, 5, 5, 5, 5, 5]
+    assert E.static_batch_sizes(prompts, outputs, 3, 100) == [2, 3, 1]
+    assert E.static_batch_sizes(prompts, outputs, 3, 10_000) == [3, 3]
+    # Over the batches formed: maxima 50, 5, 5; full batches [50, 5, 5], [5, 5, 5]: 50, 5.
+    assert E.analytic_static_utilization(outputs, 3, [2, 3, 1]) == pytest.approx(75 / (3 * 60))
+    assert E.analytic_static_utilization(outputs, 3) == pytest.approx(75 / (3 * 55))
+    with pytest.raises(ValueError):
+        E.analytic_static_utilization(outputs, 3, [3, 2])        # does not cover the requests
+    with pytest.raises(ValueError):
+        E.static_batch_sizes([1, 2], [1], 2, 100)
+
+
+def _long_prompt_trace() -> Workload:
+    """small_trace with a few prompts so long that no other long output fits beside them
+    in llama-8b's 8,192-token context: the static scheduler closes batches early there."""
+    w = small_trace(128)
+    p, o = np.array(w.prompt_lens), np.array(w.output_lens)
+    p[[10, 50, 90]], o[[10, 50, 90]] = 7800, 10      # each fits alone ...
+    o[[11, 51, 91]] = 500                             # ... but not beside the next request
+    return Workload.from_arrays(np.zeros(len(w)), p, o, name="long prompts")
+
+
+def test_static_sweep_equals_the_formula_over_the_batches_the_scheduler_forms():
+    sweep = E.static_batch_sweep(_long_prompt_trace(), H100_8B, [1, 4, 16, 32])
+    assert sweep["closed_early"][1:].min() >= 1 and np.all(sweep["batches"] >= sweep["batches_full"])
+    np.testing.assert_allclose(sweep["slot_util"], sweep["analytic_formed"], rtol=1e-12)
+    assert np.any(np.abs(sweep["slot_util"] - sweep["analytic"]) > 1e-6)
+    text = E.sweep_agreement_text(sweep, 16, H100_8B.model.max_context)
+    assert "not equal to it" in text and "8,192-token context" in text and "exactly at every $B$ of this sweep" in text
+    plain = E.static_batch_sweep(small_trace(128), H100_8B, [1, 4, 16])
+    assert np.all(plain["closed_early"] == 0)
+    assert E.sweep_agreement_text(plain, 4, 8192).startswith("The simulated slot utilization equals the formula")
+
+
+def _wait_sweep_by_hand() -> dict:
+    waits = np.array([0.0, 1.0, 8.0, 16.0])
+    return {"static": {"wait": waits, "queue_mean": np.array([800.0, 200.0, 4.3, 6.3]),
+                       "slot_util": np.array([0.03, 0.07, 0.30, 0.45])},
+            "dynamic": {"wait": waits, "queue_mean": np.array([1.6, 1.6, 4.2, 6.3]),
+                        "slot_util": np.array([0.12, 0.13, 0.31, 0.45])}}
+
+
+def test_wait_summary_and_takeaway_say_where_dynamic_batching_helps():
+    ws = _wait_sweep_by_hand()
+    s = E.wait_summary(ws, rate=2.35, batch=32)
+    assert s["fill_s"] == pytest.approx(32 / 2.35) and s["converge_wait"] == 8.0 and s["converge_i"] == 2
+    text = E.wait_takeaway(ws, s)
+    assert "ahead where the timeout is short: at $T$ = 0 s" in text and "From $T$ = 8 s on the two agree" in text
+    # A later point that disagrees again: no convergence "from T on".
+    ws["dynamic"]["queue_mean"][-1] = 3.0
+    s2 = E.wait_summary(ws, rate=2.35, batch=32)
+    assert s2["converge_wait"] == -1.0 and "At no timeout of the sweep" in E.wait_takeaway(ws, s2)
+    with pytest.raises(ValueError):
+        E.wait_summary(ws, rate=0.0, batch=32)
+
+
+def test_real_padding_text_follows_the_measured_ratios():
+    base = dict(short=50.0, long=2000.0, short_ms=34.6, long_ms=1144.0, packed_ms=1141.2, token_ratio=40.0,
+                positions_ratio=4000 / 2050, time_ratio_short=1144 / 34.6, executor={"device": "cpu"})
+    more = E.real_padding_text({**base, "padded_ms": 2653.9, "time_ratio_batch": 2653.9 / 1141.2})
+    assert "The short prompt's time grew less than its positions" in more
+    assert "batch's time grew more than its positions" in more and "costs more per position" in more
+    assert "0.663 ms" in more and "0.557 ms" in more and "On a GPU the roofline" in more
+    even = E.real_padding_text({**base, "padded_ms": 2230.0, "time_ratio_batch": 2230.0 / 1141.2})
+    assert "batch's time grew in proportion to its positions" in even and "more per position" not in even
+    gpu = E.real_padding_text({**base, "padded_ms": 2230.0, "time_ratio_batch": 1.95,
+                               "executor": {"device": "cuda:0"}})
+    assert "On a GPU the roofline" not in gpu
+
+
+def test_knee_text_never_says_up_to_batch_1():
+    n = {"knee125": 1.0, "knee2": 4.0, "bstar": 13.4}
+    text = E.knee_text(n)
+    assert "up to batch 1 " not in text and "up to batch 1," not in text
+    assert text.startswith("No batch above 1 keeps the uniform step within 1.25x") and "up to batch 4" in text
+    assert "nor within 2x" in E.knee_text({**n, "knee2": 1.0})
+    assert E.knee_text({**n, "knee125": 2.0}).startswith("The uniform step stays within 1.25x of batch 1 up to batch 2")
+
+
+def test_slab_cost_text_states_only_what_the_measurement_shows():
+    n = {"bmax": 128.0, "mixed_gap_max": 1.00, "gathered_gap_max": 0.91}
+    flat_ = E.slab_cost_text(n)
+    assert "1.00 times the uniform one (the same within 5%)" in flat_ and "0.91 times (9% less)" in flat_
+    assert "does not show in the step time" in flat_ and "copy does not show" in flat_
+    assert "grows with batch times context" not in flat_
+    assert "did not show" in E.slab_cost_takeaway(n)
+    n2 = {**n, "mixed_gap_max": 1.03, "gathered_gap_max": 1.45}
+    shown = E.slab_cost_text(n2)
+    assert "45% more" in shown and "it takes 41% longer" in shown and "grows with batch times context" in shown
+    assert E.slab_cost_takeaway(n2) == "The slab KV layout's extra work shows at batch 128: gathered slabs 1.45x the uniform step."
+
+
+def test_gather_bytes_and_answer_by_hand():
+    from batching.models import get_model
+    # cpu-m: 12 layers x 4 KV heads x 64 dims x 4 bytes, K and V, 193 positions, 128 rows.
+    assert E.gather_bytes(get_model("cpu-m"), 128, 192) == 2 * 12 * 4 * 64 * 4 * 193 * 128
+    sw = _synthetic_sweep()                 # batch up to 8, ctx 128: longest context 192
+    text = E.gather_answer_text(sw, E.live_numbers(sw))
+    copy = 2 * 12 * 4 * 64 * 4 * 193 * 8
+    assert f"copies {copy / 1e6:,.0f} MB" in text and f"takes {2 * copy / 30e9 * 1e3:,.1f} ms" in text
+    assert "took 63.0 ms longer than the mixed one" in text
+
+
+def test_profile_stream_and_size_efficiency_on_the_committed_profile():
+    profs = E.load_profiles(E.PROFILE_DIR)
+    p = E.find_profile(profs, "cpu-s")
+    cs = E.profile_stream(p)
+    assert cs["weight_mb"] == pytest.approx(p["shape"].weight_read_bytes / 1e6)
+    assert cs["stream_ms"] == pytest.approx(cs["weight_mb"] / 1e3 / cs["bandwidth_gbs"] * 1e3)
+    assert cs["stream_fraction"] == pytest.approx(cs["stream_ms"] / p["t1_ms"])
+    assert cs["efficiency"] == pytest.approx(cs["achieved_gbs"] / cs["bandwidth_gbs"])
+    with pytest.raises(ValueError, match="no committed profile of cpu-l"):
+        E.find_profile(profs, "cpu-l")
+    sw = _synthetic_sweep()
+    entries = E.stream_entries(profs, sw, E.live_numbers(sw))
+    assert [e["model"] for e in entries][:2] == ["cpu-s", "cpu-m"]
+    text = E.size_efficiency_text(entries)
+    rising = entries[1]["efficiency"] > entries[0]["efficiency"]
+    assert text.startswith("The measurements on this page agree" if rising else "The measurements on this page do not")
+    assert "committed profile" in text and "this build" in text
+    one = E.size_efficiency_text([e for e in entries if e["model"] == "cpu-m"])
+    assert one.startswith("This page has measured one model per device only")
+
+
+def test_stream_share_text_claims_more_only_when_the_share_is_larger():
+    e = [{"model": "cpu-s", "source": "committed profile", "stream_fraction": 0.46},
+         {"model": "cpu-m", "source": "this build", "stream_fraction": 0.63}]
+    assert "so cpu-m's flat region says more about bandwidth" in E.stream_share_text(e, "cpu-m", "cpu-s")
+    e[1]["stream_fraction"] = 0.40
+    assert "proves no more than cpu-s's" in E.stream_share_text(e, "cpu-m", "cpu-s")
+    assert "no measurement of cpu-l" in E.stream_share_text(e, "cpu-l", "cpu-s")
+
+
+def test_bandwidth_note_and_bstar_answer():
+    sw = _synthetic_sweep()
+    n = E.live_numbers(sw)
+    note = E.bandwidth_note(18.5, sw, n)
+    assert "20.0 GB/s in this build, 1.08 times the registry's," in note
+    assert "another device" in E.bandwidth_note(18.5, _synthetic_sweep("cuda"), n)
+    a100 = E.stream_numbers(get_cost_model("llama-8b", "a100"))
+    h200 = E.stream_numbers(get_cost_model("llama-8b", "h200"))
+    text = E.bstar_answer_text(a100, h200, "A100", "H200")
+    # B* = peak / bandwidth in bf16: 312 / 2.039 = 153 against 989 / 4.8 = 206.
+    assert text.startswith("The H200:") and "= 153" in text and "= 206" in text
+    assert "3.2 times the A100's compute but only 2.4 times its bandwidth" in text
+    assert E.bstar_answer_text(h200, a100, "H200", "A100").startswith("The H200:")
+    assert h200["mem_reserve"] == 0.10 and h200["mem_usable"] == 0.90 and h200["mem_gb"] == 141
+    # 412 rows of 2,048 tokens: what 90% of 141 GB holds after the weights, not 100%.
+    from batching.models import get_model
+    m = get_model("llama-8b")
+    assert h200["long_fit"] == (0.9 * 141e9 - m.weight_bytes) // m.kv_bytes_per_token // 2048
+
+
+def _texts(ax) -> dict:
+    return {t.get_text(): t for t in ax.texts}
+
+
+def test_why_figures_keep_their_labels_clear_of_legend_and_reference_lines():
+    plots.style()
+    gr = E.gpu_rooflines()
+    fig = plots.gpu_roofline_figure(gr)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent(r)
+    bstars = [t for s, t in _texts(ax).items() if s.startswith("B*")]
+    assert len(bstars) == 2 and not any(t.get_window_extent(r).overlaps(legend) for t in bstars)
+    matplotlib.pyplot.close(fig)
+
+    sw = _synthetic_sweep()
+    n = E.live_numbers(sw)                             # 2x knee at batch 8 (t1 = 40 ms)
+    fig = plots.live_decode_figure(sw, n, E.live_roofline(sw, points=20))
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    texts = _texts(ax)
+    r = fig.canvas.get_renderer()
+    # The text's own box: an Annotation's extent would include its leader line.
+    knee = matplotlib.text.Text.get_window_extent(texts["2x knee: 8"], r)
+    for ref in ("2x batch 1", "1.25x batch 1"):
+        assert not knee.overlaps(texts[ref].get_window_extent(r))
+    # Neither reference line (1.25x and 2x of batch 1) runs through the label.
+    to_px = ax.transData.transform
+    for f in (1.25, 2.0):
+        y = to_px((1.0, f * 40.0))[1]
+        assert not knee.y0 <= y <= knee.y1
+    matplotlib.pyplot.close(fig)
+    # A knee at the first batch writes its label to the right, inside the axes.
+    n1 = {**n, "knee2": 1.0}
+    fig = plots.live_decode_figure(sw, n1, E.live_roofline(sw, points=20))
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    lab = matplotlib.text.Text.get_window_extent(_texts(ax)["2x knee: 1"], fig.canvas.get_renderer())
+    assert lab.x0 >= ax.get_window_extent().x0
+    matplotlib.pyplot.close(fig)
+
+
+def test_profiles_figure_tells_the_coinciding_gpu_predictions_apart():
+    plots.style()
+    sw = _synthetic_sweep()
+    fig = plots.profiles_figure([], [], live=sw, gpu=E.gpu_rooflines())
+    lines = [ln for ln in fig.axes[1].get_lines() if ln.get_label().startswith("roofline prediction")]
+    assert len(lines) == 2
+    assert lines[0].get_marker() != lines[1].get_marker() and lines[0].get_linestyle() != lines[1].get_linestyle()
+    matplotlib.pyplot.close(fig)
+
+
+def test_wait_figure_labels_every_point_even_where_they_bunch():
+    plots.style()
+    ws = _wait_sweep_by_hand()
+    ws["dynamic"]["queue_mean"] = np.array([1.59, 1.60, 4.2, 6.3])     # 0 and 1 s on one spot
+    fig = plots.wait_figure(ws, ceiling=0.46)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    texts = _texts(ax)
+    assert "0, 1" in texts                                             # one label for the bunch
+    for t in ax.texts:                                                 # none cut off by the axes
+        assert ax.get_window_extent().contains(*t.get_window_extent(r).p0), t.get_text()
+        assert ax.get_window_extent().contains(*t.get_window_extent(r).p1), t.get_text()
+    matplotlib.pyplot.close(fig)
+
+
+def test_roofline_numbers_name_the_assumed_step_overhead():
+    # 7.1's opening names the roofline's one unmeasured per-step constant.
+    n = E.roofline_numbers(H100_8B)
+    assert n["overhead_ms"] == pytest.approx(0.3)
+    assert H100_8B.decode_step(1, 1) * 1e3 == pytest.approx(n["decode_ms"])
+    assert n["decode_ms"] > n["weight_read_gb"] / n["bandwidth_tbs"] + n["overhead_ms"] - 1e-9
+
+
+def test_a_sweep_without_a_gathered_path_says_why():
+    # CUDA steps replay graphs, which gather by their own rule: the sweep times two paths.
+    assert list(E.decode_paths(graphs=True)) == ["uniform", "mixed"]
+    assert list(E.decode_paths()) == ["uniform", "mixed", "gathered"]
+    sw = _synthetic_sweep("cuda")
+    sw["paths"] = ["uniform", "mixed"]
+    for k in ("gathered_ms", "gathered_p25_ms", "gathered_p75_ms"):
+        del sw[k]
+    n = E.live_numbers(sw)
+    assert "gathered_gap_max" not in n
+    text = E.slab_cost_text(n)
+    assert "no separate gathered path was timed" in text and "gathered step" not in text
+    assert E.slab_cost_takeaway(n) == "The slab KV layout's extra work shows at batch 8: mixed contexts 1.10x the uniform step."
+    assert "timed no separate gathered path" in E.gather_answer_text(sw, n)
+    assert "brown squares" not in E.live_labels(sw)["paths"]
+    assert "brown squares" in E.live_labels(_synthetic_sweep())["paths"]
+    fig = plots.live_decode_figure(sw, n, E.live_roofline(sw, points=10))
+    matplotlib.pyplot.close(fig)

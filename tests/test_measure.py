@@ -81,3 +81,25 @@ def test_run_and_simulate_write_the_same_results_shape(tmp_path, capsys):
     assert set(r) == set(s) and set(r["summary"]) == set(s["summary"])
     assert [q["output_len"] for q in r["requests"]] == [q["output_len"] for q in s["requests"]]
     assert r["config"]["executor"]["executor"] == "real" and s["config"]["executor"]["kind"] == "profile"
+
+
+def test_scattered_decode_rows_really_make_the_runner_gather_their_slabs():
+    # "Why batching" times a gathered path: a permutation of slots 0..B-1 would be sorted
+    # back into one range and read as a view, so the rows must span > SPAN_PER_ROW x B slots.
+    import torch
+
+    from batching.measure import StepTimer
+    from batching.models import get_model
+    from batching.runner import SPAN_PER_ROW, ModelRunner
+
+    runner = ModelRunner.from_shape(get_model("tiny"), SPAN_PER_ROW * 4 + 1, max_len=32)
+    seen = []
+    index = runner._decode_index
+    runner._decode_index = lambda slots, pos: seen.append(index(slots, pos)) or seen[-1]  # type: ignore[method-assign]
+    timer = StepTimer(runner, reps=1, warmup=0)
+    timer.decode(4, 8, scattered=True)
+    assert isinstance(seen[-1].sel, torch.Tensor) and seen[-1].sel.tolist() == [0, 3, 5, 8]
+    timer.decode(4, 8)
+    assert seen[-1].sel == slice(0, 4)
+    with pytest.raises(ValueError, match="more than 10 slots"):
+        StepTimer(ModelRunner.from_shape(get_model("tiny"), 10, max_len=32), reps=1).decode(5, 8, scattered=True)

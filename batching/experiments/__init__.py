@@ -31,23 +31,29 @@ from .common import (KINDS, describe_cost, roofline_numbers, offered_rate, fit_c
 from .why import (LIVE_DEFAULTS, PROFILE_DIR, bstar_of, knee, roofline_curve, stream_numbers,
                   gpu_rooflines, live_defaults, decode_paths, live_decode_sweep, live_roofline,
                   profile_roofline, live_numbers, live_text, live_labels, knee_text, load_profiles,
-                  profiles_text, profile_rows)
+                  profiles_text, profile_rows, slab_cost_text, slab_cost_takeaway, gather_bytes,
+                  gather_answer_text, profile_stream, find_profile, stream_entries,
+                  size_efficiency_text, stream_share_text, bandwidth_note, bstar_answer_text)
 from .static import (padding_cost, REAL_PADDING_LONG, real_padding, real_padding_rows,
                      committed_padding_text, Segment, timeline, slot_steps, analytic_static_utilization,
-                     static_batch_sweep, wait_sweep, first_finisher_summary)
+                     static_batch_sweep, wait_sweep, first_finisher_summary, static_batch_sizes,
+                     sweep_agreement_text, wait_summary, wait_takeaway, real_padding_text)
 from .continuous import (compare_schedulers, rate_sweep, sweep_numbers, saturation, with_probes,
                          probe_runs, iterations, subset_latency, decode_compute_share,
-                         decode_step_ms, first_finisher_queue, probe_summary)
+                         decode_step_ms, first_finisher_queue, probe_summary, dense_batches, batch_fill,
+                         metric_range, slab_text, bend_text)
 from .chunked import (long_prompt_among_decodes, itl_series, spike_summary, stall_summary, stall_runs,
                       REAL_STALL, stall_configs, real_stall, committed_stall_text, stall_numbers,
                       tradeoff_numbers, chunk_step_times, profile_chunk_steps, profile_chunk_text,
-                      chunk_sweep)
-from .kv import (kv_over_time, kv_runs, kv_fit, kv_budget_sweep, budget_numbers)
+                      chunk_sweep, real_chunk_text, chunk_for_itl,
+                      slow_steps_text, ttft_cost_text)
+from .kv import (kv_over_time, kv_runs, kv_fit, kv_budget_sweep, budget_numbers, slab_growth,
+                 REAL_KV_ROWS, real_kv_configs, real_kv, real_kv_text)
 from .checks import (REAL_MODELS, real_kind, real_runner, serve_real, executor_text, STALL_GLOB,
                      committed_real_runs, real_runs_label, committed_text, predicted_steps,
                      profile_measured_here, real_schedulers, real_schedulers_rows, real_schedulers_text,
                      real_available, real_crosscheck, crosscheck_text, crosscheck_rows,
-                     FIDELITY_FILE, fidelity_summary)
+                     FIDELITY_FILE, FIDELITY_GLOB, fidelity_summary, gpu_fidelity_files)
 
 __all__ = [
     "KINDS", "describe_cost", "roofline_numbers", "offered_rate", "fit_context", "trace_workload",
@@ -55,17 +61,24 @@ __all__ = [
     "bstar_of", "knee", "roofline_curve", "stream_numbers", "gpu_rooflines", "live_defaults",
     "decode_paths", "live_decode_sweep", "live_roofline", "profile_roofline", "live_numbers",
     "live_text", "live_labels", "knee_text", "load_profiles", "profiles_text", "profile_rows",
+    "slab_cost_text", "slab_cost_takeaway", "gather_bytes", "gather_answer_text", "profile_stream", "find_profile",
+    "stream_entries", "size_efficiency_text", "stream_share_text", "bandwidth_note", "bstar_answer_text",
     "padding_cost", "REAL_PADDING_LONG", "real_padding", "real_padding_rows", "committed_padding_text",
     "Segment", "timeline", "slot_steps", "analytic_static_utilization", "static_batch_sweep",
-    "wait_sweep", "first_finisher_summary", "compare_schedulers", "rate_sweep", "sweep_numbers",
+    "wait_sweep", "first_finisher_summary", "static_batch_sizes", "sweep_agreement_text", "wait_summary",
+    "wait_takeaway", "real_padding_text", "compare_schedulers", "rate_sweep", "sweep_numbers",
     "saturation", "with_probes", "probe_runs", "iterations", "subset_latency", "decode_compute_share",
-    "decode_step_ms", "first_finisher_queue", "probe_summary", "long_prompt_among_decodes",
+    "decode_step_ms", "first_finisher_queue", "probe_summary", "dense_batches", "batch_fill", "metric_range",
+    "slab_text", "bend_text",
+    "long_prompt_among_decodes",
     "itl_series", "spike_summary", "stall_summary", "stall_runs", "REAL_STALL", "stall_configs",
     "real_stall", "committed_stall_text", "stall_numbers", "tradeoff_numbers", "chunk_step_times",
-    "profile_chunk_steps", "profile_chunk_text", "chunk_sweep", "kv_over_time", "kv_runs", "kv_fit",
-    "kv_budget_sweep", "budget_numbers", "REAL_MODELS", "real_kind", "real_runner", "serve_real",
+    "profile_chunk_steps", "profile_chunk_text", "chunk_sweep", "real_chunk_text",
+    "chunk_for_itl", "slow_steps_text", "ttft_cost_text", "kv_over_time", "kv_runs", "kv_fit",
+    "kv_budget_sweep", "budget_numbers", "slab_growth", "REAL_KV_ROWS", "real_kv_configs", "real_kv",
+    "real_kv_text", "REAL_MODELS", "real_kind", "real_runner", "serve_real",
     "executor_text", "STALL_GLOB", "committed_real_runs", "real_runs_label", "committed_text",
     "predicted_steps", "profile_measured_here", "real_schedulers", "real_schedulers_rows",
     "real_schedulers_text", "real_available", "real_crosscheck", "crosscheck_text", "crosscheck_rows",
-    "FIDELITY_FILE", "fidelity_summary",
+    "FIDELITY_FILE", "FIDELITY_GLOB", "fidelity_summary", "gpu_fidelity_files",
 ]

@@ -54,16 +54,28 @@ def spike_summary(result: RunResult, running: Sequence[int], newcomer: int) -> d
 
     ``itl_max_ms`` and ``itl_p50_ms`` of the running requests' steps, ``stall`` = the
     largest ITL over the median one, ``steps_over_2x`` (steps whose ITL is more than twice
-    the median) and the newcomer's ``ttft_ms``.
+    the median), split into those that ended ``steps_over_2x_before`` the newcomer's
+    arrival (they carry the running requests' own prompts: under chunked prefill those too
+    go through the token budget in chunks while the requests admitted first already
+    decode), ``steps_over_2x_during`` its prefill (up to its first token) and
+    ``steps_over_2x_after`` it; ``prefill_itl_p50_ms``, the median ITL of the steps during
+    that prefill (what one chunk step costs the running requests, robust to a noisy step);
+    and the newcomer's ``ttft_ms``.
     """
     s = itl_series(result, running)
     new = next(r for r in result.requests if r.rid == newcomer)
     t, itl = s["t"], s["itl"]
     _, first = np.unique(t, return_index=True)
-    step_itl = itl[first]
+    step_itl, step_t = itl[first], t[first]
     med = float(np.median(step_itl))
+    slow = step_itl > 2 * med
+    during = (step_t > new.arrival) & (step_t <= new.token_times[0])
     return {"itl_max_ms": float(itl.max()) * 1e3, "itl_p50_ms": med * 1e3, "stall": float(itl.max() / med),
-            "steps_over_2x": float(np.sum(step_itl > 2 * med)),
+            "steps_over_2x": float(np.sum(slow)),
+            "steps_over_2x_before": float(np.sum(slow & (step_t <= new.arrival))),
+            "steps_over_2x_during": float(np.sum(slow & during)),
+            "steps_over_2x_after": float(np.sum(slow & (step_t > new.token_times[0]))),
+            "prefill_itl_p50_ms": float(np.median(step_itl[during])) * 1e3 if during.any() else math.nan,
             "ttft_ms": float(new.token_times[0] - new.arrival) * 1e3}
 
 
@@ -94,11 +106,13 @@ def stall_runs(workload: Workload, cost: Any, configs: Mapping[str, tuple[str, s
 
 #: The real stall experiment's sizes per device type (:func:`real_stall`). On the CPU, 8
 #: running requests and a 1,536-token prompt keep the runs to a few seconds. cpu-s turns
-#: compute-bound within a few dozen tokens (B* ~ 10), and below ~128 tokens a chunk's
-#: prefill runs well under its best throughput (measured here with 8 decodes: chunks of
-#: 64 took 45-75 ms, the whole prompt's first token came after 2.0 s against 0.7 s
-#: unchunked; chunks of 128 took 85-125 ms, 1.2 s), so the CPU uses 128. On a GPU the
-#: page's own sizes (30 running, 4,000 tokens, chunks of 512).
+#: compute-bound within a few dozen tokens (B* ~ 13), but a chunk's prefill reaches its best
+#: throughput only far above that (the committed profile: 59% of it at 64 tokens, 72% at
+#: 128, 80% first at 256). Measured here with 8 decodes, chunks of 64 took 45-75 ms and the
+#: whole prompt's first token came after 2.0 s against 0.7 s unchunked; chunks of 128 took
+#: 85-125 ms, 1.2 s. The CPU uses 128: a TTFT cost the page can show, with chunk steps that
+#: still stall the decodes several-fold (the page says so). On a GPU the page's own sizes
+#: (30 running, 4,000 tokens, chunks of 512).
 REAL_STALL: dict[str, dict[str, int]] = {"cpu": {"running": 8, "prompt": 1536, "chunk": 128},
                                          "cuda": {"running": 30, "prompt": 4000, "chunk": 512}}
 
@@ -125,7 +139,8 @@ def real_stall(model: str | None = None, device: str = "auto", running: int | No
     running request wants enough tokens to decode through twice the lead, the slowest
     (chunked) prefill and ``tail_steps`` more. The workload then runs under each of :func:`stall_configs` on one
     model. Returns :func:`stall_summary` plus ``at_s`` (the arrival), ``decode_ms`` (the
-    calibration's median decode step), ``running``, ``prompt``, ``chunk``, ``budget``,
+    calibration's median decode step), ``running``, ``prompt``, ``chunk``, ``chunks`` (the
+    long prompt's), ``running_prompt``, ``budget``,
     ``labels`` ({tag: label}), ``results`` ({tag: RunResult}), ``model`` and ``executor``. None arguments take the device's
     defaults (:data:`~batching.experiments.checks.REAL_MODELS`, :data:`REAL_STALL`).
     """
@@ -168,7 +183,8 @@ def real_stall(model: str | None = None, device: str = "auto", running: int | No
         runs[tag] = (label, res)
     out = stall_summary(runs, range(running), running)
     out.update(at_s=at, decode_ms=step * 1e3, running=running, prompt=prompt, chunk=chunk,
-               budget=chunk + slots, labels={t: c[0] for t, c in configs.items()},
+               chunks=math.ceil(prompt / chunk), running_prompt=running_prompt, budget=chunk + slots,
+               labels={t: c[0] for t, c in configs.items()},
                results={t: r for t, (_, r) in runs.items()}, model=res.executor["model"],
                executor=res.executor)
     return out
@@ -179,11 +195,25 @@ def stall_numbers(cost: Any, chunk: int, prompt: int, decodes: int = 30, ctx: in
     """7.3: roofline times (ms) of a decode-only step of ``decodes`` rows, of the same step
     carrying a ``chunk``-token chunk, and carrying a whole ``prompt``; ``stall`` = the last
     over the first, ``chunks`` = how many chunks the prompt takes. With ``reference``
-    chunk sizes, ``chunk_share`` = the chunk's prefill throughput over the best of them."""
+    chunk sizes, ``chunk_share`` = the chunk's prefill throughput over the best of them.
+
+    The derivation of the long step's time, as the cost model counts it: ``layer_params_b``
+    (billions of parameters in the layers' matrices), ``tok_gflop`` (2 x those per prompt
+    token: the LM head runs for decode rows only), ``attn_tflop`` (causal attention over
+    the prompt), ``long_tflop`` (the whole step, decodes included), ``long_compute_ms``
+    (that at peak) and ``overhead_ms`` (the step overhead the roofline adds)."""
     d = chunk_step_times(cost, [chunk, prompt], decodes=decodes, ctx=ctx)
+    m = cost.model
+    long_flops = m.flops(StepWork(prefill_tokens=prompt, prefill_attn=prompt * (prompt + 1) // 2,
+                                  decode_rows=decodes, decode_ctx=decodes * ctx))
     out = {"decode_ms": d["decode_s"] * 1e3, "chunk_ms": float(d["step_s"][0]) * 1e3,
            "long_ms": float(d["step_s"][1]) * 1e3, "stall": float(d["step_s"][1] / d["decode_s"]),
-           "chunks": float(math.ceil(prompt / chunk))}
+           "chunks": float(math.ceil(prompt / chunk)),
+           "layer_params_b": m.layers * m.layer_matmul_params / 1e9,
+           "tok_gflop": 2 * m.layers * m.layer_matmul_params / 1e9,
+           "attn_tflop": m.attn_flops_per_pair * prompt * (prompt + 1) / 2 / 1e12,
+           "long_tflop": long_flops / 1e12, "long_compute_ms": long_flops / cost.peak_flops * 1e3,
+           "overhead_ms": float(cost.device.step_overhead_s) * 1e3}
     if reference:
         best = chunk_step_times(cost, list(reference) + [chunk], decodes=decodes, ctx=ctx)["prefill_tps"].max()
         out["chunk_share"] = float(d["prefill_tps"][0] / best)
@@ -297,6 +327,89 @@ def profile_chunk_text(curves: Sequence[Mapping[str, Any]], chunks: Sequence[int
         parts.append(f"On {c['label']}, the decode-only step of {c['decodes']} rows at {c['ctx']:.0f} tokens "
                      f"each takes {c['decode_ms']:.1f} ms; " + "; ".join(at) + tail + ".")
     return " ".join(parts)
+
+
+def real_chunk_text(curves: Sequence[Mapping[str, Any]], rs: Mapping[str, Any]) -> str:
+    """7.3, measured: what the real stall run's chunk size (:func:`real_stall` result ``rs``)
+    means on the device it ran on, read from that device's :func:`profile_chunk_steps` curve:
+    the chunk against the profile's B*, whether the chunk steps still stall the decodes
+    (over twice their median ITL: chunks then spread the stall over the prompt's chunks
+    rather than remove it), and the share of the best prefill throughput the chunk keeps,
+    with the smallest measured chunk that keeps 80%."""
+    hw = rs["executor"].get("hardware")
+    chunk, n = int(rs["chunk"]), rs["numbers"]
+    curve = next((c for c in curves if c["device"] == hw), None)
+    if curve is None:
+        return (f"No committed profile of this device ({hw}) measures mixed steps, so its B* and how "
+                f"much prefill throughput a {chunk}-token chunk gives up are not known here.")
+    bstar = float(curve["bstar"])
+    stall = float(n["chk_prefill_itl_p50_ms"] / n["chk_itl_p50_ms"])
+    verdict = ("so each chunk step is compute-bound and the running requests still wait "
+               f"{stall:.1f}x their median inter-token latency on it (the median chunk step): here chunks "
+               f"spread the stall over the prompt's {rs['chunks']} chunks rather than remove it" if stall > 2 else
+               f"and the median chunk step holds the running requests for only {stall:.1f}x their median "
+               "inter-token latency")
+    out = (f"A {chunk}-token chunk is {chunk / bstar:.0f} times this machine's B* (= {bstar:.0f}, from its "
+           f"profile), {verdict}.")
+    ch, share = np.asarray(curve["chunk"]), np.asarray(curve["share"])
+    if chunk in ch:
+        reach = ch[share >= 0.8]
+        out += (f" Smaller chunks would shorten those steps but waste prefill throughput: in the profile a "
+                f"{chunk}-token chunk already runs at {share[ch == chunk][0]:.0%} of the best prefill "
+                f"throughput measured" + (f", and 80% of it takes chunks of {reach[0]:.0f} tokens." if reach.size
+                                          else "."))
+    return out
+
+
+def slow_steps_text(rs: Mapping[str, Any], tag: str = "chk") -> str:
+    """7.3, measured: where the slow steps of a :func:`real_stall` run (configuration ``tag``)
+    came from, from :func:`spike_summary`'s split: before the long prompt arrived (the
+    running requests' own prompts), during its prefill, and after its first token (none is
+    expected there: any is noise on the machine)."""
+    n = rs["numbers"]
+    before, during, after = (int(n[f"{tag}_steps_over_2x_{k}"]) for k in ("before", "during", "after"))
+    parts = [f"{during} while the long prompt was prefilled (it takes {rs['chunks']} chunks of {rs['chunk']} tokens)"]
+    if before:
+        parts.append(f"{before} before it arrived: the running requests' own {rs['running_prompt']}-token prompts "
+                     f"also went through the {rs['budget']}-token budget in chunks, slowing the steps of the "
+                     "requests admitted first, which were already decoding")
+    if after:
+        parts.append(f"{after} after its first token, with nothing left to prefill: run-to-run noise on this machine")
+    total = before + during + after
+    return f"Of the {total} steps that took more than twice the median, " + "; ".join(parts) + "."
+
+
+def ttft_cost_text(numbers: Mapping[str, float], margin: float = 0.05) -> str:
+    """7.3, measured: what chunking cost the newcomer's first token in a :func:`real_stall`
+    run (its ``numbers``), chunked against mixed prefill; a difference within ``margin`` of
+    the unchunked TTFT is reported as none (run-to-run noise on a shared machine is larger)."""
+    chk, mix = float(numbers["chk_ttft_ms"]), float(numbers["mix_ttft_ms"])
+    if chk > mix * (1 + margin):
+        return (f"The newcomer paid for the chunks: its first token came {chk:,.0f} ms after arrival instead of "
+                f"{mix:,.0f} ms, {chk / mix - 1:.0%} later.")
+    return (f"The newcomer's first token came {chk:,.0f} ms after arrival, against {mix:,.0f} ms unchunked: "
+            f"in this run its chunks did not delay it measurably.")
+
+
+def chunk_for_itl(cost: Any, factor: float = 2.0, decodes: int = 30, ctx: int = 300,
+                  reference: Sequence[int] = ()) -> dict[str, float]:
+    """7.3 (exercise): the largest chunk whose step, carrying ``decodes`` decodes of ``ctx``
+    KV tokens, stays within ``factor`` x the decode-only step on the roofline. Returns
+    ``chunk`` (tokens), ``step_ms``, ``decode_ms`` and ``share``: its prefill throughput
+    over the best of ``reference`` chunk sizes and itself (the figure's right panel)."""
+    base = chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["decode_s"]
+    if chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["step_s"][0] > factor * base:
+        raise ValueError(f"factor={factor}: even a 1-token chunk exceeds it")
+    lo, hi = 1, 1 << 20   # step time grows with the chunk: bisect on the largest that fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if chunk_step_times(cost, [mid], decodes=decodes, ctx=ctx)["step_s"][0] <= factor * base:
+            lo = mid
+        else:
+            hi = mid
+    d = chunk_step_times(cost, [lo] + list(reference), decodes=decodes, ctx=ctx)
+    return {"chunk": float(lo), "step_ms": float(d["step_s"][0]) * 1e3, "decode_ms": base * 1e3,
+            "share": float(d["prefill_tps"][0] / d["prefill_tps"].max())}
 
 
 def chunk_sweep(workload: Workload, cost: Any, chunk_sizes: Sequence[int], slots: int = 32,

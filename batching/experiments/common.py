@@ -42,13 +42,15 @@ def roofline_numbers(cost: Any) -> dict[str, float]:
     and ``bandwidth_tbs`` (all devices together), ``weight_gb`` (stored), ``weight_read_gb``
     (streamed per step), ``params_b`` (billions), ``bstar`` (batch where decode turns
     compute-bound), ``decode_ms`` (one decode step of one sequence at context 1), ``tp``,
-    ``kv_kb_per_token``, ``kv_capacity`` (tokens) and ``max_context``."""
+    ``kv_kb_per_token``, ``kv_capacity`` (tokens), ``max_context`` and ``overhead_ms`` (the
+    device's assumed fixed cost per step, ``DeviceSpec.step_overhead_s``)."""
     m = cost.model
     return {"peak_tflops": cost.peak_flops / 1e12, "bandwidth_tbs": cost.bandwidth / 1e12,
             "weight_gb": m.weight_bytes / 1e9, "weight_read_gb": m.weight_read_bytes / 1e9,
             "params_b": m.params / 1e9, "bstar": float(cost.bstar()), "decode_ms": cost.decode_step(1, 1) * 1e3,
             "tp": float(cost.tp), "kv_kb_per_token": m.kv_bytes_per_token / 1e3,
-            "kv_capacity": float(cost.kv_capacity()), "max_context": float(m.max_context)}
+            "kv_capacity": float(cost.kv_capacity()), "max_context": float(m.max_context),
+            "overhead_ms": cost.device.step_overhead_s * 1e3}
 
 
 def offered_rate(workload: Workload) -> float:

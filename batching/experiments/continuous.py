@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..costs import MEM_RESERVE
 from ..engine import RunResult
 from ..metrics import request_record
 from ..workload import Workload, preset
@@ -183,3 +184,75 @@ def probe_summary(its: Mapping[str, np.ndarray], probe: int) -> dict[str, float]
             "arrival_p50": float(np.median(fr)), "arrival_p99": float(np.percentile(fr, 99)),
             "service_p50": float(np.median(sv)), "service_p99": float(np.percentile(sv, 99)),
             "e2e_p50": float(np.median(its["e2e"])), "e2e_p99": float(np.percentile(its["e2e"], 99))}
+
+
+def dense_batches(result: RunResult) -> dict[str, float]:
+    """7.2: how full a dense batcher's (static or dynamic) batches were. Every member of a
+    dense batch is admitted by the batch's one prefill step, so requests admitted at the same
+    instant form one batch. Returns ``n`` (batches), ``mean`` and ``p50`` members per batch,
+    and ``full_share``, the share of batches with ``max_slots`` members."""
+    if result.scheduler.get("scheduler") not in ("static", "dynamic"):
+        raise ValueError(f"dense_batches(): {result.scheduler.get('scheduler')!r} does not run dense batches")
+    adm = np.array([r.admit_time for r in result.requests], dtype=float)
+    _, members = np.unique(adm, return_counts=True)
+    return {"n": float(len(members)), "mean": float(members.mean()), "p50": float(np.median(members)),
+            "full_share": float(np.mean(members == int(result.scheduler["max_slots"])))}
+
+
+def batch_fill(workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]]
+               ) -> dict[str, dict[str, float]]:
+    """7.2: :func:`dense_batches` of every static or dynamic configuration (configs as
+    :func:`compare_schedulers`; the others are skipped), each run once on ``workload``. Static
+    configurations also get ``timeout_expect``: 1 + offered rate x timeout, the members a
+    batch sealed by its timeout holds when requests arrive at the mean rate."""
+    out = {}
+    rate = len(workload) / workload.duration if workload.duration > 0 else math.inf
+    for name, cfg in configs.items():
+        cfg = dict(cfg)
+        kind = cfg.pop("scheduler")
+        if kind not in ("static", "dynamic"):
+            continue
+        out[name] = dense_batches(simulate(workload, cost, kind, **cfg))
+        if kind == "static":
+            out[name]["timeout_expect"] = float(1 + rate * cfg.get("timeout", 0.0))
+    return out
+
+
+def metric_range(sweep: Mapping[str, Mapping[str, np.ndarray]], metric: str, value: float,
+                 key: str = "time_scale") -> dict[str, Any]:
+    """7.2: the lowest and highest ``metric`` over the configurations of a :func:`rate_sweep`
+    where ``sweep[key] == value``: ``lo``, ``hi`` and the configurations ``lo_name``, ``hi_name``."""
+    vals = {name: at(d, key, value)[metric] for name, d in sweep.items()}
+    lo, hi = min(vals, key=vals.__getitem__), max(vals, key=vals.__getitem__)
+    return {"lo": vals[lo], "hi": vals[hi], "lo_name": lo, "hi_name": hi}
+
+
+def slab_text(cost: Any, slots: int) -> str:
+    """7.2: the KV reservation every simulation of the page uses, in one sentence: each
+    admitted request reserves a slab of the model's full context (``kv_policy="slab"``, the
+    :func:`simulate` default) out of what the devices' memory leaves after the weights, and
+    whether that many slabs or the ``slots`` limit how many requests run at once."""
+    cap, ctx = int(cost.kv_capacity()), int(cost.model.max_context)
+    slabs = cap // ctx
+    limit = (f"{slabs} slabs, more than the {slots} slots, so memory never limits these runs"
+             if slabs >= slots else
+             f"only {slabs} slabs for {slots} slots, so memory, not the slots, limits how many requests run at once")
+    return (f"Each simulated request reserves its KV cache as one slab of the model's full context "
+            f"({ctx:,} tokens) when it is admitted (`kv_policy=\"slab\"`; the KV page compares it with "
+            f"exact reservations), out of the {cap:,} KV tokens that fit in the devices' memory after "
+            f"the weights and a {MEM_RESERVE:.0%} reserve: {limit}.")
+
+
+def bend_text(sweep: Mapping[str, Mapping[str, np.ndarray]], name: str, timeout: float,
+              metric: str = "e2e_p99") -> str:
+    """7.2: one sentence on whether configuration ``name`` of a :func:`rate_sweep` (a static
+    batcher with ``timeout``) bends back on the throughput-latency plot: its ``metric``
+    peaks at some replay speed and then falls while the load keeps rising."""
+    d = sweep[name]
+    k, y = np.asarray(d["time_scale"], dtype=float), np.asarray(d[metric], dtype=float)
+    i = int(np.argmax(y))
+    if i == len(y) - 1:
+        return f"The {name} curve rises with the load over the whole sweep."
+    return (f"The {name} curve bends back: past {k[i]:g}x its latency falls as the load rises "
+            f"({y[i]:,.0f} s to {y[-1]:,.0f} s at {metric.split('_')[-1]} by {k[-1]:g}x), because faster "
+            f"arrivals fill more of each batch before its {timeout:g} s timeout seals it.")

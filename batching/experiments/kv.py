@@ -30,7 +30,8 @@ def kv_runs(workload: Workload, cost: Any, slots: int = 256, policies: Sequence[
     Returns ``series`` ({policy: :func:`kv_over_time`}) and ``numbers``: per policy
     (prefixed ``<policy>_``) the :func:`metrics` keys ``running_peak``, ``kv_reserved_mean``,
     ``kv_used_mean``, ``kv_reserved_peak``, ``throughput_tok``, ``e2e_p99``, ``ttft_p99``,
-    ``queue_mean``, ``preemptions``, plus ``unused`` = 1 - used / reserved (time-weighted).
+    ``queue_mean``, ``preemptions``, plus ``unused`` = 1 - used / reserved (time-weighted) and
+    ``peak_share`` = kv_reserved_peak / the KV capacity the runs had.
     """
     series: dict[str, Any] = {}
     numbers: dict[str, float] = {}
@@ -42,6 +43,8 @@ def kv_runs(workload: Workload, cost: Any, slots: int = 256, policies: Sequence[
         series[pol] = kv_over_time(r)
         numbers.update({f"{pol}_{k}": m[k] for k in keys})
         numbers[f"{pol}_unused"] = 1.0 - m["kv_used_mean"] / m["kv_reserved_mean"]
+        capacity = cost.kv_capacity() if kv_tokens == "device" else float(kv_tokens)
+        numbers[f"{pol}_peak_share"] = m["kv_reserved_peak"] / capacity
     return {"series": series, "numbers": numbers}
 
 
@@ -66,33 +69,146 @@ def kv_fit(cost: Any, workload: Workload) -> dict[str, float]:
 
 
 def kv_budget_sweep(workload: Workload, cost: Any, budgets: Sequence[int], slots: int = 256,
-                    policies: Sequence[str] = ("slab", "exact"), scheduler: str = "continuous"
-                    ) -> dict[str, dict[str, np.ndarray]]:
-    """What chapter 7 sets up: continuous batching under a KV budget, per reservation policy.
+                    policies: Sequence[str] = ("slab", "exact"), scheduler: str = "continuous",
+                    static_timeout: float | None = 2.0) -> dict[str, dict[str, np.ndarray]]:
+    """What chapter 7 sets up: continuous batching under a KV budget, per reservation policy,
+    and static batching under the same budget (key ``static``, unless ``static_timeout`` is
+    None): a dense batch reserves a slab per row, so it holds budget // max_context rows
+    (at most ``slots``), sealed when full or after ``static_timeout`` seconds.
 
-    Per policy, arrays over ``budget`` (KV tokens): ``throughput_tok``, ``e2e_p99``,
+    Per series, arrays over ``budget`` (KV tokens): ``throughput_tok``, ``e2e_p99``,
     ``ttft_p99``, ``preemptions``, ``running_peak``, ``kv_used_mean``, ``kv_reserved_mean``,
-    ``slot_util``. ``slots`` is set high so that memory, not slots, is the limit.
+    ``slot_util``, ``steps``. ``slots`` is set high so that memory, not slots, is the limit.
     """
     keys = ("throughput_tok", "e2e_p99", "ttft_p99", "preemptions", "running_peak", "kv_used_mean",
             "kv_reserved_mean", "slot_util", "steps")
+    runs: list[tuple[str, str, dict[str, Any]]] = [(pol, scheduler, {"slots": slots, "kv_policy": pol})
+                                                   for pol in policies]
+    if static_timeout is not None:
+        runs.append(("static", "static", {"timeout": static_timeout}))
+    ctx = cost.model.max_context
     out: dict[str, dict[str, np.ndarray]] = {}
-    for pol in policies:
+    for name, sched, opts in runs:
         acc: dict[str, list[float]] = {k: [] for k in keys}
         for b in budgets:
-            m = metrics(simulate(workload, cost, scheduler, slots=slots, kv_tokens=int(b), kv_policy=pol))
+            if sched == "static":
+                opts = {**opts, "slots": min(slots, int(b) // ctx)}
+            m = metrics(simulate(workload, cost, sched, kv_tokens=int(b), **opts))
             for k in keys:
                 acc[k].append(m[k])
-        out[pol] = {"budget": np.asarray(budgets, dtype=float), **{k: np.asarray(v) for k, v in acc.items()}}
+        out[name] = {"budget": np.asarray(budgets, dtype=float), **{k: np.asarray(v) for k, v in acc.items()}}
     return out
 
 
 def budget_numbers(sweep: Mapping[str, Mapping[str, np.ndarray]], budget: int) -> dict[str, float]:
     """What chapter 7 sets up: the :func:`kv_budget_sweep` numbers at one budget, prefixed
-    by policy, plus ``gain`` = exact over slab throughput (if both policies ran)."""
+    by series, plus ``gain`` = exact over slab throughput (if both policies ran) and, with
+    a static series, ``slab_over_static`` and ``exact_over_static`` (continuous batching's
+    gain over static batching under each policy) and ``slab_kept`` = (slab_over_static - 1)
+    / (exact_over_static - 1): the share of the exact policy's gain that slabs keep."""
     out: dict[str, float] = {"budget": float(budget)}
     for pol, d in sweep.items():
         out.update(flat(pol, at(d, "budget", budget)))
     if "slab" in sweep and "exact" in sweep:
         out["gain"] = out["exact_throughput_tok"] / out["slab_throughput_tok"]
+    if "static" in sweep:
+        for pol in ("slab", "exact"):
+            if pol in sweep:
+                out[f"{pol}_over_static"] = out[f"{pol}_throughput_tok"] / out["static_throughput_tok"]
+        if "slab" in sweep and "exact" in sweep and out["exact_over_static"] > 1:
+            out["slab_kept"] = (out["slab_over_static"] - 1) / (out["exact_over_static"] - 1)
     return out
+
+
+def slab_growth(sweep: Mapping[str, Mapping[str, np.ndarray]], cost: Any, workload: Workload
+                ) -> dict[str, float]:
+    """What chapter 7 sets up (exercise 3): how slab throughput grows between the sweep's two
+    largest budgets, and why less than the budget: ``budget_ratio``, ``tput_ratio``, the
+    peak running rows at each (``rows_lo``, ``rows_hi``), and the roofline decode step at
+    those rows with every row at the workload's mean length over a request's life
+    (``step_lo_ms``, ``step_hi_ms``) and the share of the larger step spent reading KV
+    rather than weights (``kv_share_hi``)."""
+    d = sweep["slab"]
+    if len(d["budget"]) < 2:
+        raise ValueError("slab_growth needs a sweep of at least two budgets")
+    i, j = -2, -1
+    ctx = int(round(float((workload.prompt_lens + workload.output_lens / 2).mean())))
+    lo, hi = int(d["running_peak"][i]), int(d["running_peak"][j])
+    m = cost.model
+    kv_read = hi * ctx * m.kv_bytes_per_token
+    return {"budget_ratio": float(d["budget"][j] / d["budget"][i]),
+            "tput_ratio": float(d["throughput_tok"][j] / d["throughput_tok"][i]),
+            "rows_lo": float(lo), "rows_hi": float(hi), "ctx": float(ctx),
+            "step_lo_ms": float(cost.decode_step(lo, ctx) * 1e3), "step_hi_ms": float(cost.decode_step(hi, ctx) * 1e3),
+            "kv_share_hi": float(kv_read / (kv_read + m.weight_read_bytes))}
+
+
+# ------------------------------------------------------------------ measured
+#: What the real-model table of the closing section shows, per run: (label, metrics key, format).
+REAL_KV_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("most requests running at once", "running_peak", "{:.0f}"), ("KV reserved, mean (tokens)", "kv_reserved_mean", "{:,.0f}"),
+    ("KV written, mean (tokens)", "kv_used_mean", "{:,.0f}"), ("output tokens/s", "throughput_tok", "{:.0f}"),
+    ("p99 time to first token (s)", "ttft_p99", "{:.2f}"), ("p99 end-to-end (s)", "e2e_p99", "{:.2f}"),
+    ("preemptions", "preemptions", "{:.0f}"), ("steps", "steps", "{:.0f}"), ("busy (s)", "busy_s", "{:.1f}"))
+
+
+def real_kv_configs(budget: int, max_context: int, slots: int, static_timeout: float = 1.0
+                    ) -> dict[str, dict[str, Any]]:
+    """What chapter 7 sets up, measured: the three ways to spend one KV budget of ``budget``
+    tokens. ``static``: one dense batch of budget // max_context rows (each row a slab);
+    ``continuous, slab``: up to ``slots`` requests, each reserving a slab; ``continuous,
+    exact``: up to ``slots`` requests, each reserving what it holds (preempted when full)."""
+    rows = budget // max_context
+    if rows < 1:
+        raise ValueError(f"budget={budget} KV tokens holds no slab of max_context={max_context}")
+    kv = {"kv_capacity": int(budget)}
+    return {"static": {"scheduler": "static", "slots": min(rows, slots), "timeout": static_timeout, **kv},
+            "continuous, slab": {"scheduler": "continuous", "slots": slots, "kv_policy": "slab", **kv},
+            "continuous, exact": {"scheduler": "continuous", "slots": slots, "kv_policy": "exact", **kv}}
+
+
+def real_kv(workload: Workload, budget_slabs: int = 4, slots: int = 32, model: str | None = None,
+            device: str = "auto", threads: int | None = None, profile: str | None = "auto") -> dict[str, Any]:
+    """What chapter 7 sets up, measured on the real model: ``workload`` served under a KV
+    budget of ``budget_slabs`` slabs of the model's context by :func:`real_kv_configs`'s
+    three schedules (:func:`~batching.experiments.checks.real_schedulers`: one model for all
+    runs, and the simulator beside them when a profile of this machine is committed).
+
+    The runner holds a slab for each of its ``slots`` (it has no paged cache: chapter 8);
+    the budget is enforced by the schedulers' KV accounting, as the simulator enforces it.
+    Adds ``budget``, ``max_context`` and ``slots`` to real_schedulers' result."""
+    from ..models import get_model
+    from .checks import REAL_MODELS, real_kind, real_schedulers
+
+    name = REAL_MODELS[real_kind(device)] if model is None else model
+    ctx = get_model(name).max_context
+    budget = budget_slabs * ctx
+    rs = real_schedulers(workload, real_kv_configs(budget, ctx, slots), model=name, device=device,
+                         threads=threads, profile=profile)
+    return {**rs, "budget": budget, "max_context": ctx, "slots": slots}
+
+
+def real_kv_text(rs: Mapping[str, Any]) -> str:
+    """What chapter 7 sets up: what :func:`real_kv` measured, and the simulator beside it (MyST)."""
+    st, sl, ex = (rs["real"][k] for k in ("static", "continuous, slab", "continuous, exact"))
+    unused = 1 - sl["kv_used_mean"] / sl["kv_reserved_mean"]
+    gain_slab, gain_exact = sl["throughput_tok"] / st["throughput_tok"], ex["throughput_tok"] / st["throughput_tok"]
+    limit = (f"every one of the {rs['slots']} slots: memory was no longer the limit" if ex["running_peak"] >= rs["slots"]
+             else f"as many as the memory held, {ex['kv_reserved_peak']:,.0f} of {rs['budget']:,} tokens at the peak")
+    text = (f"With the same {rs['budget']:,} KV tokens ({rs['budget'] // rs['max_context']} slabs of "
+            f"{rs['max_context']:,}), static batching ran {st['running_peak']:.0f} requests at a time and delivered "
+            f"{st['throughput_tok']:.0f} output tokens/s. Continuous batching with slab reservations was held to "
+            f"{sl['running_peak']:.0f} at a time as well, and {unused:.0%} of what it reserved stayed empty; "
+            f"refilling freed slots at once still gave {gain_slab:.1f}x static's throughput. Reserving only what each "
+            f"request held, the same memory ran up to {ex['running_peak']:.0f} requests at once ({limit}; "
+            f"{ex['preemptions']:.0f} preemptions) and delivered {gain_exact:.1f}x static's throughput, "
+            f"{ex['throughput_tok'] / sl['throughput_tok']:.1f}x slab reservations'.")
+    if gain_exact > 1:
+        text += (f" Slab reservations kept {(gain_slab - 1) / (gain_exact - 1):.0%} of continuous batching's gain "
+                 "over static batching.")
+    if "sim" not in rs:
+        return text + " No profile measured on this machine is committed, so no simulation is set beside these runs."
+    sim = rs["sim"]
+    parts = [f"{n} {sim[n]['throughput_tok'] / rs['real'][n]['throughput_tok'] - 1:+.0%}" for n in rs["real"]]
+    return text + (" In parentheses, the simulator on this machine's profile; its throughput differs from the "
+                   "measured one by " + ", ".join(parts) + ".")

@@ -231,17 +231,50 @@ def slot_steps(result: RunResult) -> dict[str, int]:
     return out
 
 
-def analytic_static_utilization(outputs: Sequence[int] | np.ndarray, batch: int) -> float:
-    """7.1 (c): slot utilization of full static batches of consecutive requests.
+def static_batch_sizes(prompts: Sequence[int] | np.ndarray, outputs: Sequence[int] | np.ndarray, batch: int,
+                       max_context: int) -> list[int]:
+    """7.1 (c): sizes of the consecutive batches the static scheduler forms from a queue
+    that holds every request at once.
 
-    Batch j holds requests jB..jB+B-1 and runs for its longest output; every member emits
-    its own tokens: utilization = sum(outputs) / (B x sum_j max(outputs in batch j)).
-    A last, partial batch still occupies B slots.
+    A batch closes when it holds ``batch`` requests, or early, before a request that cannot
+    be padded beside it: every row of a dense batch holds the longest prompt plus the
+    longest output, which must fit ``max_context`` (``DenseBatchScheduler.fits_beside``).
+    """
+    p, o = np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
+    if batch < 1 or p.shape != o.shape or p.size == 0:
+        raise ValueError(f"batch={batch}, {p.size} prompts, {o.size} outputs: need batch >= 1 and "
+                         "as many prompts as outputs, at least one")
+    sizes: list[int] = []
+    n, longest, most = 0, 0, 0
+    for pi, oi in zip(p.tolist(), o.tolist()):
+        if n and max(longest, pi) + max(most, oi) > max_context:
+            sizes.append(n)
+            n, longest, most = 0, 0, 0
+        n, longest, most = n + 1, max(longest, pi), max(most, oi)
+        if n == batch:
+            sizes.append(n)
+            n, longest, most = 0, 0, 0
+    return sizes + ([n] if n else [])
+
+
+def analytic_static_utilization(outputs: Sequence[int] | np.ndarray, batch: int,
+                                sizes: Sequence[int] | None = None) -> float:
+    """7.1 (c): slot utilization of static batches of consecutive requests.
+
+    Batch j holds the next ``sizes[j]`` requests (default: ``batch`` each, full batches)
+    and runs for its longest output; every member emits its own tokens: utilization =
+    sum(outputs) / (B x sum_j max(outputs in batch j)). A batch of fewer members (the last
+    one, or one closed early: :func:`static_batch_sizes`) still occupies B slots.
     """
     o = np.asarray(outputs, dtype=np.int64)
     if batch < 1 or o.size == 0:
         raise ValueError(f"batch={batch}, {o.size} outputs: need batch >= 1 and some outputs")
-    maxes = [int(o[j:j + batch].max()) for j in range(0, o.size, batch)]
+    if sizes is None:
+        sizes = [min(batch, o.size - j) for j in range(0, o.size, batch)]
+    if sum(sizes) != o.size or any(not 1 <= k <= batch for k in sizes):
+        raise ValueError(f"sizes must be 1..{batch} each and cover the {o.size} outputs, got sum {sum(sizes)}")
+    ends = np.cumsum(sizes)
+    maxes = [int(o[e - k:e].max()) for k, e in zip(sizes, ends.tolist())]
     return float(o.sum() / (batch * sum(maxes)))
 
 
@@ -252,19 +285,60 @@ def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]
     dropped), so every batch is full and slot utilization measures the first-finisher and
     padding costs alone, not a shortage of traffic. KV memory is not limited here.
     Returns arrays over ``batch``: ``slot_util``, ``slot_util_tw``, ``analytic``
-    (:func:`analytic_static_utilization`), ``padding_fraction``, ``hw_compute``,
-    ``useful_compute``, ``throughput_tok``.
+    (:func:`analytic_static_utilization` of full batches), ``analytic_formed`` (the same
+    formula over the batches the scheduler forms, some closed early at the model's context:
+    :func:`static_batch_sizes`), ``batches`` (how many it forms), ``batches_full`` (how
+    many full ones would hold the requests), ``closed_early`` (batches closed short of B
+    before the last), ``padding_fraction``, ``hw_compute``, ``useful_compute``,
+    ``throughput_tok``.
     """
     w = Workload.from_arrays(np.zeros(len(workload)), workload.prompt_lens, workload.output_lens,
                              name=workload.name, info=workload.info)
     keys = ("slot_util", "slot_util_tw", "padding_fraction", "hw_compute", "useful_compute", "throughput_tok")
-    out: dict[str, list[float]] = {k: [] for k in (*keys, "analytic")}
+    extra = ("analytic", "analytic_formed", "batches", "batches_full", "closed_early")
+    out: dict[str, list[float]] = {k: [] for k in (*keys, *extra)}
     for b in batch_sizes:
         m = metrics(simulate(w, cost, "static", slots=int(b), kv_tokens=None, timeout=0.0))
         for k in keys:
             out[k].append(m[k])
+        sizes = static_batch_sizes(w.prompt_lens, w.output_lens, int(b), cost.model.max_context)
         out["analytic"].append(analytic_static_utilization(w.output_lens, int(b)))
+        out["analytic_formed"].append(analytic_static_utilization(w.output_lens, int(b), sizes))
+        out["batches"].append(float(len(sizes)))
+        out["batches_full"].append(float(math.ceil(len(w) / int(b))))
+        out["closed_early"].append(float(sum(k < int(b) for k in sizes[:-1])))
     return {"batch": np.asarray(batch_sizes, dtype=float), **{k: np.asarray(v) for k, v in out.items()}}
+
+
+def sweep_agreement_text(sweep: Mapping[str, np.ndarray], batch: int, max_context: int,
+                         tol: float = 1e-9) -> str:
+    """7.1 (c): how the simulated slot utilization of :func:`static_batch_sweep` sits beside
+    the formula of full batches, and why they differ where they do: batches the scheduler
+    closed early because a request could not be padded beside them within ``max_context``
+    (the formula over the batches actually formed is checked too). ``batch`` is the B the
+    prose quotes."""
+    b, sim, full = sweep["batch"], sweep["slot_util"], sweep["analytic"]
+    formed, early = sweep["analytic_formed"], sweep["closed_early"]
+    i, last = int(np.flatnonzero(np.isclose(b, batch))[0]), len(b) - 1
+    if np.all(np.abs(sim - full) <= tol):
+        return (f"The simulated slot utilization equals the formula at every $B$: at $B$ = {batch} both give "
+                f"{sim[i]:.1%}.")
+    k = int(np.argmax(np.abs(sim - full)))
+    quoted = sorted({i, k, last})
+    pairs = "; ".join(f"{sim[j]:.1%} against {full[j]:.1%} at $B$ = {b[j]:.0f}" for j in quoted)
+    why = (f"A dense batch gives every row the longest prompt plus the longest output, which must fit the "
+           f"model's {max_context:,}-token context, so the scheduler closes a batch early before a request "
+           f"it cannot pad to, and every later batch boundary shifts. At $B$ = {b[k]:.0f} it closed "
+           f"{early[k]:.0f} batch{'es' if early[k] != 1 else ''} early and ran {sweep['batches'][k]:.0f} "
+           f"batches where {sweep['batches_full'][k]:.0f} full ones would hold the requests.")
+    if np.all(np.abs(sim - formed) <= tol):
+        check = ("Applied to the batches the scheduler actually formed, the formula gives the simulated value "
+                 "exactly at every $B$ of this sweep.")
+    else:
+        check = (f"Even applied to the batches the scheduler formed, the formula differs by up to "
+                 f"{np.max(np.abs(sim - formed)) * 100:.1f} points.")
+    return (f"The simulated slot utilization is within {np.max(np.abs(sim - full)) * 100:.1f} percentage points "
+            f"of the formula of full batches, not equal to it: {pairs}. {why} {check}")
 
 
 def wait_sweep(workload: Workload, cost: Any, waits: Sequence[float], slots: int = 32,
@@ -287,6 +361,91 @@ def wait_sweep(workload: Workload, cost: Any, waits: Sequence[float], slots: int
             acc["mean_batch"].append(len(workload) / batches)
         res[name] = {"wait": np.asarray(waits, dtype=float), **{k: np.asarray(v) for k, v in acc.items()}}
     return res
+
+
+def wait_summary(sweep: Mapping[str, Mapping[str, np.ndarray]], rate: float, batch: int,
+                 rel_tol: float = 0.10) -> dict[str, float]:
+    """7.1 (d): the numbers the timeout section quotes from a :func:`wait_sweep` of
+    ``static`` and ``dynamic``: ``fill_s`` (B / rate, the timeout a static batch needs to fill
+    at that rate), and ``converge_wait``, the smallest timeout from which on the two agree
+    within ``rel_tol`` in both mean queueing delay and slot utilization (-1 if they never do),
+    with ``converge_i`` its index (-1 likewise)."""
+    if not (rate > 0 and batch >= 1):
+        raise ValueError(f"rate={rate}, batch={batch}: need a positive rate and batch >= 1")
+    st, dy = sweep["static"], sweep["dynamic"]
+    close = np.ones(len(st["wait"]), dtype=bool)
+    for key in ("queue_mean", "slot_util"):
+        a, b = np.asarray(st[key], dtype=float), np.asarray(dy[key], dtype=float)
+        close &= np.abs(a - b) <= rel_tol * np.maximum(np.abs(a), np.abs(b))
+    # From some timeout on: every later point must agree too.
+    tail = np.flip(np.logical_and.accumulate(np.flip(close)))
+    idx = int(np.argmax(tail)) if tail.any() else -1
+    return {"fill_s": batch / rate, "converge_i": float(idx),
+            "converge_wait": float(st["wait"][idx]) if idx >= 0 else -1.0, "rel_tol": rel_tol}
+
+
+def wait_takeaway(sweep: Mapping[str, Mapping[str, np.ndarray]], summary: Mapping[str, float]) -> str:
+    """7.1 (d): the takeaway's sentences on static against dynamic batching, from the sweep:
+    where dynamic batching is ahead (the shortest timeout) and from which timeout on the two
+    measure the same (:func:`wait_summary`)."""
+    st, dy = sweep["static"], sweep["dynamic"]
+
+    def point(s: Mapping[str, np.ndarray], j: int) -> str:
+        return f"{s['slot_util'][j]:.0%} slot utilization at {s['queue_mean'][j]:,.1f} s of queueing"
+
+    t0 = f"{st['wait'][0]:g}"
+    ahead = (dy["queue_mean"][0] < st["queue_mean"][0]) and (dy["slot_util"][0] >= st["slot_util"][0])
+    first = (f"Dynamic batching is ahead where the timeout is short: at $T$ = {t0} s it reached "
+             f"{point(dy, 0)}, static batching {point(st, 0)}, because the queue that builds up during one "
+             f"batch forms the next." if ahead else
+             f"At $T$ = {t0} s dynamic batching measured {point(dy, 0)}, static batching {point(st, 0)}.")
+    j = int(summary["converge_i"])
+    if j < 0:
+        second = f"At no timeout of the sweep do the two agree within {summary['rel_tol']:.0%}."
+    else:
+        last = len(st["wait"]) - 1
+        second = (f"From $T$ = {st['wait'][j]:g} s on the two agree within {summary['rel_tol']:.0%}: the "
+                  f"timeout, not the scheduler, sets the batch (at $T$ = {st['wait'][last]:g} s, static "
+                  f"{point(st, last)}, dynamic {point(dy, last)}).")
+    return f"{first} {second}"
+
+
+def real_padding_text(rp: Mapping[str, Any], tol: float = 0.10) -> str:
+    """7.1 (a), measured: what the real model's padding runs (:func:`real_padding`) say about
+    how prefill time follows positions on the device that ran them: per position, the short
+    prompt against the long one, and the padded batch against the packed one; "in
+    proportion" within ``tol``, otherwise which way it departs, with the per-position costs."""
+    s, lg = rp["short"], rp["long"]
+    per = {"short": rp["short_ms"] / s, "long": rp["long_ms"] / lg,
+           "packed": rp["packed_ms"] / (s + lg), "padded": rp["padded_ms"] / (2 * lg)}
+
+    def how(ratio: float, positions: float) -> str:
+        if abs(ratio / positions - 1) <= tol:
+            return "in proportion to its positions"
+        return "less than its positions" if ratio < positions else "more than its positions"
+
+    a = (f"The short prompt's time grew {how(rp['time_ratio_short'], rp['token_ratio'])}: per position, its "
+         f"{s:,.0f}-token prefill cost {per['short']:.3f} ms and the {lg:,.0f}-token one {per['long']:.3f} ms")
+    if rp["time_ratio_short"] < rp["token_ratio"] * (1 - tol):
+        a += ", because part of a step's cost does not grow with its length and weighs more on a short prompt."
+    elif rp["time_ratio_short"] > rp["token_ratio"] * (1 + tol):
+        a += ", so on this device a longer prefill costs more per position."
+    else:
+        a += "."
+    b = (f"The padded batch's time grew {how(rp['time_ratio_batch'], rp['positions_ratio'])}: per position, the "
+         f"padded {2 * lg:,.0f}-position step cost {per['padded']:.3f} ms and the packed "
+         f"{s + lg:,.0f}-position one {per['packed']:.3f} ms")
+    if rp["time_ratio_batch"] > rp["positions_ratio"] * (1 + tol):
+        b += (", so on this device a step of more positions costs more per position, and padding costs more "
+              "than the positions it adds.")
+    elif rp["time_ratio_batch"] < rp["positions_ratio"] * (1 - tol):
+        b += ", so on this device a step of more positions costs less per position."
+    else:
+        b += "."
+    if str(rp.get("executor", {}).get("device", "cpu")).startswith("cuda"):
+        return f"{a} {b}"
+    return (f"{a} {b} On a GPU the roofline above predicts otherwise: a short prefill is memory-bound there, "
+            f"and padding it costs far less time than positions.")
 
 
 def first_finisher_summary(result: RunResult) -> dict[str, float]:

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..costs import RooflineCost
+from ..costs import MEM_RESERVE, RooflineCost
 from ..models import ModelShape
 from .common import roofline_numbers
 
@@ -86,8 +86,11 @@ def stream_numbers(cost: RooflineCost, ctx: int = 1, long_ctx: int = 2048, long_
     ``bstar_floor``, ``step_bstar_ms`` and ``tokens_s_bstar``; and for ``long_batch`` rows
     of ``long_ctx`` tokens: ``kv_long_gb`` (KV bytes the step reads), ``kv_long_ratio``
     (over the weights), ``tokens_s_long`` and ``long_fit`` (rows of ``long_ctx`` tokens
-    whose KV fits the device). For each other bandwidth reference in the device's notes
-    (``<name>_bandwidth``, e.g. the CPU's copy and sum): ``<name>_gbs`` and ``bstar_<name>``.
+    whose KV fits the device after the weights, in the ``mem_usable`` fraction of its
+    ``mem_gb`` that the cost model counts: all but ``mem_reserve``,
+    :data:`~batching.costs.MEM_RESERVE`). For each other bandwidth reference in the device's
+    notes (``<name>_bandwidth``, e.g. the CPU's copy and sum): ``<name>_gbs`` and
+    ``bstar_<name>``.
     """
     if cost.tp != 1:
         raise ValueError("stream_numbers is the single-device derivation: tp must be 1")
@@ -105,12 +108,29 @@ def stream_numbers(cost: RooflineCost, ctx: int = 1, long_ctx: int = 2048, long_
                long_ctx=float(long_ctx), long_batch=float(long_batch), kv_long_gb=kv_long / 1e9,
                kv_long_ratio=kv_long / m.weight_read_bytes,
                tokens_s_long=long_batch / cost.decode_step(long_batch, long_ctx),
-               long_fit=float(cost.kv_capacity() // long_ctx))
+               long_fit=float(cost.kv_capacity() // long_ctx), mem_reserve=MEM_RESERVE,
+               mem_usable=1 - MEM_RESERVE, mem_gb=cost.device.mem_bytes / 1e9)
     for name, bw in cost.device.notes.items():  # other bandwidth references (cpu-here: copy, sum)
         if name.endswith("_bandwidth"):
             out[f"bstar_{name[:-len('_bandwidth')]}"] = bstar_of(cost.peak_flops, bw, m.bytes_per_param)
             out[f"{name[:-len('_bandwidth')]}_gbs"] = bw / 1e9
     return out
+
+
+def bstar_answer_text(a: Mapping[str, float], b: Mapping[str, float], name_a: str, name_b: str) -> str:
+    """Why batching, exercise on B*: which of two devices (:func:`stream_numbers` of each)
+    needs the larger batch before decode turns compute-bound, and why: B* is compute per
+    byte of bandwidth, so the device whose peak grew more than its bandwidth has the larger."""
+    big, small = (b, a) if b["bstar"] >= a["bstar"] else (a, b)
+    nb, ns = (name_b, name_a) if big is b else (name_a, name_b)
+    peak, bw = big["peak_tflops"] / small["peak_tflops"], big["bandwidth_tbs"] / small["bandwidth_tbs"]
+    if a["bytes_per_param"] != 2 or b["bytes_per_param"] != 2:
+        raise ValueError("bstar_answer_text reads B* as peak / bandwidth: both models must be 2 bytes per weight")
+    return (f"The {nb}: B* = peak / bandwidth in bf16, {ns} {small['peak_tflops']:,.0f} / "
+            f"{small['bandwidth_tbs']:.2f} = {small['bstar']:.0f}, {nb} {big['peak_tflops']:,.0f} / "
+            f"{big['bandwidth_tbs']:.2f} = {big['bstar']:.0f}. The {nb} has {peak:.1f} times the {ns}'s compute "
+            f"but only {bw:.1f} times its bandwidth: more arithmetic for every byte it streams, so it takes "
+            f"more rows per weight read to keep that arithmetic busy.")
 
 
 def gpu_rooflines(model: str = "llama-8b", devices: Sequence[str] = ("h100", "h200"),
@@ -154,7 +174,7 @@ def live_defaults(device_type: str, model: str | None = None, batches: Sequence[
     return (name if model is None else model), out
 
 
-def decode_paths() -> dict[str, dict[str, bool]]:
+def decode_paths(graphs: bool = False) -> dict[str, dict[str, bool]]:
     """Why batching: the decode paths the live sweep times, as ``StepTimer.decode`` options.
 
     * ``uniform``: equal contexts, slots 0..B-1 (the slabs are read as one view): the pure
@@ -162,11 +182,15 @@ def decode_paths() -> dict[str, dict[str, bool]]:
     * ``mixed``: contexts spread over ctx/2 .. 3ctx/2, slots 0..B-1 (measure's default, the
       schedulers' usual layout): attention reads every row's slab up to the longest
       context and masks the rest;
-    * ``gathered``: the same mixed contexts in scattered slots, as a batch has them once
-      requests have come and gone out of order: the slabs are gathered (copied) in every
-      layer before attention.
+    * ``gathered``: the same mixed contexts in slots spread over twice the batch and more,
+      as a batch has them once requests have come and gone out of order: the runner
+      gathers (copies) the slabs in every layer before attention. Not with ``graphs``
+      (CUDA graphs, ``batching/graphs.py``): a replayed step gathers or reads every slab
+      by its own rule, whatever the slots, so a separate gathered timing would not differ
+      from the mixed one by the gather.
     """
-    return {"uniform": {"uniform": True}, "mixed": {}, "gathered": {"scattered": True}}
+    paths: dict[str, dict[str, bool]] = {"uniform": {"uniform": True}, "mixed": {}}
+    return paths if graphs else {**paths, "gathered": {"scattered": True}}
 
 
 def live_decode_sweep(model: str | None = None, device: str = "auto", dtype: str | None = None,
@@ -181,7 +205,7 @@ def live_decode_sweep(model: str | None = None, device: str = "auto", dtype: str
     batch size at ``ctx`` KV tokens per row, every path at one batch size before the next,
     so that drift hits the paths alike (``batching.measure.StepTimer.decode``), along
 
-    the paths of :func:`decode_paths` (uniform, mixed, gathered).
+    the paths of :func:`decode_paths` (uniform, mixed, and on the CPU gathered).
 
     Returns ``meta`` (what, where, when), ``batch``, ``ctx``, ``paths``, ``<path>_ms``
     (medians) with ``<path>_p25_ms``/``<path>_p75_ms``, and ``matvec_gbs``, ``copy_gbs``,
@@ -197,7 +221,7 @@ def live_decode_sweep(model: str | None = None, device: str = "auto", dtype: str
     from ..measure import stats as time_stats
     from ..models import get_model
     from ..real import REGISTRY_DTYPE, device_name, resolve_device, resolve_dtype
-    from ..runner import ModelRunner
+    from ..runner import SPAN_PER_ROW, ModelRunner
 
     dev = resolve_device(device)
     free = float(torch.cuda.mem_get_info(dev)[0]) if dev.type == "cuda" else None
@@ -209,7 +233,13 @@ def live_decode_sweep(model: str | None = None, device: str = "auto", dtype: str
     if not (isinstance(ctx, int) and 2 <= ctx and ctx * 3 // 2 + 2 <= shape.max_context):
         raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
     load0, t0 = os.getloadavg()[0], time.perf_counter()
-    runner = ModelRunner.from_shape(get_model(name), max(bs), device=dev, dtype=tdt, seed=seed,
+    # The gathered path spreads the rows over more than SPAN_PER_ROW slots each, which is
+    # what makes the eager runner copy their slabs (StepTimer.decode, scattered=True). CUDA
+    # steps replay graphs, which read every slab once a batch fills a third of them: extra
+    # slots would only add reads there, and there is no gathered path to time.
+    paths = decode_paths(graphs=dev.type == "cuda")
+    slots = SPAN_PER_ROW * max(bs) + 1 if "gathered" in paths else max(bs)
+    runner = ModelRunner.from_shape(get_model(name), slots, device=dev, dtype=tdt, seed=seed,
                                     max_len=ctx * 3 // 2 + 2)
     runner.warmup()
     nbytes = bandwidth_bytes or (shape.weight_read_bytes if dev.type == "cpu"
@@ -221,7 +251,6 @@ def live_decode_sweep(model: str | None = None, device: str = "auto", dtype: str
     # one untimed step of the same shape; a slow spell of a shared machine then spreads
     # over all points instead of bending one stretch of the curve.
     timer = StepTimer(runner, 1, warmup=1)
-    paths = decode_paths()
     samples: dict[tuple[str, int], list[float]] = {(p, b): [] for p in paths for b in bs}
     for _ in range(reps):
         for b in bs:
@@ -360,20 +389,206 @@ def live_text(sweep: Mapping[str, Any]) -> str:
 
 def live_labels(sweep: Mapping[str, Any]) -> dict[str, str]:
     """Why batching: caption strings of a live sweep: ``what`` (model, size, dtype),
-    ``where`` (device name, registry name, threads on a CPU), ``kind`` ("CPU" or "GPU")."""
+    ``where`` (device name, registry name, threads on a CPU), ``kind`` ("CPU" or "GPU"),
+    ``paths`` (the measured paths and how the figure draws them)."""
     m = sweep["meta"]
     gpu = m["device_type"] == "cuda"
     where = f"{m['device_name']} [{m['device']}]" + ("" if gpu else f", {m['threads']} threads")
+    names = {"uniform": "uniform (green circles)", "mixed": "mixed contexts in contiguous slots (blue triangles)",
+             "gathered": "mixed contexts in scattered slots whose slabs are gathered (brown squares)"}
+    paths = ", ".join(names[p] for p in sweep.get("paths", ["uniform"]))
     return {"what": f"{m['model']} ({m['params'] / 1e6:,.1f}M parameters, {m['dtype']})", "where": where,
-            "kind": "GPU" if gpu else "CPU"}
+            "kind": "GPU" if gpu else "CPU", "paths": paths}
 
 
 def knee_text(numbers: Mapping[str, float]) -> str:
-    """Why batching: how the measured knees sit against B* (a sentence for the prose)."""
+    """Why batching: how the measured knees sit against B* (a sentence for the prose).
+
+    A knee at batch 1 means that no larger batch stayed within the factor: said so, not
+    as "up to batch 1"."""
     n = numbers
-    return (f"The uniform step stays within 1.25x of batch 1 up to batch {n['knee125']:.0f} and within 2x up "
-            f"to batch {n['knee2']:.0f}, {_relation(n['knee2'], n['bstar'])} the B* of "
-            f"{n['bstar']:.1f} that this run's own bandwidth and peak give.")
+    k125, k2 = n["knee125"], n["knee2"]
+    rel = f"{_relation(k2, n['bstar'])} the B* of {n['bstar']:.1f} that this run's own bandwidth and peak give"
+    if k125 > 1:
+        return (f"The uniform step stays within 1.25x of batch 1 up to batch {k125:.0f} and within 2x up to "
+                f"batch {k2:.0f}, {rel}.")
+    if k2 > 1:
+        return (f"No batch above 1 keeps the uniform step within 1.25x of batch 1; within 2x it stays up to "
+                f"batch {k2:.0f}, {rel}.")
+    return f"No batch above 1 keeps the uniform step within 1.25x of batch 1, nor within 2x: {rel}."
+
+
+def _cost_phrase(gap: float, tol: float = 0.05) -> str:
+    """How a step time ``gap`` times the uniform one reads: 'x% more', 'the same within x%', 'x% less'."""
+    if abs(gap - 1.0) <= tol:
+        return f"the same within {tol:.0%}"
+    return f"{abs(gap - 1.0):.0%} {'more' if gap > 1 else 'less'}"
+
+
+def slab_cost_text(numbers: Mapping[str, float], tol: float = 0.05) -> str:
+    """Why batching, "What the slab layout costs": what the mixed and gathered paths measured
+    against the uniform one at the largest batch (``live_numbers``' ``*_gap_max``), and only
+    the effects the measurement shows: a path within ``tol`` of the uniform step is said to
+    cost nothing measurable here, one below it to be no slower. A sweep without a gathered
+    path (CUDA graphs: :func:`decode_paths`) says why it has none."""
+    n, b = numbers, f"{numbers['bmax']:.0f}"
+    m, g = n["mixed_gap_max"], n.get("gathered_gap_max")
+    out = [f"At batch {b} the mixed step takes {m:.2f} times the uniform one ({_cost_phrase(m, tol)})"
+           + (f" and the gathered step {g:.2f} times ({_cost_phrase(g, tol)})." if g is not None else ".")]
+    if m > 1 + tol:
+        out.append("The mixed step reads, in every row, KV positions up to the batch's longest context and "
+                   "masks those a shorter row does not hold; that reading shows in its time.")
+    else:
+        out.append("The mixed step reads, in every row, KV positions up to the batch's longest context and "
+                   "masks those a shorter row does not hold, but here that reading does not show in the step "
+                   "time.")
+    if g is None:
+        out.append("This build replays its decode steps as CUDA graphs, which gather the slabs of a small "
+                   "batch and read every slab of a large one by their own rule (`batching/graphs.py`), "
+                   "whatever the slots: no separate gathered path was timed.")
+    elif g > max(m, 1.0) + tol:
+        out.append(f"The gathered step differs from the mixed one only in copying the keys and values of every "
+                   f"row in every layer before reading them, and it takes {g / m - 1:.0%} longer: a copy that "
+                   f"grows with batch times context, in the regime where batching should be nearly free.")
+    else:
+        out.append("The gathered step differs from the mixed one only in copying the keys and values of every "
+                   "row in every layer before reading them; at this batch and context the copy does not show "
+                   "in the step time.")
+    out.append("Both are costs of giving each sequence one contiguous slab: a paged KV cache whose attention "
+               "reads each sequence's blocks in place, and only up to its own length, does neither.")
+    return " ".join(out)
+
+
+def slab_cost_takeaway(numbers: Mapping[str, float], tol: float = 0.05) -> str:
+    """Why batching: the takeaway's sentence on the slab layout, from the same measurement
+    as :func:`slab_cost_text`."""
+    n, b = numbers, f"{numbers['bmax']:.0f}"
+    shown = [f"{name} {n[key]:.2f}x" for name, key in (("mixed contexts", "mixed_gap_max"),
+                                                         ("gathered slabs", "gathered_gap_max"))
+             if key in n and n[key] > 1 + tol]
+    if not shown:
+        return (f"At batch {b} the slab KV layout's extra reading and copying did not show in the step time "
+                f"(within {tol:.0%} of the uniform step).")
+    return f"The slab KV layout's extra work shows at batch {b}: {' and '.join(shown)} the uniform step."
+
+
+def gather_bytes(shape: ModelShape, rows: int, longest_ctx: int) -> float:
+    """Why batching, exercise on the gathered path: bytes of K and V the runner copies in one
+    decode step, every layer, each row's slab up to the longest context plus the new token."""
+    return float(2 * shape.layers * shape.kv_heads * shape.head_dim * shape.kv_bytes * (longest_ctx + 1) * rows)
+
+
+def gather_answer_text(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> str:
+    """Why batching: what this build measured for the gathered path against the mixed one
+    at its largest batch, beside the time the copy takes at the copy bandwidth measured in
+    the same run (a read and a write per byte), for the exercise's answer."""
+    n, shape = numbers, _sweep_shape(sweep)
+    rows = int(n["bmax"])
+    if "gathered_tmax_ms" not in n:
+        return (f"This build ran {shape.name} with CUDA graphs, which gather or read slabs by their own rule, "
+                f"so it timed no separate gathered path.")
+    longest = round(sweep["ctx"] * 1.5)        # StepTimer.decode spreads contexts over ctx/2 .. 3ctx/2
+    nbytes = gather_bytes(shape, rows, longest)
+    copy_ms = 2 * nbytes / (n["copy_gbs"] * 1e9) * 1e3
+    extra = n["gathered_tmax_ms"] - n["mixed_tmax_ms"]
+    what = (f"This build measured {shape.name} at batch {rows}: its gathered step copies "
+            f"{nbytes / 1e6:,.0f} MB, which at the {n['copy_gbs']:,.1f} GB/s a copy moved in the same run "
+            f"takes {copy_ms:,.1f} ms, ")
+    if extra > 0:
+        return what + f"and the step took {extra:,.1f} ms longer than the mixed one."
+    return what + f"yet the step took no longer than the mixed one ({-extra:,.1f} ms less)."
+
+
+def profile_stream(profile: Mapping[str, Any]) -> dict[str, float]:
+    """Why batching, "Every device measured so far": how much of a :func:`load_profiles`
+    entry's batch-1 step (at ``ref_ctx``) streams weights: ``weight_mb``, ``ctx``, ``t1_ms``,
+    ``params_m``, ``bandwidth_gbs`` (the profile's own matrix-vector probe, or the registry's),
+    ``stream_ms`` (weights / bandwidth), ``stream_fraction`` (of the step), ``achieved_gbs``
+    ((weight + KV bytes) / step) and ``efficiency`` (achieved / bandwidth)."""
+    from ..plan import StepWork
+    shape, ctx, t1 = profile["shape"], float(profile["ref_ctx"]), float(profile["t1_ms"])
+    bw = float(profile["bandwidth_gbs"]) * 1e9
+    moved = shape.bytes_moved(StepWork(decode_rows=1, decode_ctx=int(ctx)))
+    stream_ms = shape.weight_read_bytes / bw * 1e3
+    return {"weight_mb": shape.weight_read_bytes / 1e6, "ctx": ctx, "t1_ms": t1, "params_m": shape.params / 1e6,
+            "bandwidth_gbs": bw / 1e9, "stream_ms": stream_ms, "stream_fraction": stream_ms / t1,
+            "achieved_gbs": moved / (t1 / 1e3) / 1e9, "efficiency": moved / (t1 / 1e3) / bw}
+
+
+def find_profile(profiles: Sequence[Mapping[str, Any]], model: str, device: str = "cpu-here") -> Mapping[str, Any]:
+    """Why batching: the first committed profile of ``model`` on ``device`` (registry name);
+    ValueError naming what is there if none is."""
+    for p in profiles:
+        if p["meta"]["model"] == model and p["device"] == device:
+            return p
+    have = ", ".join(f"{p['meta']['model']} on {p['device']}" for p in profiles) or "none"
+    raise ValueError(f"no committed profile of {model} on {device} (profiles: {have})")
+
+
+def stream_entries(profiles: Sequence[Mapping[str, Any]], sweep: Mapping[str, Any],
+                   numbers: Mapping[str, float]) -> list[dict[str, Any]]:
+    """Why batching: every batch-1 measurement on the page, each as ``model``, ``device``,
+    ``params_m``, ``achieved_gbs``, ``efficiency`` (against its own run's matrix-vector
+    bandwidth), ``stream_fraction`` and ``source`` ("committed profile" or "this build"),
+    sorted by size."""
+    out = [{"model": p["meta"]["model"], "device": p["device"], "source": "committed profile",
+            **{k: v for k, v in profile_stream(p).items()
+               if k in ("params_m", "achieved_gbs", "efficiency", "stream_fraction")}} for p in profiles]
+    out.append({"model": sweep["meta"]["model"], "device": sweep["meta"]["device"], "source": "this build",
+                "params_m": numbers["params_m"], "achieved_gbs": numbers["achieved_gbs"],
+                "efficiency": numbers["efficiency"], "stream_fraction": numbers["stream_ms"] / numbers["t1_ms"]})
+    return sorted(out, key=lambda e: e["params_m"])
+
+
+def size_efficiency_text(entries: Sequence[Mapping[str, Any]]) -> str:
+    """Why batching, exercise on model size: whether this page's batch-1 measurements
+    (:func:`stream_entries`) of different models on one device reach a larger share of
+    their run's bandwidth as the model grows; it says so only if they do."""
+    by_dev: dict[str, list[Mapping[str, Any]]] = {}
+    for e in entries:
+        by_dev.setdefault(e["device"], []).append(e)
+    dev, group = max(by_dev.items(), key=lambda kv: len({e["model"] for e in kv[1]}))
+    if len({e["model"] for e in group}) < 2:
+        return ("This page has measured one model per device only, so it cannot show the trend "
+                "itself.")
+    parts = [f"{e['model']} ({e['params_m']:,.1f}M parameters, {e['source']}) reaches "
+             f"{e['achieved_gbs']:,.1f} GB/s, {e['efficiency']:.0%} of the matrix-vector bandwidth of its run"
+             for e in group]
+    rising = all(b["efficiency"] > a["efficiency"] for a, b in zip(group, group[1:]))
+    head = ("The measurements on this page agree" if rising else "The measurements on this page do not show it")
+    return f"{head}: at batch 1 on {dev}, " + "; ".join(parts) + "."
+
+
+def stream_share_text(entries: Sequence[Mapping[str, Any]], model: str, ref: str) -> str:
+    """Why batching: the share of ``model``'s batch-1 step that streams weights against
+    ``ref``'s, from this page's measurements (:func:`stream_entries`; this build's own run
+    first); it says the flat region proves more for ``model`` only if its share is larger."""
+    def first(name: str) -> Mapping[str, Any] | None:
+        mine = sorted((e for e in entries if e["model"] == name), key=lambda e: e["source"] != "this build")
+        return mine[0] if mine else None
+
+    e, r = first(model), first(ref)
+    if e is None or r is None:
+        return f"This page has no measurement of {model if e is None else ref} to compare with."
+    said = (f"{model} spends {e['stream_fraction']:.0%} of its batch-1 step streaming weights ({e['source']}), "
+            f"{ref} {r['stream_fraction']:.0%}")
+    if e["stream_fraction"] > r["stream_fraction"]:
+        return said + f", so {model}'s flat region says more about bandwidth."
+    return said + f": here {model}'s flat region proves no more than {ref}'s."
+
+
+def bandwidth_note(registry_gbs: float, sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> str:
+    """Why batching: how the bandwidth measured in this build's live sweep sits beside the
+    registry's CPU figure (``registry_gbs``), so the page never quotes two bandwidths for one
+    machine without saying which is which."""
+    if sweep["meta"]["device"] != "cpu-here":
+        return ("This build's live measurement below ran on another device, so it has no second "
+                "bandwidth for this CPU.")
+    live = numbers["matvec_gbs"]
+    return (f"The next section measures the bandwidth again, in the same process as its step times, and "
+            f"builds its roofline on that measurement, not on the registry's figure: {live:,.1f} GB/s in this "
+            f"build, {live / registry_gbs:.2f} times the registry's, at which {sweep['meta']['model']}'s "
+            f"weights stream in {numbers['stream_ms']:,.1f} ms.")
 
 
 def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[dict[str, Any]]:

@@ -209,6 +209,28 @@ def test_profile_mixed_grid_interpolates_and_follows_context() -> None:
     assert ProfileCost.from_dict(doc).describe()["mixed_estimate"] == "additive"
 
 
+#: The attention tests' machine: single prompts cost 10 ms + 0.1 ms/token + 0.1 us per pair.
+ATTN_S = 1e-7
+
+
+def _pairs(n: float) -> float:
+    return n * (n + 1) / 2
+
+
+def _cost(tokens: float, pairs: float) -> float:
+    return 10e-3 + 0.1e-3 * tokens + ATTN_S * pairs
+
+
+def _attention_profile() -> dict[str, Any]:
+    """_profile() with single prompts of 100-400 tokens and 2, 4 and 16 equal 100-token
+    prompts side by side (1,600 positions: beyond the longest single prompt), all on _cost."""
+    doc = _profile()
+    doc["prefill"] = {"tokens": [100, 200, 400], "ms": [_cost(t, _pairs(t)) * 1e3 for t in (100, 200, 400)]}
+    doc["prefill_rows"] = {"rows": [2, 4, 16], "tokens": [100, 100, 100],
+                           "ms": [_cost(r * 100, r * _pairs(100)) * 1e3 for r in (2, 4, 16)]}
+    return doc
+
+
 def test_profile_mixed_step_beyond_the_grid_pays_its_own_attention() -> None:
     """Single prompts cost 10 ms + 0.1 ms/token + 0.1 us per pair, a mixed step 2 ms more per
     decode row; the grid holds chunks of 200 and 400 tokens. A step of 16 short prompts
@@ -216,13 +238,8 @@ def test_profile_mixed_step_beyond_the_grid_pays_its_own_attention() -> None:
     prefill curve's cost of the 1,200 positions beyond it, and its own pairs: 180.08 ms.
     (A line through the grid's two fresh prompts, less a 1,600-token prompt's attention,
     gave 96.08 ms: below the same positions prefilled alone.)"""
-    b = 1e-7
-    cost = lambda tokens, pairs: 10e-3 + 0.1e-3 * tokens + b * pairs   # noqa: E731
-    pairs = lambda n: n * (n + 1) / 2                                   # noqa: E731
-    doc = _profile()
-    doc["prefill"] = {"tokens": [100, 200, 400], "ms": [cost(t, pairs(t)) * 1e3 for t in (100, 200, 400)]}
-    doc["prefill_rows"] = {"rows": [2, 4, 16], "tokens": [100, 100, 100],
-                           "ms": [cost(r * 100, r * pairs(100)) * 1e3 for r in (2, 4, 16)]}
+    cost, pairs = _cost, _pairs
+    doc = _attention_profile()
     doc["mixed"] = {"prefill_tokens": [200, 200, 400, 400], "decode_rows": [1, 3, 1, 3], "decode_ctx": [100] * 4,
                     "ms": [(cost(t, pairs(t)) + 2e-3 * r) * 1e3 for t, r in ((200, 1), (200, 3), (400, 1), (400, 3))]}
     p = ProfileCost.from_dict(doc)
@@ -256,14 +273,8 @@ def test_profile_prices_attention_from_equal_prompts_side_by_side() -> None:
     """Single prompts cost 10 ms + 0.1 ms/token + 0.1 us per attention pair; prefill_rows
     points (equal prompts in one pass) let the profile find the 0.1 us and price any step's
     pairs: a padded static batch of short prompts, a chunk after cached context (by hand)."""
-    b = 1e-7
-    cost = lambda tokens, pairs: 10e-3 + 0.1e-3 * tokens + b * pairs   # noqa: E731
-    pairs = lambda n: n * (n + 1) / 2                                   # noqa: E731
-    doc = _profile()
-    doc["prefill"] = {"tokens": [100, 200, 400], "ms": [cost(t, pairs(t)) * 1e3 for t in (100, 200, 400)]}
-    doc["prefill_rows"] = {"rows": [2, 4, 16], "tokens": [100, 100, 100],
-                           "ms": [cost(200, 2 * pairs(100)) * 1e3, cost(400, 4 * pairs(100)) * 1e3,
-                                  cost(1600, 16 * pairs(100)) * 1e3]}   # 1,600 positions: beyond the grid
+    b, cost, pairs = ATTN_S, _cost, _pairs
+    doc = _attention_profile()
     p = ProfileCost.from_dict(doc)
     assert p.attn_s == pytest.approx(b, rel=1e-9) and p.describe()["attn_s_per_pair"] == pytest.approx(b)
     pre = lambda t, a: p.step_time(StepWork(prefill_tokens=t, prefill_attn=a))   # noqa: E731

@@ -246,11 +246,15 @@ def batch_sweep_figure(sweep: Mapping[str, np.ndarray]) -> Figure:
     return fig
 
 
+#: 7.1 (d): the least white (pixels at the book's DPI) between a point label and the ceiling line.
+WAIT_LABEL_CLEAR_PX = 3.0
+
+
 def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | None = None) -> Figure:
     """7.1 (d): mean queueing delay vs slot utilization as the collection timeout grows."""
     fig, ax = plt.subplots(figsize=(WIDTH, 3.0))
     top = max(0.6, (ceiling or 0) * 1.25)
-    qs = []
+    qs, labels = [], []
     for name, d in sweep.items():
         q = np.maximum(d["queue_mean"], 1e-3)
         qs.append(q)
@@ -276,8 +280,8 @@ def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | 
                 off, ha, va = (4, 5), "left", "baseline"
             else:
                 off, ha, va = (-4, 5), "right", "baseline"
-            ax.annotate(text, (x, y), textcoords="offset points", xytext=off, ha=ha, va=va,
-                        fontsize=7.5, color=SCHEDULER_COLORS[name])
+            labels.append(ax.annotate(text, (x, y), textcoords="offset points", xytext=off, ha=ha, va=va,
+                                      fontsize=7.5, color=SCHEDULER_COLORS[name]))
     if ceiling is not None:
         ax.axhline(ceiling, color="#999999", ls="--", lw=1.2)
         ax.annotate("full batches of B (first-finisher ceiling)", (0.99, ceiling),
@@ -290,6 +294,18 @@ def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | 
     ax.set_ylim(0, top)
     _pct(ax)
     ax.legend(loc="upper left")
+    if ceiling is not None:
+        # The best points sit just under the ceiling, so a label written above its point can
+        # land on (or touch) the dashed line: such a label moves just above the line, at its
+        # point's x.
+        fig.canvas.draw()
+        y_line = ax.transData.transform((1.0, ceiling))[1]
+        for t in labels:
+            box = t.get_window_extent()
+            if box.y0 - WAIT_LABEL_CLEAR_PX <= y_line <= box.y1 + WAIT_LABEL_CLEAR_PX:
+                t.xy = (t.xy[0], ceiling)
+                t.xyann = (t.xyann[0], 3)
+                t.set_va("bottom")
     return fig
 
 
@@ -426,8 +442,8 @@ def itl_figure(series: Mapping[str, Mapping[str, np.ndarray]], arrival: float,
         ax.step(u, g[idx], where="pre", lw=1.5, label=name, **_config_style(name))
         top = max(top, float(g.max(initial=0.0)))
     ax.axvline(arrival, color="#999999", ls=":", lw=1)
-    ax.annotate("long prompt arrives", (arrival, 0.93), xycoords=("data", "axes fraction"), xytext=(-4, 0),
-                textcoords="offset points", ha="right", fontsize=8, color="#666666")
+    note = ax.annotate("long prompt arrives", (arrival, 0.93), xycoords=("data", "axes fraction"), xytext=(-4, 0),
+                       textcoords="offset points", ha="right", fontsize=8, color="#666666")
     if first_tokens:
         for name, tf in first_tokens.items():
             ax.plot([tf], [0], marker="v", ms=8, clip_on=False, zorder=6, color=_config_style(name)["color"],
@@ -439,6 +455,12 @@ def itl_figure(series: Mapping[str, Mapping[str, np.ndarray]], arrival: float,
     # Headroom above the tallest stall for the legend, which would otherwise sit on it.
     ax.set_ylim(0, top * 1.45 if top > 0 else None)
     ax.legend(loc="upper right")
+    # Left of the arrival line unless that runs out of the axes (an arrival near the window's
+    # left edge, as in the measured run): then it would sit on the y tick labels, so right of it.
+    fig.canvas.draw()
+    if note.get_window_extent().x0 < ax.get_window_extent().x0:
+        note.xyann = (4, 0)
+        note.set_ha("left")
     return fig
 
 
@@ -571,13 +593,16 @@ def kv_fit_figure(lengths: np.ndarray, fit: Mapping[str, float], measured_peak: 
     """What chapter 7 sets up: request lengths against the slab, and sequences that fit."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.8))
     ax = axes[0]
-    ax.hist(lengths, bins=60, color="#7f7f7f")
+    counts, _, _ = ax.hist(lengths, bins=60, color="#7f7f7f")
     ax.set_xlim(0, fit["max_context"] * 1.05)
+    # Headroom above the tallest bar for the two labels, so that neither sits on a bar.
+    top = float(np.max(counts)) if len(counts) else 1.0
+    ax.set_ylim(0, top * 1.25)
     ax.axvline(fit["max_context"], color=POLICY_COLORS["slab"], lw=2)
-    ax.text(fit["max_context"], ax.get_ylim()[1] * 0.9, " slab", color=POLICY_COLORS["slab"], fontsize=8.5,
-            ha="right")
+    ax.text(fit["max_context"], top * 1.12, "slab ", color=POLICY_COLORS["slab"], fontsize=8.5, ha="right",
+            va="center")
     ax.axvline(fit["mean_final"], color=POLICY_COLORS["exact"], lw=1.5, ls="--")
-    ax.text(fit["mean_final"], ax.get_ylim()[1] * 0.75, " mean", color=POLICY_COLORS["exact"], fontsize=8.5)
+    ax.text(fit["mean_final"], top * 1.12, " mean", color=POLICY_COLORS["exact"], fontsize=8.5, va="center")
     ax.set_xlabel("request length, prompt + output (tokens)")
     ax.set_ylabel("requests")
     ax = axes[1]
@@ -590,7 +615,7 @@ def kv_fit_figure(lengths: np.ndarray, fit: Mapping[str, float], measured_peak: 
     for pol, v in measured_peak.items():
         i = 0 if pol == "slab" else 1
         ax.plot([i - 0.4, i + 0.4], [v, v], color="black", lw=1.5)
-        ax.text(i + 0.42, v, f"run peak {v:.0f}", va="center", fontsize=7.5)
+        ax.text(i + 0.42, v, f"peak {v:.0f}", va="center", fontsize=7.5)
     ax.set_xticks(range(3), names)
     ax.set_ylabel("sequences that fit")
     ax.grid(axis="x", visible=False)
@@ -636,9 +661,9 @@ def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
 PATH_COLORS: dict[str, str] = {"uniform": PHASE_COLORS["decode"], "mixed": "#56B4E9",
                                "gathered": POLICY_COLORS["slab"]}
 PATH_LABELS: dict[str, str] = {
-    "uniform": "measured: equal contexts, contiguous slots",
-    "mixed": "measured: mixed contexts, contiguous slots",
-    "gathered": "measured: mixed contexts, scattered slots (slabs gathered)",
+    "uniform": "measured, uniform: equal contexts, contiguous slots",
+    "mixed": "measured, mixed: mixed contexts, contiguous slots",
+    "gathered": "measured, gathered: mixed contexts, scattered slots",
 }
 PATH_MARKERS: dict[str, str] = {"uniform": "o", "mixed": "^", "gathered": "s"}
 ROOF_STYLE: dict[str, dict[str, Any]] = {

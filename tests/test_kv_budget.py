@@ -112,9 +112,16 @@ def test_real_kv_text_by_hand():
     assert "95% of what it reserved stayed empty" in t                      # 1 - 50 / 1000
     assert "still gave 1.8x static's throughput" in t
     assert "(every one of the 32 slots: memory was no longer the limit; 3 preemptions)" in t
+    rs = _rs(32)
+    rs["real"]["continuous, exact"]["preemptions"] = 0.0
+    assert "memory was no longer the limit; no preemptions)" in E.real_kv_text(rs)
+    rs["real"]["continuous, exact"]["preemptions"] = 1.0
+    assert "memory was no longer the limit; 1 preemption)" in E.real_kv_text(rs)
     assert "delivered 2.6x static's throughput, 1.4x slab reservations'" in t
     assert "Slab reservations kept 50% of continuous batching's gain" in t   # 0.8 / 1.6
     assert "No profile measured on this machine" in t
     t = E.real_kv_text(_rs(20, sim=True))
     assert "(as many as the memory held, 3,000 of 8,192 tokens at the peak; 3 preemptions)" in t
-    assert "by static +10%, continuous, slab -10%, continuous, exact +0%." in t
+    assert ("by static +10%; continuous with slab reservations -10%; continuous with exact reservations "
+            "within 1%.") in t
+

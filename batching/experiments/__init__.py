@@ -26,7 +26,7 @@ package (``from batching import experiments as E``) and find every function on i
 """
 from __future__ import annotations
 
-from .common import (KINDS, describe_cost, roofline_numbers, offered_rate, fit_context,
+from .common import (KINDS, describe_cost, roofline_numbers, offered_rate, fit_context, capped_text,
                      trace_workload, simulate, useful_flops, metrics, choose, at, flat)
 from .why import (LIVE_DEFAULTS, PROFILE_DIR, bstar_of, knee, roofline_curve, stream_numbers,
                   gpu_rooflines, live_defaults, decode_paths, live_decode_sweep, live_roofline,
@@ -37,16 +37,17 @@ from .why import (LIVE_DEFAULTS, PROFILE_DIR, bstar_of, knee, roofline_curve, st
 from .static import (padding_cost, REAL_PADDING_LONG, real_padding, real_padding_rows,
                      committed_padding_text, Segment, timeline, slot_steps, analytic_static_utilization,
                      static_batch_sweep, wait_sweep, first_finisher_summary, static_batch_sizes,
-                     sweep_agreement_text, wait_summary, wait_takeaway, real_padding_text)
+                     sweep_agreement_text, wait_summary, wait_point, wait_takeaway, real_padding_text)
 from .continuous import (compare_schedulers, rate_sweep, sweep_numbers, saturation, with_probes,
                          probe_runs, iterations, subset_latency, decode_compute_share,
                          decode_step_ms, first_finisher_queue, probe_summary, dense_batches, batch_fill,
-                         metric_range, slab_text, bend_text)
+                         metric_range, hw_compute_text, slab_text, bend_text)
 from .chunked import (long_prompt_among_decodes, itl_series, spike_summary, stall_summary, stall_runs,
-                      REAL_STALL, stall_configs, real_stall, committed_stall_text, stall_numbers,
+                      REAL_STALL, STALL_ATTEMPTS, stall_overlaps, stall_configs, real_stall,
+                      committed_stall_text, stall_numbers,
                       tradeoff_numbers, chunk_step_times, profile_chunk_steps, profile_chunk_text,
                       chunk_sweep, real_chunk_text, chunk_for_itl,
-                      slow_steps_text, ttft_cost_text)
+                      calibration_text, slow_steps_text, ttft_cost_text, trace_contrast)
 from .kv import (kv_over_time, kv_runs, kv_fit, kv_budget_sweep, budget_numbers, slab_growth,
                  REAL_KV_ROWS, real_kv_configs, real_kv, real_kv_text)
 from .checks import (REAL_MODELS, real_kind, real_runner, serve_real, executor_text, STALL_GLOB,
@@ -56,7 +57,7 @@ from .checks import (REAL_MODELS, real_kind, real_runner, serve_real, executor_t
                      FIDELITY_FILE, FIDELITY_GLOB, fidelity_summary, gpu_fidelity_files)
 
 __all__ = [
-    "KINDS", "describe_cost", "roofline_numbers", "offered_rate", "fit_context", "trace_workload",
+    "KINDS", "describe_cost", "roofline_numbers", "offered_rate", "fit_context", "capped_text", "trace_workload",
     "simulate", "useful_flops", "metrics", "choose", "at", "flat", "LIVE_DEFAULTS", "PROFILE_DIR",
     "bstar_of", "knee", "roofline_curve", "stream_numbers", "gpu_rooflines", "live_defaults",
     "decode_paths", "live_decode_sweep", "live_roofline", "profile_roofline", "live_numbers",
@@ -66,15 +67,16 @@ __all__ = [
     "padding_cost", "REAL_PADDING_LONG", "real_padding", "real_padding_rows", "committed_padding_text",
     "Segment", "timeline", "slot_steps", "analytic_static_utilization", "static_batch_sweep",
     "wait_sweep", "first_finisher_summary", "static_batch_sizes", "sweep_agreement_text", "wait_summary",
-    "wait_takeaway", "real_padding_text", "compare_schedulers", "rate_sweep", "sweep_numbers",
+    "wait_point", "wait_takeaway", "real_padding_text", "compare_schedulers", "rate_sweep", "sweep_numbers",
     "saturation", "with_probes", "probe_runs", "iterations", "subset_latency", "decode_compute_share",
     "decode_step_ms", "first_finisher_queue", "probe_summary", "dense_batches", "batch_fill", "metric_range",
-    "slab_text", "bend_text",
+    "hw_compute_text", "slab_text", "bend_text",
     "long_prompt_among_decodes",
     "itl_series", "spike_summary", "stall_summary", "stall_runs", "REAL_STALL", "stall_configs",
-    "real_stall", "committed_stall_text", "stall_numbers", "tradeoff_numbers", "chunk_step_times",
+    "real_stall", "STALL_ATTEMPTS", "stall_overlaps", "committed_stall_text", "stall_numbers",
+    "tradeoff_numbers", "chunk_step_times",
     "profile_chunk_steps", "profile_chunk_text", "chunk_sweep", "real_chunk_text",
-    "chunk_for_itl", "slow_steps_text", "ttft_cost_text", "kv_over_time", "kv_runs", "kv_fit",
+    "chunk_for_itl", "calibration_text", "slow_steps_text", "ttft_cost_text", "trace_contrast", "kv_over_time", "kv_runs", "kv_fit",
     "kv_budget_sweep", "budget_numbers", "slab_growth", "REAL_KV_ROWS", "real_kv_configs", "real_kv",
     "real_kv_text", "REAL_MODELS", "real_kind", "real_runner", "serve_real",
     "executor_text", "STALL_GLOB", "committed_real_runs", "real_runs_label", "committed_text",

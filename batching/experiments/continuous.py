@@ -227,6 +227,30 @@ def metric_range(sweep: Mapping[str, Mapping[str, np.ndarray]], metric: str, val
     return {"lo": vals[lo], "hi": vals[hi], "lo_name": lo, "hi_name": hi}
 
 
+def hw_compute_text(hw: Mapping[str, float], static_batch: float, slots: int, timeout: float,
+                    tol: float = 0.10) -> str:
+    """7.2, the verdict on hardware utilization: all-FLOP compute utilization of dynamic
+    batching against continuous batching (``hw``: {"static", "dynamic", "continuous": share
+    of peak} at one load), within ``tol`` (relative) said to be "about as busy", and where
+    static batching sits: below continuous batching, because its ``timeout`` seals batches
+    of ``static_batch`` requests on average out of ``slots`` (a decode step of few rows does
+    few FLOPs); otherwise its share alone. One or two sentences, MyST."""
+    dy, co, st = (float(hw[k]) for k in ("dynamic", "continuous", "static"))
+    if abs(dy - co) <= tol * co:
+        how = "about as busy as"
+    else:
+        how = "busier than" if dy > co else "less busy than"
+    text = (f"Counting every FLOP, dynamic batching keeps the device {how} continuous batching ({dy:.0%} "
+            f"against {co:.0%})")
+    text += (", because padding and dead rows are real FLOPs." if dy >= co * (1 - tol) else
+             ", even with its padding and dead rows counted as the real FLOPs they are.")
+    if st < co * (1 - tol):
+        return text + (f" Static batching's {st:.0%} is lower because its batches are small: its {timeout:g} s "
+                       f"timeout seals them at {static_batch:.1f} requests on average, of {slots} slots, and a "
+                       f"decode step of few rows does few FLOPs.")
+    return text + f" Static batching keeps it at {st:.0%}."
+
+
 def slab_text(cost: Any, slots: int) -> str:
     """7.2: the KV reservation every simulation of the page uses, in one sentence: each
     admitted request reserves a slab of the model's full context (``kv_policy="slab"``, the

@@ -201,7 +201,7 @@ def real_kv_text(rs: Mapping[str, Any]) -> str:
             f"{sl['running_peak']:.0f} at a time as well, and {unused:.0%} of what it reserved stayed empty; "
             f"refilling freed slots at once still gave {gain_slab:.1f}x static's throughput. Reserving only what each "
             f"request held, the same memory ran up to {ex['running_peak']:.0f} requests at once ({limit}; "
-            f"{ex['preemptions']:.0f} preemptions) and delivered {gain_exact:.1f}x static's throughput, "
+            f"{_count(ex['preemptions'], 'preemption')}) and delivered {gain_exact:.1f}x static's throughput, "
             f"{ex['throughput_tok'] / sl['throughput_tok']:.1f}x slab reservations'.")
     if gain_exact > 1:
         text += (f" Slab reservations kept {(gain_slab - 1) / (gain_exact - 1):.0%} of continuous batching's gain "
@@ -209,6 +209,23 @@ def real_kv_text(rs: Mapping[str, Any]) -> str:
     if "sim" not in rs:
         return text + " No profile measured on this machine is committed, so no simulation is set beside these runs."
     sim = rs["sim"]
-    parts = [f"{n} {sim[n]['throughput_tok'] / rs['real'][n]['throughput_tok'] - 1:+.0%}" for n in rs["real"]]
+    parts = [f"{REAL_KV_LABELS.get(n, n)} {_signed(sim[n]['throughput_tok'] / rs['real'][n]['throughput_tok'] - 1)}"
+             for n in rs["real"]]
     return text + (" In parentheses, the simulator on this machine's profile; its throughput differs from the "
-                   "measured one by " + ", ".join(parts) + ".")
+                   "measured one by " + "; ".join(parts) + ".")
+
+
+#: How :func:`real_kv_text` names the three runs inside a sentence.
+REAL_KV_LABELS: dict[str, str] = {"continuous, slab": "continuous with slab reservations",
+                                  "continuous, exact": "continuous with exact reservations"}
+
+
+def _count(n: float, noun: str) -> str:
+    """"no preemptions", "1 preemption", "3 preemptions" (the closing section's sentences)."""
+    k = int(round(n))
+    return f"no {noun}s" if k == 0 else f"{k:,} {noun}" + ("" if k == 1 else "s")
+
+
+def _signed(x: float) -> str:
+    """A relative difference for a sentence: "within 1%" when it rounds to zero, else "+12%"."""
+    return "within 1%" if abs(x) < 0.005 else f"{x:+.0%}"

@@ -317,23 +317,25 @@ def sweep_agreement_text(sweep: Mapping[str, np.ndarray], batch: int, max_contex
     closed early because a request could not be padded beside them within ``max_context``
     (the formula over the batches actually formed is checked too). ``batch`` is the B the
     prose quotes."""
+    # Glued markdown is not run through dollarmath ($B$ would show raw): the letters are
+    # written in italics, which it does render.
     b, sim, full = sweep["batch"], sweep["slot_util"], sweep["analytic"]
     formed, early = sweep["analytic_formed"], sweep["closed_early"]
     i, last = int(np.flatnonzero(np.isclose(b, batch))[0]), len(b) - 1
     if np.all(np.abs(sim - full) <= tol):
-        return (f"The simulated slot utilization equals the formula at every $B$: at $B$ = {batch} both give "
+        return (f"The simulated slot utilization equals the formula at every *B*: at *B* = {batch} both give "
                 f"{sim[i]:.1%}.")
     k = int(np.argmax(np.abs(sim - full)))
     quoted = sorted({i, k, last})
-    pairs = "; ".join(f"{sim[j]:.1%} against {full[j]:.1%} at $B$ = {b[j]:.0f}" for j in quoted)
+    pairs = "; ".join(f"{sim[j]:.1%} against {full[j]:.1%} at *B* = {b[j]:.0f}" for j in quoted)
     why = (f"A dense batch gives every row the longest prompt plus the longest output, which must fit the "
            f"model's {max_context:,}-token context, so the scheduler closes a batch early before a request "
-           f"it cannot pad to, and every later batch boundary shifts. At $B$ = {b[k]:.0f} it closed "
+           f"it cannot pad to, and every later batch boundary shifts. At *B* = {b[k]:.0f} it closed "
            f"{early[k]:.0f} batch{'es' if early[k] != 1 else ''} early and ran {sweep['batches'][k]:.0f} "
            f"batches where {sweep['batches_full'][k]:.0f} full ones would hold the requests.")
     if np.all(np.abs(sim - formed) <= tol):
         check = ("Applied to the batches the scheduler actually formed, the formula gives the simulated value "
-                 "exactly at every $B$ of this sweep.")
+                 "exactly at every *B* of this sweep.")
     else:
         check = (f"Even applied to the batches the scheduler formed, the formula differs by up to "
                  f"{np.max(np.abs(sim - formed)) * 100:.1f} points.")
@@ -384,61 +386,79 @@ def wait_summary(sweep: Mapping[str, Mapping[str, np.ndarray]], rate: float, bat
             "converge_wait": float(st["wait"][idx]) if idx >= 0 else -1.0, "rel_tol": rel_tol}
 
 
+def wait_point(sweep: Mapping[str, np.ndarray], j: int) -> dict[str, str]:
+    """7.1 (d): point ``j`` of one scheduler's :func:`wait_sweep` as the prose and the
+    takeaway both print it, so that one number never shows at two precisions: ``util``
+    (slot utilization, one decimal below 10%, whole percent above) and ``queue`` (mean
+    queueing delay with its unit, whole seconds from 100 s, one decimal below)."""
+    u, q = float(sweep["slot_util"][j]), float(sweep["queue_mean"][j])
+    return {"util": f"{u:.1%}" if u < 0.1 else f"{u:.0%}",
+            "queue": f"{q:,.0f} s" if q >= 100 else f"{q:.1f} s"}
+
+
 def wait_takeaway(sweep: Mapping[str, Mapping[str, np.ndarray]], summary: Mapping[str, float]) -> str:
     """7.1 (d): the takeaway's sentences on static against dynamic batching, from the sweep:
     where dynamic batching is ahead (the shortest timeout) and from which timeout on the two
-    measure the same (:func:`wait_summary`)."""
+    measure the same (:func:`wait_summary`); numbers as :func:`wait_point` prints them."""
     st, dy = sweep["static"], sweep["dynamic"]
 
     def point(s: Mapping[str, np.ndarray], j: int) -> str:
-        return f"{s['slot_util'][j]:.0%} slot utilization at {s['queue_mean'][j]:,.1f} s of queueing"
+        p = wait_point(s, j)
+        return f"{p['util']} slot utilization at {p['queue']} of queueing"
 
     t0 = f"{st['wait'][0]:g}"
     ahead = (dy["queue_mean"][0] < st["queue_mean"][0]) and (dy["slot_util"][0] >= st["slot_util"][0])
-    first = (f"Dynamic batching is ahead where the timeout is short: at $T$ = {t0} s it reached "
+    first = (f"Dynamic batching is ahead where the timeout is short: at *T* = {t0} s it reached "
              f"{point(dy, 0)}, static batching {point(st, 0)}, because the queue that builds up during one "
              f"batch forms the next." if ahead else
-             f"At $T$ = {t0} s dynamic batching measured {point(dy, 0)}, static batching {point(st, 0)}.")
+             f"At *T* = {t0} s dynamic batching measured {point(dy, 0)}, static batching {point(st, 0)}.")
     j = int(summary["converge_i"])
     if j < 0:
         second = f"At no timeout of the sweep do the two agree within {summary['rel_tol']:.0%}."
     else:
         last = len(st["wait"]) - 1
-        second = (f"From $T$ = {st['wait'][j]:g} s on the two agree within {summary['rel_tol']:.0%}: the "
-                  f"timeout, not the scheduler, sets the batch (at $T$ = {st['wait'][last]:g} s, static "
+        second = (f"From *T* = {st['wait'][j]:g} s on the two agree within {summary['rel_tol']:.0%}: the "
+                  f"timeout, not the scheduler, sets the batch (at *T* = {st['wait'][last]:g} s, static "
                   f"{point(st, last)}, dynamic {point(dy, last)}).")
     return f"{first} {second}"
 
 
-def real_padding_text(rp: Mapping[str, Any], tol: float = 0.10) -> str:
+def real_padding_text(rp: Mapping[str, Any], tol: float = 0.03, slight: float = 0.10) -> str:
     """7.1 (a), measured: what the real model's padding runs (:func:`real_padding`) say about
     how prefill time follows positions on the device that ran them: per position, the short
-    prompt against the long one, and the padded batch against the packed one; "in
-    proportion" within ``tol``, otherwise which way it departs, with the per-position costs."""
+    prompt against the long one, and the padded batch against the packed one. The time per
+    position of the longer step over the shorter one's decides the words: "in proportion"
+    within ``tol``, "slightly more (less) than in proportion", with the difference, within
+    ``slight``, and beyond it "more (less) than its positions" with the reason."""
     s, lg = rp["short"], rp["long"]
     per = {"short": rp["short_ms"] / s, "long": rp["long_ms"] / lg,
            "packed": rp["packed_ms"] / (s + lg), "padded": rp["padded_ms"] / (2 * lg)}
 
     def how(ratio: float, positions: float) -> str:
-        if abs(ratio / positions - 1) <= tol:
+        r = ratio / positions           # the longer step's time per position over the shorter's
+        if abs(r - 1) <= tol:
             return "in proportion to its positions"
+        if abs(r - 1) <= slight:
+            more = r > 1
+            return (f"slightly {'more' if more else 'less'} than in proportion to its positions "
+                    f"({abs(r - 1):.0%} {'more' if more else 'less'} per position)")
         return "less than its positions" if ratio < positions else "more than its positions"
 
     a = (f"The short prompt's time grew {how(rp['time_ratio_short'], rp['token_ratio'])}: per position, its "
          f"{s:,.0f}-token prefill cost {per['short']:.3f} ms and the {lg:,.0f}-token one {per['long']:.3f} ms")
-    if rp["time_ratio_short"] < rp["token_ratio"] * (1 - tol):
+    if rp["time_ratio_short"] < rp["token_ratio"] * (1 - slight):
         a += ", because part of a step's cost does not grow with its length and weighs more on a short prompt."
-    elif rp["time_ratio_short"] > rp["token_ratio"] * (1 + tol):
+    elif rp["time_ratio_short"] > rp["token_ratio"] * (1 + slight):
         a += ", so on this device a longer prefill costs more per position."
     else:
         a += "."
     b = (f"The padded batch's time grew {how(rp['time_ratio_batch'], rp['positions_ratio'])}: per position, the "
          f"padded {2 * lg:,.0f}-position step cost {per['padded']:.3f} ms and the packed "
          f"{s + lg:,.0f}-position one {per['packed']:.3f} ms")
-    if rp["time_ratio_batch"] > rp["positions_ratio"] * (1 + tol):
+    if rp["time_ratio_batch"] > rp["positions_ratio"] * (1 + slight):
         b += (", so on this device a step of more positions costs more per position, and padding costs more "
               "than the positions it adds.")
-    elif rp["time_ratio_batch"] < rp["positions_ratio"] * (1 - tol):
+    elif rp["time_ratio_batch"] < rp["positions_ratio"] * (1 - slight):
         b += ", so on this device a step of more positions costs less per position."
     else:
         b += "."

@@ -394,9 +394,11 @@ def live_labels(sweep: Mapping[str, Any]) -> dict[str, str]:
     m = sweep["meta"]
     gpu = m["device_type"] == "cuda"
     where = f"{m['device_name']} [{m['device']}]" + ("" if gpu else f", {m['threads']} threads")
-    names = {"uniform": "uniform (green circles)", "mixed": "mixed contexts in contiguous slots (blue triangles)",
-             "gathered": "mixed contexts in scattered slots whose slabs are gathered (brown squares)"}
-    paths = ", ".join(names[p] for p in sweep.get("paths", ["uniform"]))
+    # The names of the prose's three paths and of the figure's legend (plots.PATH_LABELS).
+    names = {"uniform": "uniform (green circles): equal contexts in contiguous slots",
+             "mixed": "mixed (blue triangles): mixed contexts in contiguous slots",
+             "gathered": "gathered (brown squares): mixed contexts in scattered slots, their slabs gathered"}
+    paths = "; ".join(names[p] for p in sweep.get("paths", ["uniform"]))
     return {"what": f"{m['model']} ({m['params'] / 1e6:,.1f}M parameters, {m['dtype']})", "where": where,
             "kind": "GPU" if gpu else "CPU", "paths": paths}
 
@@ -481,7 +483,10 @@ def gather_bytes(shape: ModelShape, rows: int, longest_ctx: int) -> float:
 def gather_answer_text(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> str:
     """Why batching: what this build measured for the gathered path against the mixed one
     at its largest batch, beside the time the copy takes at the copy bandwidth measured in
-    the same run (a read and a write per byte), for the exercise's answer."""
+    the same run (a read and a write per byte), for the exercise's answer; where the step
+    took longer than that copy, how much of the extra time the copy's bytes explain. The
+    rest is only said not to be those bytes: the sweep times whole steps, so it cannot say
+    what the rest is."""
     n, shape = numbers, _sweep_shape(sweep)
     rows = int(n["bmax"])
     if "gathered_tmax_ms" not in n:
@@ -494,9 +499,14 @@ def gather_answer_text(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -
     what = (f"This build measured {shape.name} at batch {rows}: its gathered step copies "
             f"{nbytes / 1e6:,.0f} MB, which at the {n['copy_gbs']:,.1f} GB/s a copy moved in the same run "
             f"takes {copy_ms:,.1f} ms, ")
-    if extra > 0:
-        return what + f"and the step took {extra:,.1f} ms longer than the mixed one."
-    return what + f"yet the step took no longer than the mixed one ({-extra:,.1f} ms less)."
+    if extra <= 0:
+        return what + f"yet the step took no longer than the mixed one ({-extra:,.1f} ms less)."
+    what += f"and the step took {extra:,.1f} ms longer than the mixed one"
+    if copy_ms >= extra:
+        return what + ": the copy's bytes are enough to account for all of it."
+    return what + (f": the copy's bytes, at that bandwidth, explain {copy_ms / extra:.0%} of the extra time. "
+                   f"The other {extra - copy_ms:,.1f} ms is more than moving those bytes would take; a sweep "
+                   f"that times whole steps cannot say where it goes.")
 
 
 def profile_stream(profile: Mapping[str, Any]) -> dict[str, float]:
@@ -552,17 +562,18 @@ def size_efficiency_text(entries: Sequence[Mapping[str, Any]]) -> str:
         return ("This page has measured one model per device only, so it cannot show the trend "
                 "itself.")
     parts = [f"{e['model']} ({e['params_m']:,.1f}M parameters, {e['source']}) reaches "
-             f"{e['achieved_gbs']:,.1f} GB/s, {e['efficiency']:.0%} of the matrix-vector bandwidth of its run"
-             for e in group]
+             f"{e['achieved_gbs']:,.1f} GB/s counting weight and KV bytes, {e['efficiency']:.0%} of the "
+             f"matrix-vector bandwidth of its run" for e in group]
     rising = all(b["efficiency"] > a["efficiency"] for a, b in zip(group, group[1:]))
     head = ("The measurements on this page agree" if rising else "The measurements on this page do not show it")
     return f"{head}: at batch 1 on {dev}, " + "; ".join(parts) + "."
 
 
 def stream_share_text(entries: Sequence[Mapping[str, Any]], model: str, ref: str) -> str:
-    """Why batching: the share of ``model``'s batch-1 step that streams weights against
-    ``ref``'s, from this page's measurements (:func:`stream_entries`; this build's own run
-    first); it says the flat region proves more for ``model`` only if its share is larger."""
+    """Why batching: the share of ``model``'s batch-1 step that streaming its weights alone
+    takes (``stream_fraction``, KV bytes left out) against ``ref``'s, from this page's
+    measurements (:func:`stream_entries`; this build's own run first); it says the flat
+    region proves more for ``model`` only if its share is larger."""
     def first(name: str) -> Mapping[str, Any] | None:
         mine = sorted((e for e in entries if e["model"] == name), key=lambda e: e["source"] != "this build")
         return mine[0] if mine else None
@@ -570,8 +581,11 @@ def stream_share_text(entries: Sequence[Mapping[str, Any]], model: str, ref: str
     e, r = first(model), first(ref)
     if e is None or r is None:
         return f"This page has no measurement of {model if e is None else ref} to compare with."
-    said = (f"{model} spends {e['stream_fraction']:.0%} of its batch-1 step streaming weights ({e['source']}), "
-            f"{ref} {r['stream_fraction']:.0%}")
+    # The same measure for both, and named: weights alone, not the weight-and-KV bytes of
+    # size_efficiency_text, which a reader sees a few lines above with other percentages.
+    said = (f"Streaming the weights alone (weight bytes at the matrix-vector bandwidth of the run, KV bytes "
+            f"left out) fills {e['stream_fraction']:.0%} of {model}'s batch-1 step ({e['source']}) and "
+            f"{r['stream_fraction']:.0%} of {ref}'s ({r['source']})")
     if e["stream_fraction"] > r["stream_fraction"]:
         return said + f", so {model}'s flat region says more about bandwidth."
     return said + f": here {model}'s flat region proves no more than {ref}'s."

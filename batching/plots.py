@@ -445,9 +445,11 @@ def itl_figure(series: Mapping[str, Mapping[str, np.ndarray]], arrival: float,
     note = ax.annotate("long prompt arrives", (arrival, 0.93), xycoords=("data", "axes fraction"), xytext=(-4, 0),
                        textcoords="offset points", ha="right", fontsize=8, color="#666666")
     if first_tokens:
-        for name, tf in first_tokens.items():
-            ax.plot([tf], [0], marker="v", ms=8, clip_on=False, zorder=6, color=_config_style(name)["color"],
-                    mec="white")
+        # Stacked a little apart on the time axis: first tokens a few ms apart would otherwise
+        # hide one another behind a single triangle.
+        for k, (name, tf) in enumerate(first_tokens.items()):
+            ax.plot([tf], [0.035 * k], marker="v", ms=8, clip_on=False, zorder=6, mec="white",
+                    color=_config_style(name)["color"], transform=ax.get_xaxis_transform())
     if window:
         ax.set_xlim(*window)
     ax.set_xlabel("time (s)")
@@ -487,7 +489,8 @@ def chunk_roofline_figure(chunks: np.ndarray, step_s: np.ndarray, decode_s: floa
         a.tick_params(axis="x", labelrotation=45)
         a.set_xlabel("prefill chunk (tokens)")
         a.axvline(bstar, color="#999999", ls=":", lw=1)
-        a.annotate("B*", (bstar, 0.02), xycoords=("data", "axes fraction"), xytext=(3, 0),
+        # At the top: the decode-only step's line runs along the bottom of the left panel.
+        a.annotate("B*", (bstar, 0.9), xycoords=("data", "axes fraction"), xytext=(3, 0),
                    textcoords="offset points", fontsize=8, color="#666666")
     return fig
 
@@ -640,7 +643,10 @@ def kv_budget_figure(sweep: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
     axes[0].set_xlabel("KV budget (k tokens)")
     axes[0].set_ylabel("output throughput (tokens/s)")
     axes[0].set_ylim(bottom=0)
-    axes[0].legend(loc="upper left", title="numbers: preemptions", title_fontsize=7.5, fontsize=7.5)
+    # Above the panels: inside, any corner of the left panel holds one of the curves.
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside upper center", ncol=3, fontsize=7.5, frameon=False,
+               title="numbers beside points: preemptions", title_fontsize=7.5)
     axes[1].set_xlabel("KV budget (k tokens)")
     axes[1].set_ylabel("peak running requests")
     axes[1].set_ylim(bottom=0)

@@ -46,7 +46,7 @@ from .chunked import (long_prompt_among_decodes, itl_series, spike_summary, stal
                       REAL_STALL, STALL_ATTEMPTS, stall_overlaps, stall_configs, real_stall,
                       committed_stall_text, stall_numbers,
                       tradeoff_numbers, chunk_step_times, profile_chunk_steps, profile_chunk_text,
-                      chunk_sweep, real_chunk_text, chunk_for_itl,
+                      chunk_sweep, nochunk_text, real_chunk_text, chunk_for_itl,
                       calibration_text, slow_steps_text, ttft_cost_text, trace_contrast)
 from .kv import (kv_over_time, kv_runs, kv_fit, kv_budget_sweep, budget_numbers, slab_growth,
                  REAL_KV_ROWS, real_kv_configs, real_kv, real_kv_text)
@@ -75,7 +75,7 @@ __all__ = [
     "itl_series", "spike_summary", "stall_summary", "stall_runs", "REAL_STALL", "stall_configs",
     "real_stall", "STALL_ATTEMPTS", "stall_overlaps", "committed_stall_text", "stall_numbers",
     "tradeoff_numbers", "chunk_step_times",
-    "profile_chunk_steps", "profile_chunk_text", "chunk_sweep", "real_chunk_text",
+    "profile_chunk_steps", "profile_chunk_text", "chunk_sweep", "nochunk_text", "real_chunk_text",
     "chunk_for_itl", "calibration_text", "slow_steps_text", "ttft_cost_text", "trace_contrast", "kv_over_time", "kv_runs", "kv_fit",
     "kv_budget_sweep", "budget_numbers", "slab_growth", "REAL_KV_ROWS", "real_kv_configs", "real_kv",
     "real_kv_text", "REAL_MODELS", "real_kind", "real_runner", "serve_real",

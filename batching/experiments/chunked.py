@@ -266,6 +266,36 @@ def tradeoff_numbers(sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Ma
     return out
 
 
+def nochunk_text(sweep: Mapping[float, Mapping[str, np.ndarray]]) -> str:
+    """7.3: where continuous batching without chunks sits among a :func:`chunk_sweep`'s
+    chunk sizes: at which loads its p99 ITL is the worst, and at which some chunk sizes beat
+    it on p99 TTFT as well (then no chunk size trades against it: it is off the curve)."""
+    def listed(xs: Sequence[str]) -> str:
+        return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
+
+    worst = [f"{k:g}x" for k, d in sweep.items() if d["continuous_itl_p99"][0] >= d["itl_p99"].max()]
+    where = "every load" if len(worst) == len(sweep) else listed(worst) if worst else ""
+    text = (f"Without chunks, continuous batching has the worst p99 ITL at {where}" if worst
+            else "Without chunks, continuous batching never has the worst p99 ITL here")
+    beaten: dict[float, list[str]] = {}      # smallest chunk that beats it on TTFT -> loads
+    last = None
+    for k, d in sweep.items():
+        better = d["chunk"][d["ttft_p99"] < d["continuous_ttft_p99"][0]]
+        if better.size:
+            beaten.setdefault(float(better.min()), []).append(f"{k:g}x")
+            b = int(np.argmin(d["ttft_p99"]))
+            last = (k, float(d["ttft_p99"][b]), float(d["chunk"][b]), float(d["continuous_ttft_p99"][0]))
+    if last is None:
+        return text + ", and the best p99 TTFT: the far end of the curve."
+    biggest = max(float(d["chunk"].max()) for d in sweep.values())
+    groups = [(f"chunks of {c:,.0f} tokens" if c == biggest else f"{c:,.0f}-token chunks and larger")
+              + f" ({listed(loads)})" for c, loads in beaten.items()]
+    k, t_chunk, c_big, t_none = last
+    return (text + ", and it does not buy the best TTFT either: " + "; ".join(groups)
+            + f" have a lower p99 TTFT (at {k:g}x, {t_chunk:.2f} s with {c_big:,.0f}-token chunks against "
+            f"{t_none:.2f} s). Whole long prompts arriving in bursts hold up the newcomers behind them too.")
+
+
 def chunk_step_times(cost: Any, chunks: Sequence[int], decodes: int = 30, ctx: int = 256) -> dict[str, Any]:
     """7.3: roofline time of one step carrying ``decodes`` running decodes (``ctx`` KV tokens
     each) plus one fresh prefill chunk of each size, and of the decode-only step.

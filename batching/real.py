@@ -111,7 +111,7 @@ class RealExecutor:
     """
 
     def __init__(self, runner: ModelRunner, device: str | torch.device | None = None,
-                 warmup: bool = True) -> None:
+                 warmup: bool = True, warmup_tokens: int = 0) -> None:
         if device is not None and resolve_device(device).type != runner.device.type:
             raise ValueError(f"device={device!r} but the runner's model is on {runner.device}")
         self.runner = runner
@@ -125,7 +125,7 @@ class RealExecutor:
             # run one small step untimed so that it doesn't show up as the first request's TTFT.
             # On CUDA this also captures every decode graph the runner can replay (graphs.py).
             t0 = time.perf_counter()
-            runner.warmup(capture_graphs=True)
+            runner.warmup(capture_graphs=True, tokens=warmup_tokens)
             self._sync()
             self.warmup_s = time.perf_counter() - t0
 
@@ -225,4 +225,14 @@ def run_real(workload_requests: Workload | Iterable[Request], scheduler: Schedul
         check_model_fits(shape, scheduler.max_slots, dev, dt, max_len, graphs=graphs)   # before loading the weights
         runner = ModelRunner(load_hf_checkpoint(checkpoint, dev, dt), scheduler.max_slots, max_len, seed,
                              graphs=graphs)
-    return run(reqs, scheduler, RealExecutor(runner), **run_kw)
+    return run(reqs, scheduler, RealExecutor(runner, warmup_tokens=largest_step_tokens(scheduler, runner.max_len)),
+               **run_kw)
+
+
+def largest_step_tokens(scheduler: Scheduler, max_len: int) -> int:
+    """The most prompt positions one step of ``scheduler`` can carry with slabs of ``max_len``
+    (7.1-7.3: the size the real executor's warm-up prefills): the token budget of chunked
+    prefill, otherwise a full prompt in every slot (a static batch pads every row to its
+    longest prompt)."""
+    budget = getattr(scheduler, "token_budget", None)
+    return int(budget) if budget is not None else int(scheduler.max_slots * max_len)

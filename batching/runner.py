@@ -38,6 +38,8 @@ from .request import Request
 
 #: Token id of static batching's padding (7.1); prompts never contain it.
 PAD_ID = 0
+#: The largest prefill :meth:`ModelRunner.warmup` runs (tokens): about a second of cpu-s.
+WARMUP_TOKENS_MAX = 2048
 
 
 class DeviceMemoryError(MemoryError):
@@ -176,6 +178,7 @@ class ModelRunner:
         self.model, self.cfg = model, cfg
         self.device, self.dtype = model.device, model.dtype
         self.slots, self.max_len, self.seed = slots, max_len, seed
+        self._warm_tokens = 0   # the largest prefill warmup() has run on this runner
         graphs = self.device.type == "cuda" if graphs is None else graphs
         # Decode graphs pad a batch with rows that write into a slab no request owns.
         slabs = slots + 1 if graphs else slots
@@ -400,13 +403,20 @@ class ModelRunner:
         warnings.warn(f"{e}; decode steps run eagerly from now on", RuntimeWarning, stacklevel=3)
 
     @torch.inference_mode()
-    def warmup(self, capture_graphs: bool = False) -> None:
+    def warmup(self, capture_graphs: bool = False, tokens: int = 0) -> None:
         """One small mixed step (a decode row and a 4-token chunk) through every layer, so
         that the first timed step doesn't pay one-off costs: kernel selection, thread-pool
         start-up, first-touch allocation. It writes K/V into slots 0 and 1, which any
         request's prefill overwrites before reading. ``capture_graphs``: also capture every
         decode graph this runner can replay (``DecodeGraphs.capture_all``), so that no timed
-        step pays a capture (the real executor; a profile sweep captures as it goes)."""
+        step pays a capture (the real executor; a profile sweep captures as it goes).
+
+        ``tokens``: also one prefill step of that many positions (at most
+        :data:`WARMUP_TOKENS_MAX` and what the slabs hold; chunks of up to ``max_len`` from
+        slot 0 on), once per runner and size, as vLLM runs a maximal dummy step at start-up:
+        the first step of a size a process has not run pays for its activations' fresh
+        memory (cpu-s: a 2,048-token prefill took 1,251-1,373 ms the first time in a process,
+        708-953 ms after), and 7.3's stall, the first long prefill of its runs, paid it."""
         if capture_graphs and self.graphs is not None and self.graphs.capture:
             try:
                 self.graphs.capture_all()
@@ -415,6 +425,18 @@ class ModelRunner:
         m = min(4, self.max_len)
         if self.slots == 1:  # no second slot for the decode row: the chunk alone
             self._forward_packed([1] * m, list(range(m)), [0] * m, 0, [ChunkSpan(0, 0, 0, m)], [m - 1])
+        else:
+            self._forward_packed([1] * (m + 1), [0] + list(range(m)), [1] + [0] * m, 1,
+                                 [ChunkSpan(1, 0, 0, m)], [0, m])
+        n = min(int(tokens), WARMUP_TOKENS_MAX, self.slots * self.max_len)
+        if n <= self._warm_tokens:
             return
-        self._forward_packed([1] * (m + 1), [0] + list(range(m)), [1] + [0] * m, 1,
-                             [ChunkSpan(1, 0, 0, m)], [0, m])
+        chunks, pos, slot, off = [], [], [], 0
+        for k in range(-(-n // self.max_len)):
+            c = min(self.max_len, n - off)
+            chunks.append(ChunkSpan(off, k, 0, c))
+            pos += range(c)
+            slot += [k] * c
+            off += c
+        self._forward_packed([1] * n, pos, slot, 0, chunks, [n - 1])
+        self._warm_tokens = n

@@ -231,8 +231,7 @@ def run_real(workload_requests: Workload | Iterable[Request], scheduler: Schedul
 
 def largest_step_tokens(scheduler: Scheduler, max_len: int) -> int:
     """The most prompt positions one step of ``scheduler`` can carry with slabs of ``max_len``
-    (7.1-7.3: the size the real executor's warm-up prefills): the token budget of chunked
-    prefill, otherwise a full prompt in every slot (a static batch pads every row to its
-    longest prompt)."""
-    budget = getattr(scheduler, "token_budget", None)
-    return int(budget) if budget is not None else int(scheduler.max_slots * max_len)
+    (7.1-7.3: the size the real executor's warm-up prefills): the scheduler's own bound
+    (:attr:`~batching.schedulers.base.Scheduler.max_step_prompt_tokens`), at most a full slab
+    in every slot."""
+    return min(scheduler.max_step_prompt_tokens, scheduler.max_slots * max_len)

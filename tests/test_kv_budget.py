@@ -72,6 +72,11 @@ def test_real_kv_configs_spend_one_budget_three_ways():
         E.real_kv_configs(1000, 2048, slots=4)
 
 
+def test_real_model_is_the_named_one_or_the_devices_default():
+    assert E.real_model("tiny", "cpu") == "tiny"
+    assert E.real_model(None, "cpu") == E.REAL_MODELS["cpu"] == "cpu-s"
+
+
 def test_real_kv_on_the_tiny_model_by_hand():
     pytest.importorskip("torch")
     # tiny's context is 512: a budget of 2 slabs = 1,024 tokens. r0 wants 30 tokens, r1..r5 five

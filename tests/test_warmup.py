@@ -18,6 +18,9 @@ def test_largest_step_is_the_token_budget_or_a_full_prompt_per_slot():
     assert largest_step_tokens(ChunkedPrefillScheduler(4, 64, token_budget=24, chunk_size=8), 64) == 24
     assert largest_step_tokens(ContinuousScheduler(4, 64), 64) == 4 * 64
     assert largest_step_tokens(StaticScheduler(3, 64), 50) == 3 * 50
+    # The bound is the scheduler's own; the slabs only cap it.
+    assert ChunkedPrefillScheduler(4, 64, token_budget=24, chunk_size=8).max_step_prompt_tokens == 24
+    assert StaticScheduler(3, 64).max_step_prompt_tokens == 3 * 64
 
 
 def test_warmup_prefills_once_per_size_within_the_slabs_and_the_cap():

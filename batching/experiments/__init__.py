@@ -50,7 +50,7 @@ from .chunked import (long_prompt_among_decodes, itl_series, spike_summary, stal
                       calibration_text, slow_steps_text, ttft_cost_text, trace_contrast)
 from .kv import (kv_over_time, kv_runs, kv_fit, kv_budget_sweep, budget_numbers, slab_growth,
                  REAL_KV_ROWS, real_kv_configs, real_kv, real_kv_text)
-from .checks import (REAL_MODELS, real_kind, real_runner, serve_real, executor_text, STALL_GLOB,
+from .checks import (REAL_MODELS, real_kind, real_model, real_runner, serve_real, executor_text, STALL_GLOB,
                      committed_real_runs, real_runs_label, committed_text, predicted_steps,
                      profile_measured_here, real_schedulers, real_schedulers_rows, real_schedulers_text,
                      real_available, real_crosscheck, crosscheck_text, crosscheck_rows,
@@ -78,7 +78,7 @@ __all__ = [
     "profile_chunk_steps", "profile_chunk_text", "chunk_sweep", "nochunk_text", "real_chunk_text",
     "chunk_for_itl", "calibration_text", "slow_steps_text", "ttft_cost_text", "trace_contrast", "kv_over_time", "kv_runs", "kv_fit",
     "kv_budget_sweep", "budget_numbers", "slab_growth", "REAL_KV_ROWS", "real_kv_configs", "real_kv",
-    "real_kv_text", "REAL_MODELS", "real_kind", "real_runner", "serve_real",
+    "real_kv_text", "REAL_MODELS", "real_kind", "real_model", "real_runner", "serve_real",
     "executor_text", "STALL_GLOB", "committed_real_runs", "real_runs_label", "committed_text",
     "predicted_steps", "profile_measured_here", "real_schedulers", "real_schedulers_rows",
     "real_schedulers_text", "real_available", "real_crosscheck", "crosscheck_text", "crosscheck_rows",

@@ -43,6 +43,12 @@ def real_kind(device: str = "auto") -> str:
     return "cuda" if resolve_device(device).type == "cuda" else "cpu"
 
 
+def real_model(model: str | None, device: str = "auto") -> str:
+    """The model a real run on ``device`` builds: ``model``, or :data:`REAL_MODELS` for the
+    device's kind when None (7.1-7.3, the KV page)."""
+    return REAL_MODELS[real_kind(device)] if model is None else model
+
+
 def real_runner(model: str | None, device: str = "auto", slots: int = 1, max_len: int | None = None,
                 threads: int | None = None) -> Any:
     """7.1, 7.3: one model with its slab KV cache on ``device`` ("auto": the GPU if there is one),
@@ -55,7 +61,7 @@ def real_runner(model: str | None, device: str = "auto", slots: int = 1, max_len
     from ..runner import ModelRunner
 
     dev = resolve_device(device)
-    name = REAL_MODELS[real_kind(device)] if model is None else model
+    name = real_model(model, device)
     if threads is not None:
         torch.set_num_threads(threads)
     return ModelRunner.from_shape(get_model(name), slots, device=dev, max_len=max_len)

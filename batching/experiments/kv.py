@@ -178,9 +178,9 @@ def real_kv(workload: Workload, budget_slabs: int = 4, slots: int = 32, model: s
     the budget is enforced by the schedulers' KV accounting, as the simulator enforces it.
     Adds ``budget``, ``max_context`` and ``slots`` to real_schedulers' result."""
     from ..models import get_model
-    from .checks import REAL_MODELS, real_kind, real_schedulers
+    from .checks import real_model, real_schedulers
 
-    name = REAL_MODELS[real_kind(device)] if model is None else model
+    name = real_model(model, device)
     ctx = get_model(name).max_context
     budget = budget_slabs * ctx
     rs = real_schedulers(workload, real_kv_configs(budget, ctx, slots), model=name, device=device,

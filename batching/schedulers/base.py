@@ -77,6 +77,13 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def max_step_prompt_tokens(self) -> int:
+        """The most prompt positions one step can carry: a full-context prompt in every slot
+        (a static batch pads every row to its longest prompt); the real executor's warm-up
+        sizes itself by it (7.1-7.3)."""
+        return self.max_slots * self.kv.max_context
+
     def commit(self, plan: StepPlan, now: float, token_ids: dict[int, int] | None = None) -> None:
         """Apply one executed step that ended at ``now``."""
         for c in plan.prefills:

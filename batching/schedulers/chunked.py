@@ -32,6 +32,11 @@ class ChunkedPrefillScheduler(Scheduler):
     def config(self) -> dict:
         return {**super().config(), "token_budget": self.token_budget, "chunk_size": self.chunk_size}
 
+    @property
+    def max_step_prompt_tokens(self) -> int:
+        """The token budget: decodes and chunks of one step share it (7.3)."""
+        return self.token_budget
+
     def schedule(self, now: float) -> StepPlan | None:
         decodes = [r for r in self.running if not r.in_prefill]
         preempted = False

@@ -27,6 +27,7 @@ from .models import get_model
 from .real import device_name, resolve_device, resolve_dtype, CUDA_NAMES, REGISTRY_DTYPE
 from .plan import PrefillChunk, StepPlan
 from .request import Request
+from .model import split_ways
 from .runner import SPAN_PER_ROW, ModelRunner
 
 PROFILE_SCHEMA = 1
@@ -64,14 +65,21 @@ MATVEC_COLS = 4096
 
 
 def _matvecs(src: Tensor) -> dict[str, tuple[Callable[[], Any], int]]:
-    """The two matrix-vector products over ``src``'s bytes: ``W @ x`` (``matvec_wx``) and
-    ``x @ W.T`` with ``W.T`` stored row-major (``matvec_xwt``), with the bytes each reads."""
+    """The matrix-vector products over ``src``'s bytes, with the bytes each reads: ``W @ x``
+    (``matvec_wx``), ``x @ W.T`` with ``W.T`` stored row-major (``matvec_xwt``), and the
+    same split one piece of the input dimension per thread, one ``bmm`` summed
+    (``matvec_split``, CPU only: how a CPU model's one-token steps multiply, ``Llama.linear``)."""
     n, cols = src.numel(), MATVEC_COLS
     w = src[: (n // cols) * cols].view(-1, cols)                      # [rows, 4096]
     wt = w.view(cols, -1)                                              # the same bytes as [4096, rows]
     x = torch.rand(cols, 1, dtype=src.dtype, device=src.device)
     xr = torch.rand(1, cols, dtype=src.dtype, device=src.device)
-    return {"matvec_wx": (lambda: w @ x, w.nbytes), "matvec_xwt": (lambda: xr @ wt, w.nbytes)}
+    out = {"matvec_wx": (lambda: w @ x, w.nbytes), "matvec_xwt": (lambda: xr @ wt, w.nbytes)}
+    if src.device.type == "cpu":             # a GPU kernel uses the whole device already
+        s = split_ways(cols, torch.get_num_threads())
+        xs, ws = xr.view(s, 1, cols // s), wt.view(s, cols // s, -1)   # [s, 1, 4096/s], [s, 4096/s, rows]
+        out["matvec_split"] = (lambda: torch.bmm(xs, ws).sum(0), w.nbytes)
+    return out
 
 
 def matvec(device: torch.device, dtype: torch.dtype, nbytes: int, layout: str) -> tuple[Callable[[], Any], int]:
@@ -89,9 +97,9 @@ def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int =
     fresh memory and reports a fraction of the real figure.
 
     The matrix-vector product is timed in both layouts a linear layer can store, ``W @ x``
-    (``matvec_wx``) and ``x @ W.T`` with ``W.T`` stored row-major (``matvec_xwt``), on a
-    4096-column matrix; ``matvec`` is the better of the two, the reference that decode
-    efficiency is judged against."""
+    (``matvec_wx``) and ``x @ W.T`` with ``W.T`` stored row-major (``matvec_xwt``), and the
+    latter split over the threads (``matvec_split``, CPU), on a 4096-column matrix; ``matvec``
+    is the best of them, the reference that decode efficiency is judged against."""
     n = nbytes // torch.empty(0, dtype=dtype).element_size()
     src = torch.empty(n, dtype=dtype, device=device).uniform_()    # no fp32 copy: 15 GB for an 8B's bytes
     dst = torch.empty_like(src)
@@ -101,7 +109,7 @@ def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int =
     for name, fn, moved in fns:
         ts = time_fn(fn, device, reps)
         out[name] = {"GBps_best": moved / min(ts) / 1e9, "GBps_median": moved / statistics.median(ts) / 1e9}
-    best = max(("matvec_wx", "matvec_xwt"), key=lambda k: out[k]["GBps_best"])
+    best = max((k for k in ("matvec_wx", "matvec_xwt", "matvec_split") if k in out), key=lambda k: out[k]["GBps_best"])
     out["matvec"] = {**out[best], "layout": best}
     return out
 

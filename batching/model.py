@@ -124,27 +124,24 @@ def padded_tokens(T: int) -> int:
     return -(-T // 8) * 8
 
 
-#: A matrix with at least this many output rows per input column gets a second, transposed
-#: copy for one-token steps on CPU (see :meth:`Llama.linear`). Measured here, streaming each
-#: shape from DRAM at batch 1 (quiet machine, median of 15): ``x @ W.T`` stored transposed
-#: against ``(W @ x.T).T`` is 1.51x faster for 6656x768, 1.75x for 8704x1024, 1.64x for
-#: 2752x512, 1.26x for 1280x768, but a tie for square matrices (1.01-1.08x) and 0.71-0.77x
-#: (slower) for wide ones (768x3328, 1024x4352).
-TALL_RATIO = 1.5
+#: How a CPU model (``wx``) multiplies by its weights, recorded with every real run and benchmark.
+LINEAR_CPU = ("(W @ x.T).T; batch 1: x @ W.T stored transposed, input dimension split one piece per thread "
+              "(one bmm, summed)")
 
 
-def tall(w_shape: tuple[int, ...]) -> bool:
-    """Whether a [out, in] weight is tall enough to get a batch-1 transposed copy ("Why batching")."""
-    return w_shape[0] >= TALL_RATIO * w_shape[1]
+def split_ways(in_features: int, threads: int) -> int:
+    """Into how many pieces a one-token step's matrix-vector product splits its input
+    dimension on CPU (:meth:`Llama.linear`, "Why batching"): one piece per thread, as many
+    as divide ``in_features`` evenly."""
+    return max(s for s in range(1, max(threads, 1) + 1) if in_features % s == 0)
 
 
 def batch1_copy_params(cfg: "ModelConfig") -> int:
     """Elements of the transposed copies a CPU model keeps for one-token steps (the memory
-    check of ``runner.py`` counts them): every tall linear weight, the lm head included."""
+    check of ``runner.py`` counts them): every linear weight, the lm head included."""
     H, K, D, d = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.hidden
-    mats = [((H + 2 * K) * D, d), (d, H * D), (2 * cfg.ffn, d), (d, cfg.ffn)]
-    per_layer = sum(o * i for o, i in mats if tall((o, i)))
-    return cfg.layers * per_layer + (cfg.vocab * d if tall((cfg.vocab, d)) else 0)
+    per_layer = (H + 2 * K) * D * d + d * H * D + 2 * cfg.ffn * d + d * cfg.ffn
+    return cfg.layers * per_layer + cfg.vocab * d
 
 
 class Block(nn.Module):
@@ -223,10 +220,9 @@ class Llama(nn.Module):
 
     @torch.no_grad()
     def refresh_batch1(self) -> None:
-        """(Re)build the transposed copies of tall weights that one-token steps use on CPU
+        """(Re)build the transposed copies of every weight that one-token steps use on CPU
         (see :meth:`linear`); ``forward`` calls this itself when a weight has changed."""
-        self._b1 = ({id(w): w.T.contiguous() for w in self.linear_weights() if tall(tuple(w.shape))}
-                    if self.wx else {})
+        self._b1 = {id(w): w.T.contiguous() for w in self.linear_weights()} if self.wx else {}
         self._b1_state = self._weights_state()
 
     def batch1_bytes(self) -> int:
@@ -289,21 +285,30 @@ class Llama(nn.Module):
         count to a size MKL's kernel handles fast (:func:`padded_tokens`: 13 rows cost ~1.4x
         16 rows unpadded).
 
-        One-token steps (a batch of one decode) multiply tall weights (:data:`TALL_RATIO`:
-        qkv, gate/up, the lm head) by a transposed copy instead, ``x @ W.T`` stored
-        row-major: MKL's matrix-vector kernel streams a [out, in] matrix with few columns
-        at ~14 GB/s but its transpose at ~21 GB/s, the best a matrix-vector product reaches
-        here. The copies cost memory (+68% of the weights for ``cpu-m``) but no bandwidth:
-        each step still reads every weight once. At two tokens and more the transposed
-        layout falls off MKL's fast path (6656x768 at T=4: 6.1 vs 13.6 GB/s), so only
-        batch 1 uses it.
+        One-token steps (a batch of one decode) use both cores. MKL runs a matrix-vector
+        product on one thread, which streams ~14-22 GB/s here whatever the layout; a batched
+        product runs one matrix per thread. So the weight is kept a second time, transposed
+        ([in, out] row-major), and its rows are split into :func:`split_ways` pieces (one per
+        thread): x's matching pieces times each piece, one ``bmm``, summed. Measured here
+        (24 copies of each shape streamed from DRAM, median of 11, split against the better
+        unsplit layout): 25.8 GB/s against 13.2 for 768x768, 25.3 against 21.2 for
+        768x3328, 20.2 against 15.8 for 1280x768, 27.2 against 21.7 for 6656x768; whole
+        steps alternated with the previous kernel (tall weights transposed, others
+        ``torch.mv``, four rounds): cpu-m 21.4-28.9 ms against 32.6-36.0, cpu-s 6.5-8.7
+        against 7.9-9.9. The copies cost memory (+100% of the weights) but no bandwidth:
+        each step still reads every weight once. From two tokens the batched product's
+        per-thread kernel is slower than ``(W @ x.T).T`` (6656x768 at T=4: 10.2 against
+        15.4 GB/s), so only batch 1 uses it.
         """
         T = x.shape[0]
         if self.wx and T == 1:
-            wt = self._b1.get(id(w))
-            if wt is not None:
+            wt = self._b1[id(w)]                                # [in, out]
+            n, out = wt.shape
+            s = split_ways(n, torch.get_num_threads())
+            if s == 1:
                 return x @ wt                                   # [1, in] @ [in, out]
-            return torch.mv(w, x.view(-1)).view(1, -1)          # (W @ x.T).T's kernel, fewer ops
+            # [s, 1, in/s] @ [s, in/s, out] -> [s, 1, out], one piece per thread; summed -> [1, out]
+            return torch.bmm(x.reshape(s, 1, n // s), wt.view(s, n // s, out)).sum(0)
         if self.wx and T <= WX_MAX_TOKENS:
             P = padded_tokens(T)
             if P == T:

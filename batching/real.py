@@ -18,7 +18,7 @@ from .checkpoint import load_hf_checkpoint, read_config
 from .costs import RooflineCost
 from .devices import get_device
 from .engine import RunResult, StepResult, run
-from .model import ModelConfig
+from .model import LINEAR_CPU, ModelConfig
 from .models import ModelShape, get_model
 from .plan import StepPlan
 from .request import Request, RequestError
@@ -161,7 +161,7 @@ class RealExecutor:
                 "dtype": str(r.dtype).removeprefix("torch."), "device": str(r.device),
                 "device_name": device_name(r.device), "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
-                "linear": ("(W @ x.T).T; batch 1: x @ W.T stored transposed (tall weights), W @ x (others)" if r.model.wx
+                "linear": (LINEAR_CPU if r.model.wx
                            else "F.linear"),
                 "batch1_copy_bytes": r.model.batch1_bytes(),
                 "decode_graphs": r.graphs_info(),

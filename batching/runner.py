@@ -88,7 +88,7 @@ def check_model_fits(shape: ModelShape, slots: int, device: torch.device, dtype:
     """Refuse (:class:`DeviceMemoryError`) a model and its KV slabs that would not fit
     ``device`` together, before anything is allocated (7.1-7.3); returns the weights' bytes.
 
-    A CPU model (``wx``) also keeps transposed copies of its tall weights for one-token
+    A CPU model (``wx``) also keeps transposed copies of its weights for one-token
     steps; a runner with decode graphs (``graphs``, default on CUDA) one more slab."""
     cfg = ModelConfig.from_shape(shape)
     elem = torch.empty(0, dtype=dtype).element_size()

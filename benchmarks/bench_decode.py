@@ -23,6 +23,7 @@ import torch
 
 from batching.measure import StepTimer, bandwidth, matmul_peak, registry_device, time_fn
 from batching.measure import matvec as matvec_op
+from batching.model import LINEAR_CPU
 from batching.models import get_model
 from batching.real import device_name, resolve_device, resolve_dtype, REGISTRY_DTYPE
 from batching.runner import ModelRunner
@@ -35,7 +36,9 @@ def numpy_matvec(nbytes: int, reps: int = 7) -> list[float]:
 
     The best matrix-vector product on a CPU is not necessarily torch's: measured here,
     numpy's OpenBLAS streamed 26-29 GB/s against MKL's 22-23 (MKL reads no faster with two
-    threads than with one on this AMD EPYC; OpenBLAS uses both cores). The model keeps MKL:
+    threads than with one on this AMD EPYC; OpenBLAS uses both cores; so does MKL when the
+    product is split into one ``bmm`` piece per thread, ``matvec_split``: 33-35 GB/s, which
+    is how the model's one-token steps now multiply). The model keeps MKL:
     inside a step, OpenBLAS's threads and torch's OpenMP threads fight over the two cores
     (a cpu-m batch-1 step 104 ms against 26 with MKL; 24 against 26.5 with torch on one
     thread for the step, but in a live mix a batch-4 step right after such a step took 110
@@ -132,7 +135,7 @@ def main() -> None:
         "torch": torch.__version__, "threads": torch.get_num_threads(), "ctx": a.ctx, "rounds": a.rounds,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
         "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
-        "linear": "batch 1: x @ W.T stored transposed (tall weights), W @ x (others); (W @ x.T).T above",
+        "linear": LINEAR_CPU if runner.model.wx else "F.linear",
         "command": f"python benchmarks/bench_decode.py --model {a.model} --device {a.device} --ctx {a.ctx} --reps {a.reps} --rounds {a.rounds} --pairs {a.pairs}",
         "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
         "step_ms": {b: steps[b] for b in batches},

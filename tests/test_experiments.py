@@ -876,6 +876,26 @@ def test_live_numbers_by_hand():
         E.live_numbers({**sw, "batch": np.array([2.0, 4.0, 8.0, 16.0])})
 
 
+def test_batch1_kernel_text_gives_both_batches_read_rates_on_a_split_kernel_only():
+    """Why batching: a CPU model's one-token steps split each product over the threads
+    (Llama.linear); the page says so, with batch 1's and batch 2's read rates by hand."""
+    from batching.model import LINEAR_CPU
+    from batching.models import get_model
+    m = get_model("cpu-m")
+    sw = _synthetic_sweep()
+    assert E.batch1_kernel_text(sw) == ""                                 # an older sweep: no kernel named
+    sw["meta"]["linear"] = LINEAR_CPU
+    r1 = (m.weight_read_bytes + m.kv_bytes_per_token * (128 + 1)) / 0.040 / 1e9
+    r2 = (m.weight_read_bytes + m.kv_bytes_per_token * 2 * (128 + 1)) / 0.041 / 1e9
+    text = E.batch1_kernel_text(sw)
+    assert f"split over the 2 threads" in text
+    assert f"Batch 1 reads its weights and KV at {r1:.1f} GB/s, batch 2 at {r2:.1f}" in text
+    assert E.batch1_kernel_text({**sw, "batch": np.array([1.0, 4.0, 8.0, 16.0])}) == ""   # no batch 2
+    gpu = _synthetic_sweep("cuda")
+    gpu["meta"]["linear"] = "F.linear"
+    assert E.batch1_kernel_text(gpu) == ""
+
+
 def test_live_text_names_the_device_it_ran_on_and_never_claims_a_gpu_it_lacks():
     cpu = E.live_text(_synthetic_sweep("cpu"))
     assert "No GPU was present" in cpu and "AMD EPYC" in cpu and "GPU measurements" not in cpu
@@ -1245,7 +1265,9 @@ def test_bandwidth_note_and_bstar_answer():
     sw = _synthetic_sweep()
     n = E.live_numbers(sw)
     note = E.bandwidth_note(18.5, sw, n)
-    assert "20.0 GB/s in this build, 1.08 times the registry's," in note
+    assert "20.0 GB/s in this build, 1.08 times the registry's," in note and "split" not in note
+    sw["meta"]["matvec_layout"] = "matvec_split"        # the fastest product was the thread-split one
+    assert "split over the threads" in E.bandwidth_note(18.5, sw, n)
     assert "another device" in E.bandwidth_note(18.5, _synthetic_sweep("cuda"), n)
     a100 = E.stream_numbers(get_cost_model("llama-8b", "a100"))
     h200 = E.stream_numbers(get_cost_model("llama-8b", "h200"))

@@ -151,22 +151,36 @@ def test_plan_beyond_the_slab_is_refused(model64: Llama) -> None:
         ModelRunner(model64, slots=1, max_len=TINY.max_context + 1)
 
 
-def test_batch1_copies_cover_the_tall_weights_and_give_the_same_logits() -> None:
-    """One-token steps multiply tall weights by transposed copies (Llama.linear); the
-    numbers must be those of the plain layout, and the memory check must count the copies."""
-    from batching.model import batch1_copy_params, tall
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_batch1_split_products_give_the_plain_layouts_logits(threads: int) -> None:
+    """One-token steps multiply transposed copies of every weight, the input dimension split
+    one piece per thread (Llama.linear); the numbers must be those of the plain layout
+    whatever the thread count (3 does not divide tiny's widths: fewer pieces), and the
+    memory check must count the copies."""
+    from batching.model import batch1_copy_params
     m = Llama(TINY, "cpu", F64, seed=0)
     plain = Llama(TINY, "cpu", F64, seed=0, wx=False)
-    expected = [w for w in m.linear_weights() if tall(tuple(w.shape))]
-    assert len(expected) == 2 * TINY.layers + 1          # qkv and gate/up of each layer, the lm head
-    assert m.batch1_bytes() == batch1_copy_params(TINY) * 8 and plain.batch1_bytes() == 0
+    assert len(m._b1) == 4 * TINY.layers + 1          # qkv, o, gate/up, down of each layer, the lm head
+    assert m.batch1_bytes() == batch1_copy_params(TINY) * 8 == sum(w.numel() for w in m.linear_weights()) * 8
+    assert plain.batch1_bytes() == 0
     ids = torch.tensor([5])
-    for pos in (0, 7):
-        noop = lambda layer, q, k, v: q[:, : TINY.heads]  # noqa: E731 - attention is not under test
-        got = m(ids, torch.tensor([pos]), noop)
-        ref = plain(ids, torch.tensor([pos]), noop)
-        assert got.shape == (1, TINY.vocab)
-        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for pos in (0, 7):
+            noop = lambda layer, q, k, v: q[:, : TINY.heads]  # noqa: E731 - attention is not under test
+            got = m(ids, torch.tensor([pos]), noop)
+            ref = plain(ids, torch.tensor([pos]), noop)
+            assert got.shape == (1, TINY.vocab)
+            torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_split_ways_is_one_piece_per_thread_that_divides_the_width() -> None:
+    from batching.model import split_ways
+    assert [split_ways(768, t) for t in (0, 1, 2, 4, 5, 16)] == [1, 1, 2, 4, 4, 16]
+    assert split_ways(7, 4) == 1 and split_ways(9, 4) == 3
 
 
 def test_batch1_copies_follow_weights_changed_in_place() -> None:

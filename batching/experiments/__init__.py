@@ -30,7 +30,7 @@ from .common import (KINDS, describe_cost, roofline_numbers, offered_rate, fit_c
                      trace_workload, simulate, useful_flops, metrics, choose, at, flat)
 from .why import (LIVE_DEFAULTS, PROFILE_DIR, bstar_of, knee, roofline_curve, stream_numbers,
                   gpu_rooflines, live_defaults, decode_paths, live_decode_sweep, live_roofline,
-                  profile_roofline, live_numbers, live_text, live_labels, knee_text, load_profiles,
+                  profile_roofline, live_numbers, live_text, live_labels, knee_text, batch1_kernel_text, load_profiles,
                   profiles_text, profile_rows, slab_cost_text, slab_cost_takeaway, gather_bytes,
                   gather_answer_text, profile_stream, find_profile, stream_entries,
                   size_efficiency_text, stream_share_text, bandwidth_note, bstar_answer_text)
@@ -61,7 +61,7 @@ __all__ = [
     "simulate", "useful_flops", "metrics", "choose", "at", "flat", "LIVE_DEFAULTS", "PROFILE_DIR",
     "bstar_of", "knee", "roofline_curve", "stream_numbers", "gpu_rooflines", "live_defaults",
     "decode_paths", "live_decode_sweep", "live_roofline", "profile_roofline", "live_numbers",
-    "live_text", "live_labels", "knee_text", "load_profiles", "profiles_text", "profile_rows",
+    "live_text", "live_labels", "knee_text", "batch1_kernel_text", "load_profiles", "profiles_text", "profile_rows",
     "slab_cost_text", "slab_cost_takeaway", "gather_bytes", "gather_answer_text", "profile_stream", "find_profile",
     "stream_entries", "size_efficiency_text", "stream_share_text", "bandwidth_note", "bstar_answer_text",
     "padding_cost", "REAL_PADDING_LONG", "real_padding", "real_padding_rows", "committed_padding_text",

@@ -221,6 +221,7 @@ def live_decode_sweep(model: str | None = None, device: str = "auto", dtype: str
     from ..measure import stats as time_stats
     from ..models import get_model
     from ..real import REGISTRY_DTYPE, device_name, resolve_device, resolve_dtype
+    from ..model import LINEAR_CPU
     from ..runner import SPAN_PER_ROW, ModelRunner
 
     dev = resolve_device(device)
@@ -272,7 +273,8 @@ def live_decode_sweep(model: str | None = None, device: str = "auto", dtype: str
             "kv_bytes_per_token": float(shape.kv_bytes_per_token), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "reps": reps, "seed": seed, "bandwidth_bytes": float(nbytes),
             "peak_n": n, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "loadavg_before": load0, "loadavg_after": os.getloadavg()[0], "wall_s": time.perf_counter() - t0}
+            "loadavg_before": load0, "loadavg_after": os.getloadavg()[0], "wall_s": time.perf_counter() - t0,
+            "linear": LINEAR_CPU if runner.model.wx else "F.linear", "matvec_layout": bw["matvec"]["layout"]}
     del runner, timer
     return {"meta": meta, "batch": np.asarray(bs, dtype=float), "ctx": int(ctx), "paths": list(paths),
             **{k: np.asarray(v) for k, v in acc.items()},
@@ -359,6 +361,27 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
                     f"{path}_ratio_max": float(t[-1] / t[0]), f"{path}_tps_max": float(b[-1] * 1e3 / t[-1]),
                     f"{path}_gap_max": float(t[-1] / u[-1])})
     return {k: float(v) for k, v in out.items()}
+
+
+def batch1_kernel_text(sweep: Mapping[str, Any]) -> str:
+    """Why batching, measured: on a CPU model one-token steps run a kernel of their own
+    (``Llama.linear`` splits each product over the threads), so the step from batch 1 to
+    batch 2 is partly a change of kernel; this says so with the weight-read rates of both
+    batches from the sweep's uniform path (empty where batch 1 uses no such kernel, or the
+    sweep has no batch 2)."""
+    from ..model import LINEAR_CPU
+    from ..plan import StepWork
+    b = [float(x) for x in sweep["batch"]]
+    if sweep["meta"].get("linear") != LINEAR_CPU or 2.0 not in b:
+        return ""
+    shape, u = _sweep_shape(sweep), np.asarray(sweep["uniform_ms"], dtype=float)
+    rate = [shape.bytes_moved(StepWork(decode_rows=r, decode_ctx=r * sweep["ctx"])) / (u[b.index(r)] / 1e3) / 1e9
+            for r in (1.0, 2.0)]
+    return (f"On a CPU the one-token step runs a kernel of its own: each weight product is split over the "
+            f"{sweep['meta']['threads']} threads, one piece of the input per core (`Llama.linear`), while with "
+            f"two rows and more MKL's kernel streams each matrix from one core. Batch 1 reads its weights and KV "
+            f"at {rate[0]:.1f} GB/s, batch 2 at {rate[1]:.1f}: part of the first step up in the curve is that "
+            "change of kernel, not arithmetic.")
 
 
 def _relation(x: float, ref: float, tol: float = 0.25) -> str:
@@ -599,10 +622,13 @@ def bandwidth_note(registry_gbs: float, sweep: Mapping[str, Any], numbers: Mappi
         return ("This build's live measurement below ran on another device, so it has no second "
                 "bandwidth for this CPU.")
     live = numbers["matvec_gbs"]
+    split = (" The fastest product in this build was the one split over the threads, one piece of the input "
+             "per core, as this CPU's one-token steps run it; the registry's figure is MKL's product on one "
+             "core.") if sweep["meta"].get("matvec_layout") == "matvec_split" else ""
     return (f"The next section measures the bandwidth again, in the same process as its step times, and "
             f"builds its roofline on that measurement, not on the registry's figure: {live:,.1f} GB/s in this "
             f"build, {live / registry_gbs:.2f} times the registry's, at which {sweep['meta']['model']}'s "
-            f"weights stream in {numbers['stream_ms']:,.1f} ms.")
+            f"weights stream in {numbers['stream_ms']:,.1f} ms.{split}")
 
 
 def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[dict[str, Any]]:

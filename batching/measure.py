@@ -23,11 +23,11 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import Tensor
 
+from .model import split_ways
 from .models import get_model
 from .real import device_name, resolve_device, resolve_dtype, CUDA_NAMES, REGISTRY_DTYPE
 from .plan import PrefillChunk, StepPlan
 from .request import Request
-from .model import split_ways
 from .runner import SPAN_PER_ROW, ModelRunner
 
 PROFILE_SCHEMA = 1

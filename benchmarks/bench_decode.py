@@ -60,6 +60,38 @@ def numpy_matvec(nbytes: int, reps: int = 7) -> list[float]:
     return out
 
 
+#: The aten kernels that multiply by a weight matrix in a CPU decode step (``Llama.linear``).
+MATMUL_OPS = ("aten::bmm", "aten::mm", "aten::addmm", "aten::mv", "aten::addmv", "aten::addmv_")
+
+
+def batch1_breakdown(runner: ModelRunner, ctx: int, weight_bytes: int, reps: int = 10) -> dict:
+    """Where a CPU batch-1 step's time goes: the self CPU time of the matrix products
+    (:data:`MATMUL_OPS`) against every other op, per step, from ``torch.profiler`` over
+    ``reps`` timed steps (plus the timer's warm-ups). The profiler adds a few microseconds
+    to every op, so ``other_ms`` is an upper bound and the matrix products' share a lower
+    one. ``matmul_GBps`` is the weight bytes over the products' time: the rate the step's
+    weight stream reaches, against which the step's efficiency loses the rest to
+    ``other_ms``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    timer = StepTimer(runner, reps=reps)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        timer.decode(1, ctx + 2)        # a context of its own: no repetition of an earlier step
+    steps = reps + timer.warmup
+    ev = prof.key_averages()
+    mm = sum(e.self_cpu_time_total for e in ev if e.key in MATMUL_OPS) / 1e3 / steps       # ms per step
+    total = sum(e.self_cpu_time_total for e in ev) / 1e3 / steps
+    calls = sum(e.count for e in ev) / steps
+    mm_calls = sum(e.count for e in ev if e.key in MATMUL_OPS) / steps
+    top = sorted((e for e in ev if e.key not in MATMUL_OPS), key=lambda e: -e.self_cpu_time_total)[:8]
+    return {"steps": steps, "matmul_ms": mm, "other_ms": total - mm, "profiled_step_ms": total,
+            "matmul_share": mm / total, "matmul_GBps": weight_bytes / (mm / 1e3) / 1e9,
+            "ops_per_step": calls, "matmul_calls_per_step": mm_calls,
+            "top_other_ops": {e.key: {"ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+                                      "calls_per_step": e.count / steps} for e in top},
+            "how": "torch.profiler self CPU time per step; profiler overhead inflates every op a little"}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="cpu-m")
@@ -155,6 +187,8 @@ def main() -> None:
         "targets": {"efficiency_vs_matvec": 0.70 if dev.type == "cpu" else 0.80},
         "decode_graphs": runner.graphs is not None, "decode_graphs_error": runner.graphs_error,
     }
+    if dev.type == "cpu":
+        doc["batch1_breakdown"] = batch1_breakdown(runner, a.ctx, shape.weight_read_bytes)
     if eager:
         doc["eager_step_ms"] = {b: eager[b] for b in batches}
         doc["efficiency_vs_matvec_eager"] = read / (eager[1]["median_ms"] / 1e3) / matvec
@@ -167,6 +201,10 @@ def main() -> None:
                                           "efficiency_paired_median", "efficiency_vs_numpy_matvec",
                                           "efficiency_vs_matvec_eager", "graphs_speedup",
                                           "knee", "bstar_roofline") if k in doc}, indent=1))
+    if "batch1_breakdown" in doc:
+        bd = doc["batch1_breakdown"]
+        print(f"batch 1 (profiled): matrix products {bd['matmul_ms']:.1f} ms at {bd['matmul_GBps']:.1f} GB/s, "
+              f"other ops {bd['other_ms']:.1f} ms ({bd['ops_per_step']:.0f} ops per step)")
     print({b: round(steps[b]["median_ms"], 1) for b in batches})
 
 

@@ -33,3 +33,15 @@ def test_cli_writes_every_efficiency_figure(tmp_path: Path) -> None:
         doc["achieved_GBps_batch1"] / doc["numpy_matvec_GBps"]["best"])
     assert set(doc["step_ms"]) == {"1", "2"} and doc["knee"]["2.0x"] in (1, 2)
     assert "thp_mem_alloc" in doc   # recorded, whatever the caller set
+    # Where a CPU batch-1 step's time goes: the matrix products and the rest add up to the
+    # profiled step, and tiny's every weight matrix is multiplied in every one of its steps.
+    bd = doc["batch1_breakdown"]
+    assert bd["matmul_ms"] > 0 and bd["other_ms"] > 0
+    assert bd["matmul_ms"] + bd["other_ms"] == pytest.approx(bd["profiled_step_ms"])
+    assert bd["matmul_share"] == pytest.approx(bd["matmul_ms"] / bd["profiled_step_ms"])
+    from batching.models import get_model
+    tiny = get_model("tiny")
+    assert bd["matmul_GBps"] == pytest.approx(tiny.weight_read_bytes / (bd["matmul_ms"] / 1e3) / 1e9)
+    # One product per weight matrix per step: qkv, o, gate/up, down of each layer, the lm head.
+    assert bd["matmul_calls_per_step"] == 4 * tiny.layers + 1
+    assert bd["ops_per_step"] > bd["matmul_calls_per_step"] and len(bd["top_other_ops"]) <= 8

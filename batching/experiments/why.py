@@ -219,9 +219,9 @@ def live_decode_sweep(model: str | None = None, device: str = "auto", dtype: str
 
     from ..measure import StepTimer, bandwidth, matmul_peak, registry_device
     from ..measure import stats as time_stats
+    from ..model import LINEAR_CPU
     from ..models import get_model
     from ..real import REGISTRY_DTYPE, device_name, resolve_device, resolve_dtype
-    from ..model import LINEAR_CPU
     from ..runner import SPAN_PER_ROW, ModelRunner
 
     dev = resolve_device(device)

@@ -124,7 +124,7 @@ def padded_tokens(T: int) -> int:
     return -(-T // 8) * 8
 
 
-#: How a CPU model (``wx``) multiplies by its weights, recorded with every real run and benchmark.
+#: How a CPU model (``wx``) multiplies by its weights (:attr:`Llama.linear_form`).
 LINEAR_CPU = ("(W @ x.T).T; batch 1: x @ W.T stored transposed, input dimension split one piece per thread "
               "(one bmm, summed)")
 
@@ -224,6 +224,12 @@ class Llama(nn.Module):
         (see :meth:`linear`); ``forward`` calls this itself when a weight has changed."""
         self._b1 = {id(w): w.T.contiguous() for w in self.linear_weights()} if self.wx else {}
         self._b1_state = self._weights_state()
+
+    @property
+    def linear_form(self) -> str:
+        """How this model multiplies by its weights (:meth:`linear`), recorded with every real
+        run and benchmark."""
+        return LINEAR_CPU if self.wx else "F.linear"
 
     def batch1_bytes(self) -> int:
         """Memory held by the batch-1 copies (reported with every real run)."""

@@ -18,7 +18,7 @@ from .checkpoint import load_hf_checkpoint, read_config
 from .costs import RooflineCost
 from .devices import get_device
 from .engine import RunResult, StepResult, run
-from .model import LINEAR_CPU, ModelConfig
+from .model import ModelConfig
 from .models import ModelShape, get_model
 from .plan import StepPlan
 from .request import Request, RequestError
@@ -161,8 +161,7 @@ class RealExecutor:
                 "dtype": str(r.dtype).removeprefix("torch."), "device": str(r.device),
                 "device_name": device_name(r.device), "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
-                "linear": (LINEAR_CPU if r.model.wx
-                           else "F.linear"),
+                "linear": r.model.linear_form,
                 "batch1_copy_bytes": r.model.batch1_bytes(),
                 "decode_graphs": r.graphs_info(),
                 "slots": r.slots, "max_len": r.max_len, "kv_cache_bytes": r.kv_bytes, "seed": r.seed,
@@ -225,13 +224,5 @@ def run_real(workload_requests: Workload | Iterable[Request], scheduler: Schedul
         check_model_fits(shape, scheduler.max_slots, dev, dt, max_len, graphs=graphs)   # before loading the weights
         runner = ModelRunner(load_hf_checkpoint(checkpoint, dev, dt), scheduler.max_slots, max_len, seed,
                              graphs=graphs)
-    return run(reqs, scheduler, RealExecutor(runner, warmup_tokens=largest_step_tokens(scheduler, runner.max_len)),
-               **run_kw)
-
-
-def largest_step_tokens(scheduler: Scheduler, max_len: int) -> int:
-    """The most prompt positions one step of ``scheduler`` can carry with slabs of ``max_len``
-    (7.1-7.3: the size the real executor's warm-up prefills): the scheduler's own bound
-    (:attr:`~batching.schedulers.base.Scheduler.max_step_prompt_tokens`), at most a full slab
-    in every slot."""
-    return min(scheduler.max_step_prompt_tokens, scheduler.max_slots * max_len)
+    # The warm-up prefills the scheduler's largest step; the runner caps it at its slabs.
+    return run(reqs, scheduler, RealExecutor(runner, warmup_tokens=scheduler.max_step_prompt_tokens), **run_kw)

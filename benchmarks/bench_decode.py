@@ -23,7 +23,6 @@ import torch
 
 from batching.measure import StepTimer, bandwidth, matmul_peak, registry_device, time_fn
 from batching.measure import matvec as matvec_op
-from batching.model import LINEAR_CPU
 from batching.models import get_model
 from batching.real import device_name, resolve_device, resolve_dtype, REGISTRY_DTYPE
 from batching.runner import ModelRunner
@@ -167,7 +166,7 @@ def main() -> None:
         "torch": torch.__version__, "threads": torch.get_num_threads(), "ctx": a.ctx, "rounds": a.rounds,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
         "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
-        "linear": LINEAR_CPU if runner.model.wx else "F.linear",
+        "linear": runner.model.linear_form,
         "command": f"python benchmarks/bench_decode.py --model {a.model} --device {a.device} --ctx {a.ctx} --reps {a.reps} --rounds {a.rounds} --pairs {a.pairs}",
         "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
         "step_ms": {b: steps[b] for b in batches},

@@ -37,6 +37,9 @@ def test_budget_numbers_by_hand():
     assert n["slab_kept"] == pytest.approx(0.25)                       # (2 - 1) / (5 - 1)
     del sweep["static"]
     assert "slab_kept" not in E.budget_numbers(sweep, 1000)
+    from batching.experiments.kv import gain_kept
+    with pytest.raises(ValueError, match="exact_gain=1.0"):
+        gain_kept(1.5, 1.0)                                           # no gain to keep a share of
 
 
 def test_slab_growth_by_hand():

@@ -7,17 +7,24 @@ import pytest
 pytest.importorskip("torch")
 
 from batching.engine import run  # noqa: E402
-from batching.real import RealExecutor, largest_step_tokens, run_real  # noqa: E402
+from batching.real import RealExecutor, run_real  # noqa: E402
 from batching.runner import WARMUP_TOKENS_MAX, ModelRunner  # noqa: E402
 from batching.models import get_model  # noqa: E402
 from batching.schedulers import ChunkedPrefillScheduler, ContinuousScheduler, StaticScheduler  # noqa: E402
 from batching.workload import Workload  # noqa: E402
 
 
+def warmed_size(scheduler, max_len: int) -> int:
+    """The prefill run_real's warm-up runs for ``scheduler`` on slabs of ``max_len``."""
+    r = ModelRunner.from_shape(get_model("tiny"), scheduler.max_slots, device="cpu", max_len=max_len)
+    r.warmup(tokens=scheduler.max_step_prompt_tokens)
+    return r._warm_tokens
+
+
 def test_largest_step_is_the_token_budget_or_a_full_prompt_per_slot():
-    assert largest_step_tokens(ChunkedPrefillScheduler(4, 64, token_budget=24, chunk_size=8), 64) == 24
-    assert largest_step_tokens(ContinuousScheduler(4, 64), 64) == 4 * 64
-    assert largest_step_tokens(StaticScheduler(3, 64), 50) == 3 * 50
+    assert warmed_size(ChunkedPrefillScheduler(4, 64, token_budget=24, chunk_size=8), 64) == 24
+    assert warmed_size(ContinuousScheduler(4, 64), 64) == 4 * 64
+    assert warmed_size(StaticScheduler(3, 64), 50) == 3 * 50
     # The bound is the scheduler's own; the slabs only cap it.
     assert ChunkedPrefillScheduler(4, 64, token_budget=24, chunk_size=8).max_step_prompt_tokens == 24
     assert StaticScheduler(3, 64).max_step_prompt_tokens == 3 * 64

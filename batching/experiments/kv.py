@@ -116,8 +116,18 @@ def budget_numbers(sweep: Mapping[str, Mapping[str, np.ndarray]], budget: int) -
             if pol in sweep:
                 out[f"{pol}_over_static"] = out[f"{pol}_throughput_tok"] / out["static_throughput_tok"]
         if "slab" in sweep and "exact" in sweep and out["exact_over_static"] > 1:
-            out["slab_kept"] = (out["slab_over_static"] - 1) / (out["exact_over_static"] - 1)
+            out["slab_kept"] = gain_kept(out["slab_over_static"], out["exact_over_static"])
     return out
+
+
+def gain_kept(slab_gain: float, exact_gain: float) -> float:
+    """What chapter 7 sets up: the share of continuous batching's throughput gain over static
+    batching (``exact_gain``, with exact reservations) that slab reservations keep
+    (``slab_gain``): (slab_gain - 1) / (exact_gain - 1). Simulated (:func:`budget_numbers`)
+    and measured (:func:`real_kv_text`) alike."""
+    if not exact_gain > 1:
+        raise ValueError(f"exact_gain={exact_gain}: no gain over static batching to keep a share of")
+    return (slab_gain - 1) / (exact_gain - 1)
 
 
 def slab_growth(sweep: Mapping[str, Mapping[str, np.ndarray]], cost: Any, workload: Workload
@@ -204,7 +214,7 @@ def real_kv_text(rs: Mapping[str, Any]) -> str:
             f"{_count(ex['preemptions'], 'preemption')}) and delivered {gain_exact:.1f}x static's throughput, "
             f"{ex['throughput_tok'] / sl['throughput_tok']:.1f}x slab reservations'.")
     if gain_exact > 1:
-        text += (f" Slab reservations kept {(gain_slab - 1) / (gain_exact - 1):.0%} of continuous batching's gain "
+        text += (f" Slab reservations kept {gain_kept(gain_slab, gain_exact):.0%} of continuous batching's gain "
                  "over static batching.")
     if "sim" not in rs:
         return text + " No profile measured on this machine is committed, so no simulation is set beside these runs."

@@ -219,7 +219,6 @@ def live_decode_sweep(model: str | None = None, device: str = "auto", dtype: str
 
     from ..measure import StepTimer, bandwidth, matmul_peak, registry_device
     from ..measure import stats as time_stats
-    from ..model import LINEAR_CPU
     from ..models import get_model
     from ..real import REGISTRY_DTYPE, device_name, resolve_device, resolve_dtype
     from ..runner import SPAN_PER_ROW, ModelRunner
@@ -274,7 +273,7 @@ def live_decode_sweep(model: str | None = None, device: str = "auto", dtype: str
             "torch": torch.__version__, "reps": reps, "seed": seed, "bandwidth_bytes": float(nbytes),
             "peak_n": n, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "loadavg_before": load0, "loadavg_after": os.getloadavg()[0], "wall_s": time.perf_counter() - t0,
-            "linear": LINEAR_CPU if runner.model.wx else "F.linear", "matvec_layout": bw["matvec"]["layout"]}
+            "linear": runner.model.linear_form, "matvec_layout": bw["matvec"]["layout"]}
     del runner, timer
     return {"meta": meta, "batch": np.asarray(bs, dtype=float), "ctx": int(ctx), "paths": list(paths),
             **{k: np.asarray(v) for k, v in acc.items()},

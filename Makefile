@@ -6,7 +6,7 @@ PY      := $(VENV)/bin/python
 # Written after a successful install; newer pyproject/constraints make it stale.
 STAMP   := $(VENV)/.installed-batching
 
-.PHONY: venv test book chromium clean gpu-prep
+.PHONY: venv test book chromium clean gpu-prep lint
 
 venv: $(STAMP)
 
@@ -26,7 +26,13 @@ chromium:
 # huge pages (THP_MEM_ALLOC_ENABLE). batching/__init__.py sets the same defaults.
 RUN     := env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=100000 THP_MEM_ALLOC_ENABLE=1
 
-test: venv chromium
+# The code is kept honest before the suite runs: ruff (lint and format) over the package,
+# tests, benchmarks and tools (configured in pyproject.toml).
+lint: venv
+	$(PY) -m ruff check batching tests benchmarks tools
+	$(PY) -m ruff format --check batching tests benchmarks tools
+
+test: venv chromium lint
 	$(RUN) $(PY) -m pytest -q
 
 book: venv

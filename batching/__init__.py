@@ -1,4 +1,5 @@
 """Advanced batching strategies: a small, legible serving-engine core for the book's chapter 7."""
+
 import os as _os
 
 # How long an idle OpenMP thread spins before it sleeps (libgomp reads this once, when torch

@@ -5,12 +5,14 @@ Example::
     python -m batching simulate --trace azure-conv --scheduler continuous \\
         --model llama-70b --device h200 --tp 2 --slots 64 --out results.json
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from . import results
 from .costs import get_cost_model
@@ -35,13 +37,20 @@ def _window(text: str) -> tuple[float, float]:
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", help="trace file (.csv Azure, .jsonl Mooncake) or name: azure-conv, azure-code, mooncake-conv")
+    src.add_argument(
+        "--trace",
+        help="trace file (.csv Azure, .jsonl Mooncake) or name: azure-conv, azure-code, mooncake-conv",
+    )
     src.add_argument("--preset", help=f"synthetic preset: {', '.join(PRESETS)}")
     g.add_argument("--limit", type=int, help="first N requests of the trace")
     g.add_argument("--window", type=_window, help="START:END seconds of the trace")
     g.add_argument("--time-scale", type=float, default=1.0, help="replay k times faster")
     g.add_argument("--scale-lengths", type=float, default=1.0, help="divide prompt and output lengths by k")
-    g.add_argument("--cap", action="store_true", help="cap requests longer than the model's context (counted, never silent)")
+    g.add_argument(
+        "--cap",
+        action="store_true",
+        help="cap requests longer than the model's context (counted, never silent)",
+    )
     g.add_argument("-n", "--num-requests", type=int, help="preset size")
     g.add_argument("--rate", type=float, help="preset arrival rate (req/s)")
     g.add_argument("--seed", type=int, default=0)
@@ -50,13 +59,17 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
 def add_scheduler_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scheduler")
     g.add_argument("--scheduler", choices=list(SCHEDULERS), required=True)
-    g.add_argument("--slots", type=int, default=32, help="batch size (static, dynamic) or max running requests")
+    g.add_argument(
+        "--slots", type=int, default=32, help="batch size (static, dynamic) or max running requests"
+    )
     g.add_argument("--timeout", type=float, default=0.0, help="static: seal timeout; dynamic: max wait (s)")
     g.add_argument("--prefill-mode", choices=["mixed", "separate"], default="mixed")
     g.add_argument("--token-budget", type=int, default=512, help="chunked: tokens per step")
     g.add_argument("--chunk-size", type=int, help="chunked: max prefill chunk (default: the budget)")
     g.add_argument("--kv-policy", choices=["slab", "exact"], default="slab")
-    g.add_argument("--kv-tokens", type=int, help="KV capacity in tokens (default: what the device memory leaves)")
+    g.add_argument(
+        "--kv-tokens", type=int, help="KV capacity in tokens (default: what the device memory leaves)"
+    )
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
@@ -65,7 +78,9 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--csv", help="per-request CSV")
     o.add_argument("--steps", action="store_true", help="include the per-step log in the JSON")
     o.add_argument("--slot-log", action="store_true", help="record each slot's occupant per step")
-    o.add_argument("--token-times", action="store_true", help="every token's timestamp in each request record")
+    o.add_argument(
+        "--token-times", action="store_true", help="every token's timestamp in each request record"
+    )
     o.add_argument("--goodput", help="SLOs in ms, vLLM style: 'ttft:500 tpot:50'")
     o.add_argument("--no-progress", action="store_true")
 
@@ -84,16 +99,31 @@ def load_workload(a: argparse.Namespace, max_context: int) -> Workload:
 
 
 def _scheduler(a: argparse.Namespace, max_ctx: int, kv_tokens: float):
-    return make_scheduler(a.scheduler, max_context=max_ctx, slots=a.slots, timeout=a.timeout,
-                          prefill_mode=a.prefill_mode, token_budget=a.token_budget,
-                          chunk_size=a.chunk_size, kv_capacity=kv_tokens, kv_policy=a.kv_policy)
+    return make_scheduler(
+        a.scheduler,
+        max_context=max_ctx,
+        slots=a.slots,
+        timeout=a.timeout,
+        prefill_mode=a.prefill_mode,
+        token_budget=a.token_budget,
+        chunk_size=a.chunk_size,
+        kv_capacity=kv_tokens,
+        kv_policy=a.kv_policy,
+    )
 
 
 def _report(a: argparse.Namespace, res, w: Workload, config: dict[str, Any]) -> int:
     slo = SLO.parse(a.goodput) if a.goodput else None
-    config = {**config, "workload": {"name": w.name, "info": w.info, "requests": len(w)},
-              "model": a.model, "device": a.device, "dtype": a.dtype, "seed": a.seed,
-              "scale_lengths": a.scale_lengths, "time_scale": a.time_scale}
+    config = {
+        **config,
+        "workload": {"name": w.name, "info": w.info, "requests": len(w)},
+        "model": a.model,
+        "device": a.device,
+        "dtype": a.dtype,
+        "seed": a.seed,
+        "scale_lengths": a.scale_lengths,
+        "time_scale": a.time_scale,
+    }
     doc = results.build(res, config, slo, include_steps=a.steps, include_token_times=a.token_times)
     print(summary_table(doc))
     if a.out:
@@ -112,21 +142,30 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     kv_tokens = cost.kv_capacity()
     if a.kv_tokens is not None:
         if a.kv_tokens > kv_tokens:  # the devices' memory decides, not the flag
-            raise ValueError(f"--kv-tokens={a.kv_tokens}: {a.model} on {a.tp} x {a.device} leaves room "
-                             f"for {kv_tokens} KV tokens after the weights")
+            raise ValueError(
+                f"--kv-tokens={a.kv_tokens}: {a.model} on {a.tp} x {a.device} leaves room "
+                f"for {kv_tokens} KV tokens after the weights"
+            )
         kv_tokens = a.kv_tokens
     sched = _scheduler(a, max_ctx, kv_tokens)
-    res = run(w.fresh(), sched, SimExecutor(cost), record_slots=a.slot_log,
-              progress=not a.no_progress and sys.stderr.isatty())
+    res = run(
+        w.fresh(),
+        sched,
+        SimExecutor(cost),
+        record_slots=a.slot_log,
+        progress=not a.no_progress and sys.stderr.isatty(),
+    )
     return _report(a, res, w, {"command": "simulate", "tp": a.tp, "profile": a.profile})
 
 
 def cmd_run(a: argparse.Namespace) -> int:
     if a.goodput:
         SLO.parse(a.goodput)
-    from .real import run_real  # torch is needed here only
+    from .real.executor import run_real  # torch is needed here only
+
     if a.checkpoint:
-        from .checkpoint import read_config
+        from .real.checkpoint import read_config
+
         ckpt = read_config(a.checkpoint)
         a.model = ckpt.name  # the checkpoint's shape replaces --model's
         max_ctx = a.max_len or ckpt.max_context
@@ -136,11 +175,32 @@ def cmd_run(a: argparse.Namespace) -> int:
     # The runner allocates one slab per slot, so the slab layout's capacity is what it holds.
     kv_tokens = a.kv_tokens if a.kv_tokens is not None else a.slots * max_ctx
     sched = _scheduler(a, max_ctx, kv_tokens)
-    res = run_real(w, sched, a.model, device=a.device, dtype=a.dtype, seed=a.seed, threads=a.threads,
-                   max_len=a.max_len, checkpoint=a.checkpoint, graphs=False if a.no_graphs else None,
-                   record_slots=a.slot_log, progress=not a.no_progress and sys.stderr.isatty())
-    return _report(a, res, w, {"command": "run", "max_len": a.max_len, "threads": a.threads,
-                               "checkpoint": a.checkpoint, "no_graphs": a.no_graphs})
+    res = run_real(
+        w,
+        sched,
+        a.model,
+        device=a.device,
+        dtype=a.dtype,
+        seed=a.seed,
+        threads=a.threads,
+        max_len=a.max_len,
+        checkpoint=a.checkpoint,
+        graphs=False if a.no_graphs else None,
+        record_slots=a.slot_log,
+        progress=not a.no_progress and sys.stderr.isatty(),
+    )
+    return _report(
+        a,
+        res,
+        w,
+        {
+            "command": "run",
+            "max_len": a.max_len,
+            "threads": a.threads,
+            "checkpoint": a.checkpoint,
+            "no_graphs": a.no_graphs,
+        },
+    )
 
 
 def _ms(x: float | None) -> str:
@@ -151,23 +211,29 @@ def summary_table(doc: dict[str, Any]) -> str:
     """The end-of-run table: throughput, utilization, latency percentiles."""
     s, c = doc["summary"], doc["config"]
     sch = c["scheduler"]
-    lines = [f"{sch['scheduler']} | {c['workload']['name']} ({s['num_requests']} requests) | "
-             f"{c.get('model')} on {c.get('device')} | {s['steps']:,} steps, "
-             f"wall {doc['meta']['wall_s']:.2f} s",
-             f"  duration {s['duration_s']:,.1f} s   throughput {s['request_throughput']:.2f} req/s, "
-             f"{s['output_throughput']:,.0f} out tok/s",
-             f"  slot utilization {s['slot_utilization']:.1%} (time-weighted {s['slot_utilization_time_weighted']:.1%})"
-             f"   padding {s['padding_fraction']:.1%}   preemptions {s['preemptions']}"]
+    lines = [
+        f"{sch['scheduler']} | {c['workload']['name']} ({s['num_requests']} requests) | "
+        f"{c.get('model')} on {c.get('device')} | {s['steps']:,} steps, "
+        f"wall {doc['meta']['wall_s']:.2f} s",
+        f"  duration {s['duration_s']:,.1f} s   throughput {s['request_throughput']:.2f} req/s, "
+        f"{s['output_throughput']:,.0f} out tok/s",
+        f"  slot utilization {s['slot_utilization']:.1%} (time-weighted {s['slot_utilization_time_weighted']:.1%})"
+        f"   padding {s['padding_fraction']:.1%}   preemptions {s['preemptions']}",
+    ]
     if "hw_compute_utilization" in s:
-        lines.append(f"  hardware utilization: compute {s['hw_compute_utilization']:.1%}, "
-                     f"bandwidth {s['hw_bandwidth_utilization']:.1%}")
+        lines.append(
+            f"  hardware utilization: compute {s['hw_compute_utilization']:.1%}, "
+            f"bandwidth {s['hw_bandwidth_utilization']:.1%}"
+        )
     lines.append(f"  {'ms':8}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
     for k in ("queue", "ttft", "tpot", "itl", "e2e"):
         d = s[k]
         lines.append(f"  {k:8}" + "".join(f"{_ms(d[f]):>10}" for f in ("mean", "p50", "p90", "p99", "max")))
     if "goodput" in s:
         g = s["goodput"]
-        lines.append(f"  goodput {g['request_goodput']:.2f} req/s ({g['fraction']:.1%} of requests meet {g['slo']})")
+        lines.append(
+            f"  goodput {g['request_goodput']:.2f} req/s ({g['fraction']:.1%} of requests meet {g['slo']})"
+        )
     return "\n".join(lines)
 
 
@@ -188,17 +254,23 @@ def _pairs(text: str) -> list[tuple[int, int]]:
 def cmd_measure(a: argparse.Namespace) -> int:
     import json
 
-    from .measure import measure  # torch is needed here only
+    from .real.measure import measure  # torch is needed here only
+
     gpu = a.device == "cuda" or (a.device == "auto" and _cuda())
     # Batch 1 to 256 on every device. On the CPU every batch is padded to a bucket
     # (model.padded_tokens): the grid holds the buckets a step of up to 64 rows lands on.
-    batches = a.batches or ([1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256])
+    batches = a.batches or (
+        [1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256]
+    )
     ctxs = a.ctxs or ([128, 1024, 4096] if gpu else [8, 32, 128, 512, 1024])
     # Small sizes densely: on a CPU a step's cost rises steeply from 1 to ~8 tokens and then
     # flattens (cpu-s: 2 tokens 12.8 ms, 8: 19.5, 32: 26.9), which coarse linear
     # interpolation under-predicts by 20-30% in between.
-    prefill = a.prefill or ([64, 256, 1024, 2048, 8192] if gpu else
-                            [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048])
+    prefill = a.prefill or (
+        [64, 256, 1024, 2048, 8192]
+        if gpu
+        else [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048]
+    )
     # A grid of chunk sizes x decode rows, so that the profile interpolates mixed steps
     # rather than adding a prefill and a decode step (ProfileCost).
     chunks = a.mixed_chunks or ([256, 512, 2048] if gpu else [2, 4, 8, 16, 32, 64, 128, 256, 512])
@@ -208,21 +280,51 @@ def cmd_measure(a: argparse.Namespace) -> int:
     # is attention (ProfileCost prices a padded static batch with it). On a CPU also past
     # the longest prompt cpu-s takes (a static batch of padded prompts can hold 8,000
     # positions): those extend the prefill curve.
-    prows = a.prefill_rows if a.prefill_rows is not None else (
-        [(4, 512), (16, 128), (4, 2048)] if gpu else
-        [(2, 512), (8, 128), (4, 512), (16, 128), (4, 1024), (16, 512)])
-    doc = measure(a.model, a.device, a.dtype, batches=batches, ctxs=ctxs, prefill_tokens=prefill,
-                  mixed=mixed, prefill_rows=prows, reps=a.reps, rounds=a.rounds, seed=a.seed,
-                  graphs=False if a.no_graphs else None, progress=not a.no_progress and sys.stderr.isatty())
+    prows = (
+        a.prefill_rows
+        if a.prefill_rows is not None
+        else (
+            [(4, 512), (16, 128), (4, 2048)]
+            if gpu
+            else [(2, 512), (8, 128), (4, 512), (16, 128), (4, 1024), (16, 512)]
+        )
+    )
+    doc = measure(
+        a.model,
+        a.device,
+        a.dtype,
+        batches=batches,
+        ctxs=ctxs,
+        prefill_tokens=prefill,
+        mixed=mixed,
+        prefill_rows=prows,
+        reps=a.reps,
+        rounds=a.rounds,
+        seed=a.seed,
+        graphs=False if a.no_graphs else None,
+        progress=not a.no_progress and sys.stderr.isatty(),
+    )
     d, m = doc["device"], doc["meta"]
-    print(f"{m['model']} {m['dtype']} on {m['device_name']} ({m['device']}), torch {m['torch']}, "
-          f"{m['threads']} threads, {m['wall_s']:.0f} s")
-    print(f"  bandwidth GB/s: copy {d['bandwidth']['copy']['GBps_best']:.1f}, read "
-          f"{d['bandwidth']['read']['GBps_best']:.1f}, matvec {d['bandwidth']['matvec']['GBps_best']:.1f};"
-          f"  matmul {d['matmul_peak']['TFLOPs_best'] * 1e3:,.0f} GFLOP/s")
-    print("  decode ms (rows x ctx): " + "  ".join(
-        f"B={b}: " + "/".join(f"{x:.1f}" for x in row) for b, row in zip(doc["decode"]["batch"], doc["decode"]["ms"])))
-    print("  prefill ms: " + "  ".join(f"{t}: {x:.1f}" for t, x in zip(doc["prefill"]["tokens"], doc["prefill"]["ms"])))
+    print(
+        f"{m['model']} {m['dtype']} on {m['device_name']} ({m['device']}), torch {m['torch']}, "
+        f"{m['threads']} threads, {m['wall_s']:.0f} s"
+    )
+    print(
+        f"  bandwidth GB/s: copy {d['bandwidth']['copy']['GBps_best']:.1f}, read "
+        f"{d['bandwidth']['read']['GBps_best']:.1f}, matvec {d['bandwidth']['matvec']['GBps_best']:.1f};"
+        f"  matmul {d['matmul_peak']['TFLOPs_best'] * 1e3:,.0f} GFLOP/s"
+    )
+    print(
+        "  decode ms (rows x ctx): "
+        + "  ".join(
+            f"B={b}: " + "/".join(f"{x:.1f}" for x in row)
+            for b, row in zip(doc["decode"]["batch"], doc["decode"]["ms"])
+        )
+    )
+    print(
+        "  prefill ms: "
+        + "  ".join(f"{t}: {x:.1f}" for t, x in zip(doc["prefill"]["tokens"], doc["prefill"]["ms"]))
+    )
     if a.out:
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -233,6 +335,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
 
 def _cuda() -> bool:
     import torch
+
     return torch.cuda.is_available()
 
 
@@ -260,11 +363,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", help="fp32 (CPU default) or bf16 (CUDA default)")
     g.add_argument("--max-len", type=int, help="slab length per slot (default: the model's context)")
     g.add_argument("--threads", type=int, help="torch intra-op threads")
-    g.add_argument("--no-graphs", action="store_true",
-                   help="run decode steps eagerly on CUDA instead of replaying CUDA graphs")
-    g.add_argument("--checkpoint", metavar="DIR",
-                   help="Hugging Face Llama checkpoint (config.json + model.safetensors) to load instead of "
-                        "--model's seeded random weights; needs the bench extra")
+    g.add_argument(
+        "--no-graphs",
+        action="store_true",
+        help="run decode steps eagerly on CUDA instead of replaying CUDA graphs",
+    )
+    g.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="Hugging Face Llama checkpoint (config.json + model.safetensors) to load instead of "
+        "--model's seeded random weights; needs the bench extra",
+    )
     add_output_args(r)
     r.set_defaults(func=cmd_run)
 
@@ -278,13 +387,19 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--mixed-rows", type=_ints, help="decode rows beside a prefill chunk")
     m.add_argument("--mixed-chunks", type=_ints, help="prefill chunk sizes of the mixed grid")
     m.add_argument("--mixed-ctx", type=int, default=128, help="decode context of the mixed grid")
-    m.add_argument("--prefill-rows", type=_pairs, help="equal prompts in one pass as ROWSxTOKENS, e.g. "
-                   "8x128,4x512 (none: '')")
+    m.add_argument(
+        "--prefill-rows",
+        type=_pairs,
+        help="equal prompts in one pass as ROWSxTOKENS, e.g. 8x128,4x512 (none: '')",
+    )
     m.add_argument("--reps", type=int, default=3, help="repetitions of each step per round")
     m.add_argument("--rounds", type=int, default=3, help="sweeps of the whole grid, pooled per point")
     m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--no-graphs", action="store_true",
-                   help="time decode steps eagerly on CUDA instead of replaying CUDA graphs")
+    m.add_argument(
+        "--no-graphs",
+        action="store_true",
+        help="time decode steps eagerly on CUDA instead of replaying CUDA graphs",
+    )
     m.add_argument("--out", help="profile JSON, e.g. data/profiles/cpu-here-cpu-m.json")
     m.add_argument("--no-progress", action="store_true")
     m.set_defaults(func=cmd_measure)

@@ -12,6 +12,7 @@ Both compute every step time through one vectorized function, so that ``decode_r
 decode-only steps at once, the simulator's fast path) returns exactly the floats that k
 ``step_time`` calls would.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,8 +80,14 @@ class _VectorCost:
         """Seconds for one step; 0.0 for a step that computes nothing."""
         # Python floats through the same expressions as the arrays of decode_run: the
         # same IEEE operations in the same order, so the same bits, at a tenth of the cost.
-        return float(self._times(float(work.prefill_tokens), float(work.prefill_attn),
-                                 float(work.decode_rows), float(work.decode_ctx)))
+        return float(
+            self._times(
+                float(work.prefill_tokens),
+                float(work.prefill_attn),
+                float(work.decode_rows),
+                float(work.decode_ctx),
+            )
+        )
 
     def decode_run(self, rows: int, ctx0: int, growth: int, k: int) -> np.ndarray:
         """Durations of ``k`` decode-only steps of ``rows`` rows, summed context ``ctx0 + j*growth``.
@@ -89,8 +96,9 @@ class _VectorCost:
         Bit-identical to ``step_time(StepWork(decode_rows=rows, decode_ctx=ctx0 + j*growth))``.
         """
         if k < 0 or rows < 0 or ctx0 < 0 or growth < 0:
-            raise ValueError(f"decode_run(rows={rows}, ctx0={ctx0}, growth={growth}, k={k}): "
-                             "arguments must be >= 0")
+            raise ValueError(
+                f"decode_run(rows={rows}, ctx0={ctx0}, growth={growth}, k={k}): arguments must be >= 0"
+            )
         ctx = (ctx0 + np.arange(k, dtype=np.int64) * growth).astype(np.float64)
         return self._decode_times(float(rows), ctx)
 
@@ -121,13 +129,20 @@ class RooflineCost(_VectorCost):
     (``'fp8'`` for 70B on one H200).
     """
 
-    def __init__(self, model: ModelShape, device: DeviceSpec, tp: int = 1, dtype: str | None = None,
-                 kv_capacity_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        model: ModelShape,
+        device: DeviceSpec,
+        tp: int = 1,
+        dtype: str | None = None,
+        kv_capacity_tokens: int = 0,
+    ) -> None:
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tp={tp!r} must be a positive integer")
         if tp > 1 and (model.heads % tp or model.kv_heads % tp):
-            raise ValueError(f"tp={tp} must divide {model.name}'s {model.heads} heads and "
-                             f"{model.kv_heads} KV heads")
+            raise ValueError(
+                f"tp={tp} must divide {model.name}'s {model.heads} heads and {model.kv_heads} KV heads"
+            )
         if tp > 1 and device.link_bandwidth <= 0:
             raise ValueError(f"{device.name} has no tensor-parallel interconnect: use tp=1")
         self.model = model if dtype is None else model.with_dtype(dtype)
@@ -150,12 +165,17 @@ class RooflineCost(_VectorCost):
                 hints.append(f"tp >= {tp}")
                 break
         fp8 = m.with_dtype("fp8")
-        if (m.dtype != "fp8" and "fp8" in self.device.peak_flops
-                and fp8.weight_bytes + kv_tokens * fp8.kv_bytes_per_token <= have):
+        if (
+            m.dtype != "fp8"
+            and "fp8" in self.device.peak_flops
+            and fp8.weight_bytes + kv_tokens * fp8.kv_bytes_per_token <= have
+        ):
             hints.append("fp8")
-        raise ValueError(f"{m.name} {m.dtype} needs {need / 1e9:.1f} GB {what}, {self.tp} x "
-                         f"{self.device.name} has {have / 1e9:.1f} GB usable "
-                         f"({1 - MEM_RESERVE:.0%} of memory)" + (f": use {' or '.join(hints)}" if hints else ""))
+        raise ValueError(
+            f"{m.name} {m.dtype} needs {need / 1e9:.1f} GB {what}, {self.tp} x "
+            f"{self.device.name} has {have / 1e9:.1f} GB usable "
+            f"({1 - MEM_RESERVE:.0%} of memory)" + (f": use {' or '.join(hints)}" if hints else "")
+        )
 
     def bstar(self) -> float:
         """Batch where decode turns compute-bound: peak x bytes per weight / (2 x bandwidth)."""
@@ -165,8 +185,9 @@ class RooflineCost(_VectorCost):
         """Seconds of one decode step of ``batch`` rows with ``ctx`` KV tokens each (quick checks)."""
         return self.step_time(StepWork(decode_rows=batch, decode_ctx=batch * ctx))
 
-    def _parts(self, pt: np.ndarray, pa: np.ndarray, rows: np.ndarray,
-               ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _parts(
+        self, pt: np.ndarray, pa: np.ndarray, rows: np.ndarray, ctx: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-device memory time, compute time, and all-reduce time of steps."""
         m, d, tp = self.model, self.device, float(self.tp)
         mem_s = m.bytes_arrays(pt, pa, rows, ctx) / tp / d.bandwidth
@@ -174,8 +195,10 @@ class RooflineCost(_VectorCost):
         comm_s = 0.0 * mem_s
         if self.tp > 1:
             act = 4.0 if m.dtype == "fp32" else 2.0
-            one = (2.0 * (tp - 1.0) / tp * ((pt + rows) * float(m.hidden) * act) / d.link_bandwidth
-                   + d.allreduce_latency_s)
+            one = (
+                2.0 * (tp - 1.0) / tp * ((pt + rows) * float(m.hidden) * act) / d.link_bandwidth
+                + d.allreduce_latency_s
+            )
             comm_s = comm_s + 2.0 * m.layers * one
         return mem_s, cmp_s, comm_s
 
@@ -195,22 +218,40 @@ class RooflineCost(_VectorCost):
 
     def terms(self, work: StepWork) -> dict[str, float | str]:
         """The step time's parts in seconds and which roof binds ("Why batching" figures)."""
-        one = [np.array([v], dtype=np.float64) for v in
-               (work.prefill_tokens, work.prefill_attn, work.decode_rows, work.decode_ctx)]
+        one = [
+            np.array([v], dtype=np.float64)
+            for v in (work.prefill_tokens, work.prefill_attn, work.decode_rows, work.decode_ctx)
+        ]
         mem_s, cmp_s, comm_s = (float(x[0]) for x in self._parts(*one))
-        return {"memory_s": mem_s, "compute_s": cmp_s, "allreduce_s": comm_s,
-                "overhead_s": self.device.step_overhead_s,
-                "bound": "memory" if mem_s >= cmp_s else "compute"}
+        return {
+            "memory_s": mem_s,
+            "compute_s": cmp_s,
+            "allreduce_s": comm_s,
+            "overhead_s": self.device.step_overhead_s,
+            "bound": "memory" if mem_s >= cmp_s else "compute",
+        }
 
     def describe(self) -> dict[str, Any]:
         m, d = self.model, self.device
-        return {"kind": "roofline", "model": m.name, "dtype": m.dtype, "kv_dtype": m.kv_dtype,
-                "device": d.name, "tp": self.tp, "params": m.params, "weight_bytes": m.weight_bytes,
-                "device_bandwidth": d.bandwidth, "device_peak_flops": self.device_peak,
-                "step_overhead_s": d.step_overhead_s, "link_bandwidth": d.link_bandwidth,
-                "allreduce_latency_s": d.allreduce_latency_s, "mem_reserve": MEM_RESERVE,
-                "kv_capacity_tokens": self.kv_capacity(), "bstar": self.bstar(),
-                "device_source": d.source}
+        return {
+            "kind": "roofline",
+            "model": m.name,
+            "dtype": m.dtype,
+            "kv_dtype": m.kv_dtype,
+            "device": d.name,
+            "tp": self.tp,
+            "params": m.params,
+            "weight_bytes": m.weight_bytes,
+            "device_bandwidth": d.bandwidth,
+            "device_peak_flops": self.device_peak,
+            "step_overhead_s": d.step_overhead_s,
+            "link_bandwidth": d.link_bandwidth,
+            "allreduce_latency_s": d.allreduce_latency_s,
+            "mem_reserve": MEM_RESERVE,
+            "kv_capacity_tokens": self.kv_capacity(),
+            "bstar": self.bstar(),
+            "device_source": d.source,
+        }
 
 
 # ----------------------------------------------------------------------------- profile
@@ -231,8 +272,14 @@ def _get(d: Any, key: str, field: str) -> Any:
 
 def _grid(v: Any, field: str, lo: float) -> np.ndarray:
     _need(isinstance(v, list) and len(v) >= 2, field, "must be a list of at least 2 numbers")
-    _need(all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= lo
-              for x in v), field, f"values must be finite numbers >= {lo}")
+    _need(
+        all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= lo
+            for x in v
+        ),
+        field,
+        f"values must be finite numbers >= {lo}",
+    )
     a = np.asarray(v, dtype=np.float64)
     _need(bool(np.all(np.diff(a) > 0)), field, "must be strictly increasing")
     return a
@@ -240,12 +287,19 @@ def _grid(v: Any, field: str, lo: float) -> np.ndarray:
 
 def _times_ms(v: Any, n: int, field: str) -> np.ndarray:
     _need(isinstance(v, list) and len(v) == n, field, f"must be a list of {n} numbers")
-    _need(all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-              for x in v), field, "values must be finite numbers > 0 (milliseconds)")
+    _need(
+        all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in v
+        ),
+        field,
+        "values must be finite numbers > 0 (milliseconds)",
+    )
     return np.asarray(v, dtype=np.float64) / 1000.0
 
 
-def _mixed_grid(mixed: dict[str, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, float] | None:
+def _mixed_grid(
+    mixed: dict[str, np.ndarray] | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float] | None:
     """The profile's mixed points as a grid (prefill tokens x decode rows at one context),
     or None unless every combination of at least two of each was measured exactly once."""
     if mixed is None or len(set(mixed["decode_ctx"].tolist())) != 1:
@@ -270,9 +324,13 @@ def _points(data: dict, section: str, fields: dict[str, int]) -> dict[str, np.nd
     out = {"ms": _times_ms(ms, len(ms), f"{section}.ms")}
     for k, lo in fields.items():
         v = _get(sec, k, f"{section}.{k}")
-        _need(isinstance(v, list) and len(v) == len(ms) and all(
-            isinstance(x, int) and not isinstance(x, bool) and x >= lo for x in v),
-            f"{section}.{k}", f"must be a list of {len(ms)} integers >= {lo}")
+        _need(
+            isinstance(v, list)
+            and len(v) == len(ms)
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= lo for x in v),
+            f"{section}.{k}",
+            f"must be a list of {len(ms)} integers >= {lo}",
+        )
         out[k] = np.asarray(v, dtype=np.float64)
     return out
 
@@ -298,7 +356,7 @@ def _fit_attention(tokens: np.ndarray, seconds: np.ndarray, rows: dict[str, np.n
     single = (1 - w) * seconds[i] + w * seconds[i + 1]
     saved_s = single - rows["ms"][inside]
     saved_pairs = _pairs(total) - rows["rows"][inside] * _pairs(rows["tokens"][inside])
-    return max(float((saved_s * saved_pairs).sum() / (saved_pairs ** 2).sum()), 0.0)
+    return max(float((saved_s * saved_pairs).sum() / (saved_pairs**2).sum()), 0.0)
 
 
 def _segment(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -364,10 +422,20 @@ class ProfileCost(_VectorCost):
     that is not a grid is used only to report the mixed estimate's error in :meth:`describe`.
     """
 
-    def __init__(self, meta: dict[str, Any], decode_batch: np.ndarray, decode_ctx: np.ndarray,
-                 decode_s: np.ndarray, prefill_tokens: np.ndarray, prefill_s: np.ndarray,
-                 model: ModelShape, device: DeviceSpec, mixed: dict[str, np.ndarray] | None = None,
-                 source: str | None = None, prefill_rows: dict[str, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        meta: dict[str, Any],
+        decode_batch: np.ndarray,
+        decode_ctx: np.ndarray,
+        decode_s: np.ndarray,
+        prefill_tokens: np.ndarray,
+        prefill_s: np.ndarray,
+        model: ModelShape,
+        device: DeviceSpec,
+        mixed: dict[str, np.ndarray] | None = None,
+        source: str | None = None,
+        prefill_rows: dict[str, np.ndarray] | None = None,
+    ) -> None:
         self.meta, self.source = meta, source
         self.db, self.dc, self.ds = decode_batch, decode_ctx, decode_s
         self.pt, self.ps = prefill_tokens, prefill_s
@@ -383,10 +451,11 @@ class ProfileCost(_VectorCost):
             if beyond.any():
                 t_b = total[beyond]
                 s_b = prefill_rows["ms"][beyond] - self.attn_s * prefill_rows["rows"][beyond] * _pairs(
-                    prefill_rows["tokens"][beyond])
+                    prefill_rows["tokens"][beyond]
+                )
                 order = np.argsort(t_b, kind="stable")
                 t_b, s_b = t_b[order], s_b[order]
-                keep = np.concatenate(([True], np.diff(t_b) > 0))      # one point per total
+                keep = np.concatenate(([True], np.diff(t_b) > 0))  # one point per total
                 lin_t, lin_s = np.concatenate((lin_t, t_b[keep])), np.concatenate((lin_s, s_b[keep]))
         self.pt_lin, self.ps_lin = lin_t, lin_s
         self.model, self.device = model, device
@@ -400,12 +469,14 @@ class ProfileCost(_VectorCost):
         self.buckets = None if tb is None else np.asarray(tb, dtype=np.float64)
         self.queries = 0
         self.extrapolated = 0
-        self.floor_s = float(min([decode_s.min(), prefill_s.min()]
-                                 + ([mixed["ms"].min()] if mixed is not None else [])))
+        self.floor_s = float(
+            min([decode_s.min(), prefill_s.min()] + ([mixed["ms"].min()] if mixed is not None else []))
+        )
 
     @classmethod
-    def from_json(cls, path: str | Path, model: ModelShape | None = None,
-                  device: DeviceSpec | None = None) -> "ProfileCost":
+    def from_json(
+        cls, path: str | Path, model: ModelShape | None = None, device: DeviceSpec | None = None
+    ) -> ProfileCost:
         """Load a profile file; ProfileError naming the field if it breaks the schema."""
         try:
             data = json.loads(Path(path).read_text())
@@ -414,8 +485,13 @@ class ProfileCost(_VectorCost):
         return cls.from_dict(data, model=model, device=device, source=str(path))
 
     @classmethod
-    def from_dict(cls, data: Any, model: ModelShape | None = None, device: DeviceSpec | None = None,
-                  source: str | None = None) -> "ProfileCost":
+    def from_dict(
+        cls,
+        data: Any,
+        model: ModelShape | None = None,
+        device: DeviceSpec | None = None,
+        source: str | None = None,
+    ) -> ProfileCost:
         """Validate a profile dict (schema in the class docstring) and build the cost model.
 
         ``model``/``device`` override the registry lookups of ``meta.model``/``meta.device``.
@@ -424,7 +500,11 @@ class ProfileCost(_VectorCost):
         _need(_get(data, "schema", "schema") == 1, "schema", f"must be 1, got {data['schema']!r}")
         meta = _get(data, "meta", "meta")
         for k in ("device", "model", "dtype", "date"):
-            _need(isinstance(_get(meta, k, f"meta.{k}"), str) and meta[k], f"meta.{k}", "must be a non-empty string")
+            _need(
+                isinstance(_get(meta, k, f"meta.{k}"), str) and meta[k],
+                f"meta.{k}",
+                "must be a non-empty string",
+            )
         if meta.get("token_buckets") is not None:
             _grid(meta["token_buckets"], "meta.token_buckets", 1)
         try:
@@ -450,8 +530,11 @@ class ProfileCost(_VectorCost):
         batch = _grid(_get(dec, "batch", "decode.batch"), "decode.batch", 1)
         ctx = _grid(_get(dec, "ctx", "decode.ctx"), "decode.ctx", 0)
         ms = _get(dec, "ms", "decode.ms")
-        _need(isinstance(ms, list) and len(ms) == len(batch), "decode.ms",
-              f"must be a list of {len(batch)} rows (one per decode.batch)")
+        _need(
+            isinstance(ms, list) and len(ms) == len(batch),
+            "decode.ms",
+            f"must be a list of {len(batch)} rows (one per decode.batch)",
+        )
         decode_s = np.stack([_times_ms(row, len(ctx), f"decode.ms[{i}]") for i, row in enumerate(ms)])
 
         pre = _get(data, "prefill", "prefill")
@@ -467,9 +550,15 @@ class ProfileCost(_VectorCost):
         i, u = _segment(self.db, rows)
         j, v = _segment(self.dc, ctx_per_row)
         g = self.ds
-        t = (1 - u) * ((1 - v) * g[i, j] + v * g[i, j + 1]) + u * ((1 - v) * g[i + 1, j] + v * g[i + 1, j + 1])
-        out = ((rows < self.db[0]) | (rows > self.db[-1])
-               | (ctx_per_row < self.dc[0]) | (ctx_per_row > self.dc[-1]))
+        t = (1 - u) * ((1 - v) * g[i, j] + v * g[i, j + 1]) + u * (
+            (1 - v) * g[i + 1, j] + v * g[i + 1, j + 1]
+        )
+        out = (
+            (rows < self.db[0])
+            | (rows > self.db[-1])
+            | (ctx_per_row < self.dc[0])
+            | (ctx_per_row > self.dc[-1])
+        )
         return np.maximum(t, 0.0), out
 
     def _prefill(self, tokens: np.ndarray, pairs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -480,8 +569,9 @@ class ProfileCost(_VectorCost):
         t = t + self.attn_s * (_pairs(tokens) if pairs is None else pairs)
         return np.maximum(t, 0.0), (tokens < self.pt_lin[0]) | (tokens > self.pt_lin[-1])
 
-    def _mixed(self, pt: np.ndarray, pa: np.ndarray, rows: np.ndarray, ctx_per_row: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def _mixed(
+        self, pt: np.ndarray, pa: np.ndarray, rows: np.ndarray, ctx_per_row: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Mixed steps on the measured mixed grid, moved from its context to ``ctx_per_row``
         along the decode grid, with the attention of the step's own ``pa`` (query, key) pairs.
 
@@ -497,9 +587,11 @@ class ProfileCost(_VectorCost):
         at = np.minimum(pt, P[-1])
         i, u = _segment(P, at)
         j, v = _segment(R, rows)
-        t = (1 - u) * ((1 - v) * lin[i, j] + v * lin[i, j + 1]) + u * ((1 - v) * lin[i + 1, j] + v * lin[i + 1, j + 1])
+        t = (1 - u) * ((1 - v) * lin[i, j] + v * lin[i, j + 1]) + u * (
+            (1 - v) * lin[i + 1, j] + v * lin[i + 1, j + 1]
+        )
         zero = np.zeros_like(pt)
-        extra = self._prefill(pt, zero)[0] - self._prefill(at, zero)[0]   # 0 inside the grid
+        extra = self._prefill(pt, zero)[0] - self._prefill(at, zero)[0]  # 0 inside the grid
         t = t + extra + self.attn_s * pa
         d_step, d_out = self._decode(rows, ctx_per_row)
         d_grid, _ = self._decode(rows, np.full_like(rows, c))
@@ -543,25 +635,39 @@ class ProfileCost(_VectorCost):
         if self.mixed is None:
             return None
         m = self.mixed
-        q, e = self.queries, self.extrapolated   # checking is not a query of the simulation
-        est = self._times(m["prefill_tokens"], _pairs(m["prefill_tokens"]), m["decode_rows"],
-                          m["decode_rows"] * m["decode_ctx"])
+        q, e = self.queries, self.extrapolated  # checking is not a query of the simulation
+        est = self._times(
+            m["prefill_tokens"],
+            _pairs(m["prefill_tokens"]),
+            m["decode_rows"],
+            m["decode_rows"] * m["decode_ctx"],
+        )
         self.queries, self.extrapolated = q, e
         return float(np.max(np.abs(est - m["ms"]) / m["ms"]))
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "profile", "source": self.source, "meta": self.meta,
-                "model": self.model.name, "dtype": self.model.dtype, "device": self.device.name,
-                "decode_batch": self.db.tolist(), "decode_ctx": self.dc.tolist(),
-                "prefill_tokens": self.pt.tolist(), "queries": self.queries,
-                "extrapolated": self.extrapolated, "mixed_max_rel_err": self.mixed_error(),
-                "attn_s_per_pair": self.attn_s,
-                "mixed_estimate": "grid" if self.mixed_grid is not None else "additive"}
+        return {
+            "kind": "profile",
+            "source": self.source,
+            "meta": self.meta,
+            "model": self.model.name,
+            "dtype": self.model.dtype,
+            "device": self.device.name,
+            "decode_batch": self.db.tolist(),
+            "decode_ctx": self.dc.tolist(),
+            "prefill_tokens": self.pt.tolist(),
+            "queries": self.queries,
+            "extrapolated": self.extrapolated,
+            "mixed_max_rel_err": self.mixed_error(),
+            "attn_s_per_pair": self.attn_s,
+            "mixed_estimate": "grid" if self.mixed_grid is not None else "additive",
+        }
 
 
 # ----------------------------------------------------------------------------- factory
-def get_cost_model(model: str, device: str, tp: int = 1, profile: str | None = None,
-                   dtype: str | None = None) -> RooflineCost | ProfileCost:
+def get_cost_model(
+    model: str, device: str, tp: int = 1, profile: str | None = None, dtype: str | None = None
+) -> RooflineCost | ProfileCost:
     """The CLI's cost model: a roofline, or the profile at path ``profile`` (which must
     have been measured for this model and device, single device)."""
     shape, dev = get_model(model), get_device(device)
@@ -571,8 +677,10 @@ def get_cost_model(model: str, device: str, tp: int = 1, profile: str | None = N
         raise ValueError(f"tp={tp}: profiles are measured on one device; use the roofline for tp > 1")
     cost = ProfileCost.from_json(profile)
     if cost.model.name != shape.name or cost.device.name != dev.name:
-        raise ValueError(f"profile {profile} was measured for {cost.model.name} on {cost.device.name}, "
-                         f"not {shape.name} on {dev.name}")
+        raise ValueError(
+            f"profile {profile} was measured for {cost.model.name} on {cost.device.name}, "
+            f"not {shape.name} on {dev.name}"
+        )
     if dtype is not None and canonical_dtype(dtype) != cost.model.dtype:
         raise ValueError(f"profile {profile} is {cost.model.dtype}, not {canonical_dtype(dtype)}")
     return cost

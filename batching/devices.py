@@ -4,10 +4,11 @@ Every constant names its source: a datasheet, or a measurement on this project's
 machine (``shared/notes/cpu-decode-measurements.md``), or, for the per-step overheads and
 all-reduce latency, an assumption stated as one.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from .models import canonical_dtype
 
@@ -50,48 +51,83 @@ _GPU_STEP_OVERHEAD_S = 300e-6
 # reports for 2-8 GPUs at small sizes; vLLM's custom all-reduce is somewhat faster).
 _NVLINK_ALLREDUCE_S = 10e-6
 
-_A100_SRC = ("NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): 80 GB HBM2e, 2,039 GB/s, "
-             "BF16 312 TFLOPS dense (624 with sparsity), FP32 19.5 TFLOPS, NVLink 600 GB/s")
-_H100_SRC = ("NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): 80 GB HBM3, 3.35 TB/s, "
-             "BF16 1,979 / FP8 3,958 TFLOPS with sparsity = 989 / 1,979 dense, FP32 67 TFLOPS, "
-             "NVLink 900 GB/s")
-_H200_SRC = ("NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): 141 GB HBM3e, 4.8 TB/s, "
-             "BF16 989 / FP8 1,979 TFLOPS dense (same compute as H100 SXM), FP32 67 TFLOPS, "
-             "NVLink 900 GB/s")
-_CPU_SRC = ("measured here: shared/notes/cpu-decode-measurements.md, AMD EPYC (Zen 3) 2 vCPU, "
-            "AVX2+FMA, torch 2.13.0+cpu, 2 threads, state 2026-11; memory from /proc/meminfo")
+_A100_SRC = (
+    "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): 80 GB HBM2e, 2,039 GB/s, "
+    "BF16 312 TFLOPS dense (624 with sparsity), FP32 19.5 TFLOPS, NVLink 600 GB/s"
+)
+_H100_SRC = (
+    "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): 80 GB HBM3, 3.35 TB/s, "
+    "BF16 1,979 / FP8 3,958 TFLOPS with sparsity = 989 / 1,979 dense, FP32 67 TFLOPS, "
+    "NVLink 900 GB/s"
+)
+_H200_SRC = (
+    "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): 141 GB HBM3e, 4.8 TB/s, "
+    "BF16 989 / FP8 1,979 TFLOPS dense (same compute as H100 SXM), FP32 67 TFLOPS, "
+    "NVLink 900 GB/s"
+)
+_CPU_SRC = (
+    "measured here: shared/notes/cpu-decode-measurements.md, AMD EPYC (Zen 3) 2 vCPU, "
+    "AVX2+FMA, torch 2.13.0+cpu, 2 threads, state 2026-11; memory from /proc/meminfo"
+)
 
-DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (
-    # Datasheet "GB" is decimal here; nvidia-smi reports ~81.5 GiB on an 80 GB part, so
-    # memory checks err on the safe side by a few percent.
-    # NVLink figures are bidirectional totals per GPU; a ring all-reduce is limited by one
-    # direction, so link_bandwidth is half of them.
-    DeviceSpec("A100-SXM", mem_bytes=80e9, bandwidth=2.039e12,
-               peak_flops={"bf16": 312e12, "fp32": 19.5e12},
-               step_overhead_s=_GPU_STEP_OVERHEAD_S, link_bandwidth=600e9 / 2,
-               allreduce_latency_s=_NVLINK_ALLREDUCE_S, source=_A100_SRC),
-    DeviceSpec("H100-SXM", mem_bytes=80e9, bandwidth=3.35e12,
-               peak_flops={"bf16": 989e12, "fp8": 1979e12, "fp32": 67e12},
-               step_overhead_s=_GPU_STEP_OVERHEAD_S, link_bandwidth=900e9 / 2,
-               allreduce_latency_s=_NVLINK_ALLREDUCE_S, source=_H100_SRC),
-    DeviceSpec("H200-SXM", mem_bytes=141e9, bandwidth=4.8e12,
-               peak_flops={"bf16": 989e12, "fp8": 1979e12, "fp32": 67e12},
-               step_overhead_s=_GPU_STEP_OVERHEAD_S, link_bandwidth=900e9 / 2,
-               allreduce_latency_s=_NVLINK_ALLREDUCE_S, source=_H200_SRC),
-    # bandwidth: MKL fp32 matrix-vector, the best rate a decode step's weight reads reach
-    # (copy 32 GB/s read+write and sum 35 GB/s are kept in notes as the other references).
-    # peak ~110 GFLOP/s fp32, so B* = 2 x 110 / 18.5 ~ 12 (the note: 7-12, knee observed ~4).
-    # step_overhead_s: config S at batch 1 takes 14.7 ms for 105 MB of weights (5.7 ms at
-    # 18.5 GB/s): ~9 ms of Python/dispatch per step. M and L sit 13-22 ms above the
-    # roofline, so for them it is a lower bound. No interconnect: tp must stay 1.
-    DeviceSpec("cpu-here", mem_bytes=25.3e9, bandwidth=18.5e9, peak_flops={"fp32": 110e9},
-               step_overhead_s=9e-3, link_bandwidth=0.0, allreduce_latency_s=0.0,
-               source=_CPU_SRC,
-               notes={"copy_bandwidth": 32e9, "sum_bandwidth": 35e9, "matvec_bandwidth": 18.5e9}),
-)}
+DEVICES: dict[str, DeviceSpec] = {
+    d.name: d
+    for d in (
+        # Datasheet "GB" is decimal here; nvidia-smi reports ~81.5 GiB on an 80 GB part, so
+        # memory checks err on the safe side by a few percent.
+        # NVLink figures are bidirectional totals per GPU; a ring all-reduce is limited by one
+        # direction, so link_bandwidth is half of them.
+        DeviceSpec(
+            "A100-SXM",
+            mem_bytes=80e9,
+            bandwidth=2.039e12,
+            peak_flops={"bf16": 312e12, "fp32": 19.5e12},
+            step_overhead_s=_GPU_STEP_OVERHEAD_S,
+            link_bandwidth=600e9 / 2,
+            allreduce_latency_s=_NVLINK_ALLREDUCE_S,
+            source=_A100_SRC,
+        ),
+        DeviceSpec(
+            "H100-SXM",
+            mem_bytes=80e9,
+            bandwidth=3.35e12,
+            peak_flops={"bf16": 989e12, "fp8": 1979e12, "fp32": 67e12},
+            step_overhead_s=_GPU_STEP_OVERHEAD_S,
+            link_bandwidth=900e9 / 2,
+            allreduce_latency_s=_NVLINK_ALLREDUCE_S,
+            source=_H100_SRC,
+        ),
+        DeviceSpec(
+            "H200-SXM",
+            mem_bytes=141e9,
+            bandwidth=4.8e12,
+            peak_flops={"bf16": 989e12, "fp8": 1979e12, "fp32": 67e12},
+            step_overhead_s=_GPU_STEP_OVERHEAD_S,
+            link_bandwidth=900e9 / 2,
+            allreduce_latency_s=_NVLINK_ALLREDUCE_S,
+            source=_H200_SRC,
+        ),
+        # bandwidth: MKL fp32 matrix-vector, the best rate a decode step's weight reads reach
+        # (copy 32 GB/s read+write and sum 35 GB/s are kept in notes as the other references).
+        # peak ~110 GFLOP/s fp32, so B* = 2 x 110 / 18.5 ~ 12 (the note: 7-12, knee observed ~4).
+        # step_overhead_s: config S at batch 1 takes 14.7 ms for 105 MB of weights (5.7 ms at
+        # 18.5 GB/s): ~9 ms of Python/dispatch per step. M and L sit 13-22 ms above the
+        # roofline, so for them it is a lower bound. No interconnect: tp must stay 1.
+        DeviceSpec(
+            "cpu-here",
+            mem_bytes=25.3e9,
+            bandwidth=18.5e9,
+            peak_flops={"fp32": 110e9},
+            step_overhead_s=9e-3,
+            link_bandwidth=0.0,
+            allreduce_latency_s=0.0,
+            source=_CPU_SRC,
+            notes={"copy_bandwidth": 32e9, "sum_bandwidth": 35e9, "matvec_bandwidth": 18.5e9},
+        ),
+    )
+}
 
-_ALIASES: dict[str, str] = {"a100": "A100-SXM", "h100": "H100-SXM", "h200": "H200-SXM",
-                            "cpu": "cpu-here"}
+_ALIASES: dict[str, str] = {"a100": "A100-SXM", "h100": "H100-SXM", "h200": "H200-SXM", "cpu": "cpu-here"}
 
 
 def get_device(name: str) -> DeviceSpec:
@@ -99,6 +135,7 @@ def get_device(name: str) -> DeviceSpec:
     key = str(name).lower()
     canon = _ALIASES.get(key) or next((n for n in DEVICES if n.lower() == key), None)
     if canon is None:
-        raise ValueError(f"unknown device {name!r}; valid: {', '.join(DEVICES)} "
-                         f"(aliases: {', '.join(_ALIASES)})")
+        raise ValueError(
+            f"unknown device {name!r}; valid: {', '.join(DEVICES)} (aliases: {', '.join(_ALIASES)})"
+        )
     return DEVICES[canon]

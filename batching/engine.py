@@ -10,14 +10,16 @@ every step is a decode step of the same batch whose cost changes only with conte
 length. If the executor can predict such a run (``decode_run``), the loop advances it in
 one go, with the same per-token timestamps, bit for bit, as stepping one at a time.
 """
+
 from __future__ import annotations
 
 import math
 import time
 from bisect import bisect_left
-from itertools import accumulate
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from itertools import accumulate
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,7 +30,7 @@ from .schedulers.base import Scheduler
 
 @dataclass
 class StepResult:
-    duration: float                          # seconds, predicted or measured
+    duration: float  # seconds, predicted or measured
     token_ids: dict[int, int] | None = None  # rid -> token emitted (real executors)
 
 
@@ -68,8 +70,23 @@ class StepLog:
     reserved under the ``exact`` policy (see ``kv_series``).
     """
 
-    COLUMNS = ("t", "dur", "n", "prefill", "pad", "decode", "dead", "emitted", "slots",
-               "kv_reserved", "kv_used", "waiting", "running", "attn", "ctx")
+    COLUMNS = (
+        "t",
+        "dur",
+        "n",
+        "prefill",
+        "pad",
+        "decode",
+        "dead",
+        "emitted",
+        "slots",
+        "kv_reserved",
+        "kv_used",
+        "waiting",
+        "running",
+        "attn",
+        "ctx",
+    )
 
     def __init__(self, record_slots: bool = False) -> None:
         self.cols: dict[str, list] = {c: [] for c in self.COLUMNS}
@@ -90,8 +107,12 @@ class StepLog:
         L = self.arrays()
         grow = L["decode"] * (L["n"] - 1)
         res_grow = grow if policy == "exact" else 0 * grow
-        return (L["kv_reserved"] + res_grow / 2, L["kv_reserved"] + res_grow,
-                L["kv_used"] + grow / 2, L["kv_used"] + grow)
+        return (
+            L["kv_reserved"] + res_grow / 2,
+            L["kv_reserved"] + res_grow,
+            L["kv_used"] + grow / 2,
+            L["kv_used"] + grow,
+        )
 
     def hardware(self, model: Any) -> tuple[np.ndarray, np.ndarray]:
         """FLOPs and bytes of each row (a run of ``n`` steps: its total) from a model shape.
@@ -142,16 +163,25 @@ class RunResult:
         return int(sum(self.log.cols["n"]))
 
 
-def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *,
-        record_slots: bool = False, fast: bool = True, progress: bool = False) -> RunResult:
+def run(
+    requests: Sequence[Request],
+    scheduler: Scheduler,
+    executor: Executor,
+    *,
+    record_slots: bool = False,
+    fast: bool = True,
+    progress: bool = False,
+) -> RunResult:
     """Serve ``requests`` (fresh, sorted by arrival) with ``scheduler`` on ``executor``."""
     reqs = list(requests)
     if not reqs:
         raise ValueError("empty workload: nothing to run")
     for a, b in zip(reqs, reqs[1:]):
         if b.arrival < a.arrival:
-            raise ValueError(f"arrivals must be sorted: request {b.rid} arrival={b.arrival} "
-                             f"comes after request {a.rid} arrival={a.arrival}")
+            raise ValueError(
+                f"arrivals must be sorted: request {b.rid} arrival={b.arrival} "
+                f"comes after request {a.rid} arrival={a.arrival}"
+            )
     for r in reqs:
         if r.generated or r.num_computed or r.slot is not None:
             raise ValueError(f"request {r.rid} has already run: pass fresh requests (Workload.fresh())")
@@ -162,6 +192,7 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
     bar = None
     if progress:
         from tqdm.auto import tqdm
+
         bar = tqdm(total=len(reqs), unit="req", mininterval=0.5)
     wall0 = time.perf_counter()
     n, i, t = len(reqs), 0, reqs[0].arrival
@@ -176,8 +207,10 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
                 break
             nxt = min(reqs[i].arrival if i < n else math.inf, scheduler.wakeup() or math.inf)
             if not nxt > t:
-                raise RuntimeError(f"scheduler {scheduler.name} is stuck at t={t}: "
-                                   f"{len(scheduler.waiting)} waiting, {len(scheduler.running)} running")
+                raise RuntimeError(
+                    f"scheduler {scheduler.name} is stuck at t={t}: "
+                    f"{len(scheduler.waiting)} waiting, {len(scheduler.running)} running"
+                )
             t = nxt
             continue
         work = plan.work()
@@ -186,8 +219,12 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
         # The KV and queue state *during* the step: after its reservations and writes,
         # before finished requests are released (for a run: during its first step).
         pre = plan.prefills
-        state = (scheduler.kv.reserved, scheduler.kv.used + sum(c.n + c.pad for c in pre) + len(plan.decodes),
-                 len(scheduler.waiting), len(scheduler.running))
+        state = (
+            scheduler.kv.reserved,
+            scheduler.kv.used + sum(c.n + c.pad for c in pre) + len(plan.decodes),
+            len(scheduler.waiting),
+            len(scheduler.running),
+        )
         k = plan.steady if (fast and plan.is_decode_only) else 1
         durs = executor.decode_run(plan, k) if k > 1 else None
         if durs is not None:
@@ -197,7 +234,7 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
             if plan.arrival_sensitive and i < n:
                 # Keep the steps that start before the next arrival (step 0 starts at t).
                 k = bisect_left(bounds, reqs[i].arrival, 0, k)
-            scheduler.commit_run(plan, bounds[1:k + 1])
+            scheduler.commit_run(plan, bounds[1 : k + 1])
             t = bounds[k]
             fast_steps += k
         else:
@@ -207,9 +244,22 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
                 raise RuntimeError(f"executor returned step duration={res.duration!r}")
             t = t0 + res.duration
             scheduler.commit(plan, t, res.token_ids)
-        log.add((t0, t - t0, k, sum(c.n for c in pre), sum(c.pad for c in pre), len(plan.decodes),
-                 len(plan.dead), sum(c.completes for c in pre) + len(plan.decodes), plan.slots,
-                 *state, work.prefill_attn, work.decode_ctx))
+        log.add(
+            (
+                t0,
+                t - t0,
+                k,
+                sum(c.n for c in pre),
+                sum(c.pad for c in pre),
+                len(plan.decodes),
+                len(plan.dead),
+                sum(c.completes for c in pre) + len(plan.decodes),
+                plan.slots,
+                *state,
+                work.prefill_attn,
+                work.decode_ctx,
+            )
+        )
         if record_slots:
             log.occupancy.append(occ)
         if bar is not None:
@@ -219,6 +269,13 @@ def run(requests: Sequence[Request], scheduler: Scheduler, executor: Executor, *
         bar.close()
     scheduler.check_idle()
     assert all(r.done for r in reqs), "a request did not finish"
-    return RunResult(requests=reqs, log=log, scheduler=scheduler.config(), executor=executor.describe(),
-                     preemptions=scheduler.preemptions, wall_s=time.perf_counter() - wall0,
-                     fast_steps=fast_steps, cost=cost)
+    return RunResult(
+        requests=reqs,
+        log=log,
+        scheduler=scheduler.config(),
+        executor=executor.describe(),
+        preemptions=scheduler.preemptions,
+        wall_s=time.perf_counter() - wall0,
+        fast_steps=fast_steps,
+        cost=cost,
+    )

@@ -9,6 +9,7 @@ Two reservation policies (``shared/notes/conventions.md``):
 Check-then-act, as nano-vllm's block manager: ``can_reserve`` before ``reserve``.
 This class only counts; the real engine's tensors live in the model runner.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,8 @@ class KVCache:
             raise ConfigError(f"kv capacity={capacity!r}: must be an integer number of tokens >= 1 (or inf)")
         if policy == "slab" and capacity < max_context:
             raise ConfigError(
-                f"kv capacity={capacity} tokens cannot hold one slab of max_context={max_context}")
+                f"kv capacity={capacity} tokens cannot hold one slab of max_context={max_context}"
+            )
         self.capacity = capacity
         self.policy = policy
         self.max_context = max_context
@@ -85,4 +87,6 @@ class KVCache:
 
     def check_empty(self) -> None:
         """Leak check: after a run nothing may stay reserved."""
-        assert self.reserved == 0 and not self._held, f"KV leak: {self.reserved} tokens held by {list(self._held)}"
+        assert self.reserved == 0 and not self._held, (
+            f"KV leak: {self.reserved} tokens held by {list(self._held)}"
+        )

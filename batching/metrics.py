@@ -11,11 +11,12 @@ emits each request's first token, so a static batch of 20- and 2,000-token outpu
 (20 + 2000) / (2 x 2000). Hardware utilization (achieved FLOP/s or bytes/s over the
 device's peak) is a different quantity; both are reported.
 """
+
 from __future__ import annotations
 
 import math
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,7 @@ class SLO:
                 raise ValueError(f"SLO {name}={v!r}: must be a positive number of milliseconds")
 
     @staticmethod
-    def parse(spec: str) -> "SLO":
+    def parse(spec: str) -> SLO:
         """Parse ``"ttft:500 tpot:50"`` (milliseconds), vLLM's goodput syntax."""
         kw: dict[str, float] = {}
         for part in spec.replace(",", " ").split():
@@ -67,7 +68,9 @@ def token_times(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     since a trace run holds millions of tokens."""
     lens = np.fromiter((len(r.token_times) for r in reqs), dtype=np.int64, count=len(reqs))
     assert (lens > 0).all(), "every request must have emitted its tokens"
-    flat = np.fromiter(chain.from_iterable(r.token_times for r in reqs), dtype=np.float64, count=int(lens.sum()))
+    flat = np.fromiter(
+        chain.from_iterable(r.token_times for r in reqs), dtype=np.float64, count=int(lens.sum())
+    )
     ends = np.cumsum(lens)
     starts = ends - lens
     gaps = np.append(np.diff(flat), -np.inf)
@@ -85,15 +88,23 @@ def request_records(reqs: list[Request], times: tuple | None = None) -> list[dic
         assert r.done and r.admit_time is not None, f"request {r.rid} has not finished"
     first, last, _, itl_max = times or token_times(reqs)
     out = []
-    for r, f, l, m in zip(reqs, first.tolist(), last.tolist(), itl_max.tolist()):
-        ttft, e2e = f - r.arrival, l - r.arrival
-        out.append({
-            "rid": r.rid, "arrival": r.arrival, "prompt_len": r.prompt_len, "output_len": r.output_len,
-            "queue": r.admit_time - r.arrival, "ttft": ttft, "e2e": e2e,
-            "tpot": (e2e - ttft) / (r.output_len - 1) if r.output_len > 1 else None,
-            "itl_max": m if r.output_len > 1 else None,
-            "finish": r.finish_time, "preemptions": r.preemptions,
-        })
+    for r, f, end, m in zip(reqs, first.tolist(), last.tolist(), itl_max.tolist()):
+        ttft, e2e = f - r.arrival, end - r.arrival
+        out.append(
+            {
+                "rid": r.rid,
+                "arrival": r.arrival,
+                "prompt_len": r.prompt_len,
+                "output_len": r.output_len,
+                "queue": r.admit_time - r.arrival,
+                "ttft": ttft,
+                "e2e": e2e,
+                "tpot": (e2e - ttft) / (r.output_len - 1) if r.output_len > 1 else None,
+                "itl_max": m if r.output_len > 1 else None,
+                "finish": r.finish_time,
+                "preemptions": r.preemptions,
+            }
+        )
     return out
 
 
@@ -106,12 +117,19 @@ def _dist(x: np.ndarray) -> dict[str, float | None]:
     if x.size == 0:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None}
     q = np.percentile(x, PERCENTILES)
-    return {"mean": float(x.mean()), **{f"p{p}": float(v) for p, v in zip(PERCENTILES, q)},
-            "max": float(x.max())}
+    return {
+        "mean": float(x.mean()),
+        **{f"p{p}": float(v) for p, v in zip(PERCENTILES, q)},
+        "max": float(x.max()),
+    }
 
 
-def summarize(result: RunResult, records: list[dict[str, Any]] | None = None,
-              slo: SLO | None = None, times: tuple | None = None) -> dict[str, Any]:
+def summarize(
+    result: RunResult,
+    records: list[dict[str, Any]] | None = None,
+    slo: SLO | None = None,
+    times: tuple | None = None,
+) -> dict[str, Any]:
     """Aggregate metrics of one run (``records``/``times``: if the caller has them)."""
     reqs = result.requests
     times = times or token_times(reqs)
@@ -126,7 +144,7 @@ def summarize(result: RunResult, records: list[dict[str, Any]] | None = None,
     slot_steps = float((L["slots"] * n_steps).sum())
     prefill_all = float(L["prefill"].sum() + L["pad"].sum())
     itl = times[2]
-    col = lambda k: np.array([rec[k] for rec in records if rec[k] is not None], dtype=float)  # noqa: E731
+    col = lambda k: np.array([rec[k] for rec in records if rec[k] is not None], dtype=float)
     s: dict[str, Any] = {
         "num_requests": len(reqs),
         "output_tokens": out_tokens,
@@ -144,8 +162,11 @@ def summarize(result: RunResult, records: list[dict[str, Any]] | None = None,
         "kv_used_peak": float(used_peak.max()),
         "kv_reserved_mean": float((res_mean * dur).sum() / busy),  # time-weighted
         "kv_used_mean": float((used_mean * dur).sum() / busy),
-        "queue": _dist(col("queue")), "ttft": _dist(col("ttft")), "tpot": _dist(col("tpot")),
-        "e2e": _dist(col("e2e")), "itl": _dist(itl),
+        "queue": _dist(col("queue")),
+        "ttft": _dist(col("ttft")),
+        "tpot": _dist(col("tpot")),
+        "e2e": _dist(col("e2e")),
+        "itl": _dist(itl),
     }
     if result.cost is not None and getattr(result.cost, "model", None) is not None:
         flops, bytes_ = result.log.hardware(result.cost.model)
@@ -153,7 +174,10 @@ def summarize(result: RunResult, records: list[dict[str, Any]] | None = None,
         s["hw_bandwidth_utilization"] = float(bytes_.sum() / (busy * result.cost.bandwidth))
     if slo is not None:
         good = sum(slo.met(rec) for rec in records)
-        s["goodput"] = {"slo": {k: v for k, v in vars(slo).items() if v is not None},
-                        "requests_ok": good, "fraction": good / len(reqs),
-                        "request_goodput": good / window if window > 0 else None}
+        s["goodput"] = {
+            "slo": {k: v for k, v in vars(slo).items() if v is not None},
+            "requests_ok": good,
+            "fraction": good / len(reqs),
+            "request_goodput": good / window if window > 0 else None,
+        }
     return s

@@ -6,6 +6,7 @@ step streams and how many FLOPs it does. Used by the "Why batching" roofline, by
 simulator (7.2, 70B on 2 x H200) and by the CPU demos (sizes measured in
 ``shared/notes/cpu-decode-measurements.md``). Nothing here touches torch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -18,8 +19,13 @@ from .plan import StepWork
 
 #: Bytes per element of each dtype the project uses.
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp8": 1}
-_DTYPE_ALIASES: dict[str, str] = {"float32": "fp32", "bfloat16": "bf16", "float8": "fp8",
-                                  "float8_e4m3fn": "fp8", "e4m3": "fp8"}
+_DTYPE_ALIASES: dict[str, str] = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "e4m3": "fp8",
+}
 _BYTES_DTYPE: dict[int, str] = {b: d for d, b in DTYPE_BYTES.items()}
 
 
@@ -58,11 +64,15 @@ class ModelShape:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{self.name}: {f}={v!r} must be a positive integer")
         if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ValueError(f"{self.name}: hidden {self.hidden}, heads {self.heads}, kv_heads "
-                             f"{self.kv_heads}: heads must divide hidden and kv_heads divide heads")
+            raise ValueError(
+                f"{self.name}: hidden {self.hidden}, heads {self.heads}, kv_heads "
+                f"{self.kv_heads}: heads must divide hidden and kv_heads divide heads"
+            )
         for f in ("bytes_per_param", "kv_bytes"):
             if getattr(self, f) not in _BYTES_DTYPE:
-                raise ValueError(f"{self.name}: {f}={getattr(self, f)!r} must be one of {sorted(_BYTES_DTYPE)}")
+                raise ValueError(
+                    f"{self.name}: {f}={getattr(self, f)!r} must be one of {sorted(_BYTES_DTYPE)}"
+                )
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -164,7 +174,7 @@ class ModelShape:
         """
         return float(self.bytes_arrays(*_as_f64(work)))
 
-    def with_dtype(self, weights: str, kv: str | None = None) -> "ModelShape":
+    def with_dtype(self, weights: str, kv: str | None = None) -> ModelShape:
         """The same shape stored in another dtype (``'fp8'``, ``'bf16'``, ``'fp32'``).
 
         ``kv`` defaults to the weight dtype, except for fp8 weights, where the KV cache keeps
@@ -182,36 +192,112 @@ def _max(a: Any, b: float) -> Any:
 
 
 def _as_f64(work: StepWork) -> tuple[np.float64, np.float64, np.float64, np.float64]:
-    return (np.float64(work.prefill_tokens), np.float64(work.prefill_attn),
-            np.float64(work.decode_rows), np.float64(work.decode_ctx))
+    return (
+        np.float64(work.prefill_tokens),
+        np.float64(work.prefill_attn),
+        np.float64(work.decode_rows),
+        np.float64(work.decode_ctx),
+    )
 
 
 _LLAMA_VOCAB = 128256  # Llama 3 tokenizer (config.json of every Llama 3.x checkpoint)
 
-MODELS: dict[str, ModelShape] = {m.name: m for m in (
-    # Unit tests: small enough to reason about by hand; fp32 like the CPU runs.
-    ModelShape("tiny", layers=2, hidden=64, heads=4, kv_heads=2, ffn=176, vocab=256,
-               max_context=512, bytes_per_param=4, kv_bytes=4, tied_embeddings=True),
-    # CPU demo sizes S / M / L of shared/notes/cpu-decode-measurements.md (26.4M / 117.2M /
-    # 392.2M params there: tied embeddings). fp32 because bf16 is 6x slower on that CPU.
-    # max_context 2048: the longest prefill measured there, and enough for real traces
-    # divided 8-16x as the conventions prescribe for CPU runs.
-    ModelShape("cpu-s", layers=8, hidden=512, heads=8, kv_heads=2, ffn=1376, vocab=8192,
-               max_context=2048, bytes_per_param=4, kv_bytes=4, tied_embeddings=True),
-    ModelShape("cpu-m", layers=12, hidden=768, heads=12, kv_heads=4, ffn=3328, vocab=8192,
-               max_context=2048, bytes_per_param=4, kv_bytes=4, tied_embeddings=True),
-    ModelShape("cpu-l", layers=24, hidden=1024, heads=16, kv_heads=4, ffn=4352, vocab=8192,
-               max_context=2048, bytes_per_param=4, kv_bytes=4, tied_embeddings=True),
-    # Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json): trained to 131072 tokens; we serve
-    # 8192, a common serving limit, so that slab reservations stay comparable across models.
-    ModelShape("llama-1b", layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192,
-               vocab=_LLAMA_VOCAB, max_context=8192, tied_embeddings=True),
-    # Llama 3.1 8B / 70B (meta-llama/Llama-3.1-{8B,70B} config.json): 131072 trained, 8192 served.
-    ModelShape("llama-8b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336,
-               vocab=_LLAMA_VOCAB, max_context=8192),
-    ModelShape("llama-70b", layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672,
-               vocab=_LLAMA_VOCAB, max_context=8192),
-)}
+MODELS: dict[str, ModelShape] = {
+    m.name: m
+    for m in (
+        # Unit tests: small enough to reason about by hand; fp32 like the CPU runs.
+        ModelShape(
+            "tiny",
+            layers=2,
+            hidden=64,
+            heads=4,
+            kv_heads=2,
+            ffn=176,
+            vocab=256,
+            max_context=512,
+            bytes_per_param=4,
+            kv_bytes=4,
+            tied_embeddings=True,
+        ),
+        # CPU demo sizes S / M / L of shared/notes/cpu-decode-measurements.md (26.4M / 117.2M /
+        # 392.2M params there: tied embeddings). fp32 because bf16 is 6x slower on that CPU.
+        # max_context 2048: the longest prefill measured there, and enough for real traces
+        # divided 8-16x as the conventions prescribe for CPU runs.
+        ModelShape(
+            "cpu-s",
+            layers=8,
+            hidden=512,
+            heads=8,
+            kv_heads=2,
+            ffn=1376,
+            vocab=8192,
+            max_context=2048,
+            bytes_per_param=4,
+            kv_bytes=4,
+            tied_embeddings=True,
+        ),
+        ModelShape(
+            "cpu-m",
+            layers=12,
+            hidden=768,
+            heads=12,
+            kv_heads=4,
+            ffn=3328,
+            vocab=8192,
+            max_context=2048,
+            bytes_per_param=4,
+            kv_bytes=4,
+            tied_embeddings=True,
+        ),
+        ModelShape(
+            "cpu-l",
+            layers=24,
+            hidden=1024,
+            heads=16,
+            kv_heads=4,
+            ffn=4352,
+            vocab=8192,
+            max_context=2048,
+            bytes_per_param=4,
+            kv_bytes=4,
+            tied_embeddings=True,
+        ),
+        # Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json): trained to 131072 tokens; we serve
+        # 8192, a common serving limit, so that slab reservations stay comparable across models.
+        ModelShape(
+            "llama-1b",
+            layers=16,
+            hidden=2048,
+            heads=32,
+            kv_heads=8,
+            ffn=8192,
+            vocab=_LLAMA_VOCAB,
+            max_context=8192,
+            tied_embeddings=True,
+        ),
+        # Llama 3.1 8B / 70B (meta-llama/Llama-3.1-{8B,70B} config.json): 131072 trained, 8192 served.
+        ModelShape(
+            "llama-8b",
+            layers=32,
+            hidden=4096,
+            heads=32,
+            kv_heads=8,
+            ffn=14336,
+            vocab=_LLAMA_VOCAB,
+            max_context=8192,
+        ),
+        ModelShape(
+            "llama-70b",
+            layers=80,
+            hidden=8192,
+            heads=64,
+            kv_heads=8,
+            ffn=28672,
+            vocab=_LLAMA_VOCAB,
+            max_context=8192,
+        ),
+    )
+}
 
 
 def get_model(name: str) -> ModelShape:

@@ -4,6 +4,7 @@ A scheduler returns a :class:`StepPlan`; an executor (simulated clock or real mo
 carries it out as *one* forward pass and reports how long it took. Nothing here touches
 torch. :class:`StepWork` is the plan reduced to the numbers a cost model needs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ class StepPlan:
     slots: int = 1
     steady: int = 1
     arrival_sensitive: bool = True
-    _work: "StepWork | None" = field(default=None, init=False, repr=False, compare=False)
+    _work: StepWork | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def is_empty(self) -> bool:
@@ -69,7 +70,7 @@ class StepPlan:
         """Requests that get a token from this step."""
         return [c.req for c in self.prefills if c.completes] + list(self.decodes)
 
-    def work(self) -> "StepWork":
+    def work(self) -> StepWork:
         """The step's cost inputs, computed once (before the step is committed)."""
         if self._work is None:
             self._work = StepWork.of(self)
@@ -91,7 +92,7 @@ class StepWork:
     decode_ctx: int = 0
 
     @staticmethod
-    def of(plan: StepPlan) -> "StepWork":
+    def of(plan: StepPlan) -> StepWork:
         p_tok = p_attn = 0
         for c in plan.prefills:
             n = c.n + c.pad

@@ -9,6 +9,7 @@ A request preempted under ``exact`` KV (vLLM's recompute policy) loses its cache
 prefilled again over its prompt *and* the tokens it has already generated; completing that
 recompute emits its next token. ``prefill_target`` is the length of that (re)prefill.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,12 @@ class RequestError(ValueError):
 def check_length(name: str, value: object, rid: object = None) -> int:
     """Return ``value`` as an int >= 1, or raise naming the field and the value."""
     where = f" (request {rid})" if rid is not None else ""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or isinstance(value, float) and not math.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or isinstance(value, float)
+        and not math.isfinite(value)
+    ):
         raise RequestError(f"{name}={value!r}{where}: must be a positive integer")
     if int(value) != value or value < 1:
         raise RequestError(f"{name}={value!r}{where}: must be a positive integer")
@@ -43,10 +49,10 @@ class Request:
     prompt_len: int
     output_len: int
     # --- state, owned by the request and changed only by the on_* methods ---
-    num_computed: int = field(default=0, init=False)   # tokens whose KV is in the cache
-    generated: int = field(default=0, init=False)      # output tokens emitted so far
+    num_computed: int = field(default=0, init=False)  # tokens whose KV is in the cache
+    generated: int = field(default=0, init=False)  # output tokens emitted so far
     prefill_target: int = field(default=0, init=False)  # tokens the current prefill must cover
-    padding: int = field(default=0, init=False)        # static batching: pad tokens added to the prompt
+    padding: int = field(default=0, init=False)  # static batching: pad tokens added to the prompt
     slot: int | None = field(default=None, init=False)  # batch row while admitted
     admit_time: float | None = field(default=None, init=False)  # first admission
     finish_time: float | None = field(default=None, init=False)
@@ -57,7 +63,11 @@ class Request:
     def __post_init__(self) -> None:
         self.prompt_len = check_length("prompt_len", self.prompt_len, self.rid)
         self.output_len = check_length("output_len", self.output_len, self.rid)
-        if isinstance(self.arrival, bool) or not isinstance(self.arrival, (int, float)) or not math.isfinite(self.arrival):
+        if (
+            isinstance(self.arrival, bool)
+            or not isinstance(self.arrival, (int, float))
+            or not math.isfinite(self.arrival)
+        ):
             raise RequestError(f"arrival={self.arrival!r} (request {self.rid}): must be a finite number")
         if self.arrival < 0:
             raise RequestError(f"arrival={self.arrival!r} (request {self.rid}): must be >= 0")
@@ -127,7 +137,10 @@ class Request:
         """``len(times)`` consecutive decode steps at once (the engine's fast path)."""
         k = len(times)
         # The invariants of _check, kept cheap: this is the simulator's hottest path.
-        assert self.num_computed >= self.prefill_target and k <= self.output_len - self.generated, (self.rid, k)
+        assert self.num_computed >= self.prefill_target and k <= self.output_len - self.generated, (
+            self.rid,
+            k,
+        )
         assert times[0] >= self.token_times[-1], self.rid
         self.num_computed += k
         self.generated += k
@@ -150,10 +163,15 @@ class Request:
         self._check()
 
     def _check(self) -> None:
-        assert (0 <= self.generated <= self.output_len
-                and 0 <= self.num_computed <= self.prompt_len + self.output_len
-                and self.prefill_target >= self.prompt_len
-                and len(self.token_times) == self.generated), self
+        assert (
+            0 <= self.generated <= self.output_len
+            and 0 <= self.num_computed <= self.prompt_len + self.output_len
+            and self.prefill_target >= self.prompt_len
+            and len(self.token_times) == self.generated
+        ), self
         # While decoding, the cache holds everything but the newest token.
-        assert (self.generated == 0 or self.num_computed < self.prefill_target
-                or self.num_computed == self.prompt_len + self.generated - 1), self
+        assert (
+            self.generated == 0
+            or self.num_computed < self.prefill_target
+            or self.num_computed == self.prompt_len + self.generated - 1
+        ), self

@@ -3,6 +3,7 @@
 ``meta`` holds what varies between identical runs (date, host, versions, wall time) and is
 left out of determinism checks; ``config`` holds everything needed to rerun.
 """
+
 from __future__ import annotations
 
 import csv
@@ -25,14 +26,20 @@ def _versions() -> dict[str, str]:
     v = {"python": platform.python_version(), "numpy": np.__version__}
     try:
         from importlib.metadata import version
+
         v["batching"] = version("batching")
     except Exception:  # not installed as a distribution (running from a checkout)
         pass
     return v
 
 
-def build(result: RunResult, config: dict[str, Any], slo: SLO | None = None,
-          include_steps: bool = True, include_token_times: bool = False) -> dict[str, Any]:
+def build(
+    result: RunResult,
+    config: dict[str, Any],
+    slo: SLO | None = None,
+    include_steps: bool = True,
+    include_token_times: bool = False,
+) -> dict[str, Any]:
     """The results document of one run; ``include_token_times`` adds every token's
     timestamp to each request record (so every inter-token latency can be recomputed)."""
     times = token_times(result.requests)  # millions of timestamps on a trace: read them once
@@ -42,9 +49,13 @@ def build(result: RunResult, config: dict[str, Any], slo: SLO | None = None,
             rec["token_times"] = list(r.token_times)
     doc: dict[str, Any] = {
         "schema": SCHEMA,
-        "meta": {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                 "host": socket.gethostname(), "versions": _versions(), "wall_s": result.wall_s,
-                 "fast_steps": result.fast_steps},
+        "meta": {
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": socket.gethostname(),
+            "versions": _versions(),
+            "wall_s": result.wall_s,
+            "fast_steps": result.fast_steps,
+        },
         "config": {**config, "scheduler": result.scheduler, "executor": result.executor},
         "summary": summarize(result, records, slo, times),
         "requests": records,

@@ -9,6 +9,7 @@ data's licence asks for in ``info``.
 Parse errors name the file, line, column and the offending value: a silently skipped row
 would change a published number without anyone noticing.
 """
+
 from __future__ import annotations
 
 import csv
@@ -29,18 +30,28 @@ from .request import RequestError
 from .workload import Workload, WorkloadError, _count, _positive_finite
 
 __all__ = [
-    "TraceError", "TRACES", "AZURE_ATTRIBUTION", "MOONCAKE_ATTRIBUTION", "load_azure",
-    "load_mooncake", "load_trace", "find_trace", "trace_dirs", "merge",
+    "TraceError",
+    "TRACES",
+    "AZURE_ATTRIBUTION",
+    "MOONCAKE_ATTRIBUTION",
+    "load_azure",
+    "load_mooncake",
+    "load_trace",
+    "find_trace",
+    "trace_dirs",
+    "merge",
 ]
 
 AZURE_ATTRIBUTION = (
     'Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", '
     "ISCA 2024; data from the Azure Public Dataset (github.com/Azure/AzurePublicDataset, "
-    "commit b469a11), licensed CC BY 4.0.")
+    "commit b469a11), licensed CC BY 4.0."
+)
 MOONCAKE_ATTRIBUTION = (
     'Qin et al., "Mooncake: A KVCache-centric Architecture for Serving LLM Chatbot", FAST 2025; '
     "trace from github.com/kvcache-ai/Mooncake FAST25-release/traces/conversation_trace.jsonl "
-    "(commit 3b5a594; repository licence Apache-2.0, the data carries no licence of its own).")
+    "(commit 3b5a594; repository licence Apache-2.0, the data carries no licence of its own)."
+)
 
 _AZURE_URL = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data/"
 _MOONCAKE_URL = "https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release/traces/"
@@ -107,7 +118,9 @@ def _parse_length(text: str, where: str, column: str) -> int:
     return v
 
 
-def _check_option(limit: int | None, window: tuple[float, float] | None) -> tuple[int | None, tuple[float, float] | None]:
+def _check_option(
+    limit: int | None, window: tuple[float, float] | None
+) -> tuple[int | None, tuple[float, float] | None]:
     if limit is not None:
         limit = _count("limit", limit, minimum=1)
     if window is not None:
@@ -123,10 +136,22 @@ def _check_option(limit: int | None, window: tuple[float, float] | None) -> tupl
     return limit, window
 
 
-def _select(path: Path, arrivals: np.ndarray, prompts: np.ndarray, outputs: np.ndarray,
-            lines: np.ndarray, *, limit: int | None, window: tuple[float, float] | None,
-            time_scale: float, max_context: int | None, cap: bool, name: str,
-            info: dict[str, object], epoch: datetime | None = None) -> Workload:
+def _select(
+    path: Path,
+    arrivals: np.ndarray,
+    prompts: np.ndarray,
+    outputs: np.ndarray,
+    lines: np.ndarray,
+    *,
+    limit: int | None,
+    window: tuple[float, float] | None,
+    time_scale: float,
+    max_context: int | None,
+    cap: bool,
+    name: str,
+    info: dict[str, object],
+    epoch: datetime | None = None,
+) -> Workload:
     """Apply window, then limit, then time_scale, then the context check; build the workload.
 
     Arrivals are rebased so the first selected request arrives at t=0; the offset goes to
@@ -164,7 +189,8 @@ def _select(path: Path, arrivals: np.ndarray, prompts: np.ndarray, outputs: np.n
             raise RequestError(
                 f"{path}, line {int(ln[i])}: request {i}: prompt_len + output_len = {int(p[i])} + {int(o[i])} "
                 f"= {int(p[i] + o[i])} exceeds max_context={max_context} ({len(over)} of {len(idx)} "
-                f"selected requests too long; pass cap=True to shorten them)")
+                f"selected requests too long; pass cap=True to shorten them)"
+            )
     w = Workload.from_arrays(a, p, o, name=name, info=info)
     if max_context is not None and cap:
         w, _ = w.cap_to_context(max_context, mode="cap")
@@ -173,17 +199,29 @@ def _select(path: Path, arrivals: np.ndarray, prompts: np.ndarray, outputs: np.n
 
 def _base_info(path: Path, fmt: str, attribution: str) -> dict[str, object]:
     sha = _sha256(path)
-    info: dict[str, object] = {"source": "trace", "format": fmt, "file": str(path), "sha256": sha,
-                               "attribution": attribution}
+    info: dict[str, object] = {
+        "source": "trace",
+        "format": fmt,
+        "file": str(path),
+        "sha256": sha,
+        "attribution": attribution,
+    }
     if sha in _KNOWN_SHA:
         info["trace"] = _KNOWN_SHA[sha]
     return info
 
 
 # ------------------------------------------------------------------------- Azure
-def load_azure(path: str | Path, *, limit: int | None = None, window: tuple[float, float] | None = None,
-               time_scale: float = 1.0, max_context: int | None = None, cap: bool = False,
-               name: str | None = None) -> Workload:
+def load_azure(
+    path: str | Path,
+    *,
+    limit: int | None = None,
+    window: tuple[float, float] | None = None,
+    time_scale: float = 1.0,
+    max_context: int | None = None,
+    cap: bool = False,
+    name: str | None = None,
+) -> Workload:
     """Load an Azure LLM inference trace CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
     Workloads for every section. Arrival = seconds since the first row (first selected row
@@ -212,8 +250,10 @@ def load_azure(path: str | Path, *, limit: int | None = None, window: tuple[floa
         cols = [c.strip() for c in header]
         missing = [c for c in _AZURE_COLUMNS if c not in cols]
         if missing:
-            raise TraceError(f"{path}, line {reader.line_num}: missing column(s) {', '.join(map(repr, missing))}; "
-                             f"header is {','.join(cols)!r}, expected {','.join(_AZURE_COLUMNS)}")
+            raise TraceError(
+                f"{path}, line {reader.line_num}: missing column(s) {', '.join(map(repr, missing))}; "
+                f"header is {','.join(cols)!r}, expected {','.join(_AZURE_COLUMNS)}"
+            )
         it, ip, io = (cols.index(c) for c in _AZURE_COLUMNS)
         ncols = len(cols)
         prev: datetime | None = None
@@ -226,11 +266,15 @@ def load_azure(path: str | Path, *, limit: int | None = None, window: tuple[floa
             try:
                 t = _parse_timestamp(row[it])
             except ValueError:
-                raise TraceError(f"{where}, column 'TIMESTAMP': {row[it]!r} is not a timestamp "
-                                 f"like 2023-11-16 18:15:46.6805900") from None
+                raise TraceError(
+                    f"{where}, column 'TIMESTAMP': {row[it]!r} is not a timestamp "
+                    f"like 2023-11-16 18:15:46.6805900"
+                ) from None
             if prev is not None and t < prev:
-                raise TraceError(f"{where}, column 'TIMESTAMP': {row[it]!r} is earlier than line "
-                                 f"{lines[-1]}'s {prev.isoformat(' ')}; the trace must be sorted by time")
+                raise TraceError(
+                    f"{where}, column 'TIMESTAMP': {row[it]!r} is earlier than line "
+                    f"{lines[-1]}'s {prev.isoformat(' ')}; the trace must be sorted by time"
+                )
             prev = t
             prompts.append(_parse_length(row[ip], where, "ContextTokens"))
             outputs.append(_parse_length(row[io], where, "GeneratedTokens"))
@@ -243,16 +287,37 @@ def load_azure(path: str | Path, *, limit: int | None = None, window: tuple[floa
     # Integer microseconds keep arrivals exact (1.5 s stays 1.5, not 1.4999999).
     arrivals = np.array([(t - t0) // us for t in times], dtype=np.int64) / 1e6
     info = _base_info(path, "azure-2023-csv", AZURE_ATTRIBUTION)
-    w = _select(path, arrivals, np.array(prompts, dtype=np.int64), np.array(outputs, dtype=np.int64),
-                np.array(lines), limit=limit, window=window, time_scale=time_scale, max_context=max_context,
-                cap=cap, name=name or str(info.get("trace", path.stem)), info=info, epoch=t0)
+    w = _select(
+        path,
+        arrivals,
+        np.array(prompts, dtype=np.int64),
+        np.array(outputs, dtype=np.int64),
+        np.array(lines),
+        limit=limit,
+        window=window,
+        time_scale=time_scale,
+        max_context=max_context,
+        cap=cap,
+        name=name or str(info.get("trace", path.stem)),
+        info=info,
+        epoch=t0,
+    )
     return w
 
 
 # ---------------------------------------------------------------------- Mooncake
-def load_mooncake(path: str | Path, *, limit: int | None = None, window: tuple[float, float] | None = None,
-                  time_scale: float = 1.0, max_context: int | None = None, cap: bool = False,
-                  spread: bool = True, bucket_s: float = 3.0, name: str | None = None) -> Workload:
+def load_mooncake(
+    path: str | Path,
+    *,
+    limit: int | None = None,
+    window: tuple[float, float] | None = None,
+    time_scale: float = 1.0,
+    max_context: int | None = None,
+    cap: bool = False,
+    spread: bool = True,
+    bucket_s: float = 3.0,
+    name: str | None = None,
+) -> Workload:
     """Load a Mooncake JSON-lines trace (``timestamp`` ms, ``input_length``, ``output_length``).
 
     Workloads for every section (the long-context stress case of 7.3). ``hash_ids`` are
@@ -280,7 +345,9 @@ def load_mooncake(path: str | Path, *, limit: int | None = None, window: tuple[f
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno}): {line.strip()[:80]!r}") from None
+                raise TraceError(
+                    f"{where}: not valid JSON ({e.msg} at column {e.colno}): {line.strip()[:80]!r}"
+                ) from None
             if not isinstance(rec, dict):
                 raise TraceError(f"{where}: expected a JSON object, got {line.strip()[:80]!r}")
             for k in _MOONCAKE_FIELDS:
@@ -290,8 +357,10 @@ def load_mooncake(path: str | Path, *, limit: int | None = None, window: tuple[f
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
                 raise TraceError(f"{where}, field 'timestamp': {t!r} is not a time in ms >= 0")
             if ts and t < ts[-1]:
-                raise TraceError(f"{where}, field 'timestamp': {t!r} is earlier than line {lines[-1]}'s "
-                                 f"{ts[-1]!r}; the trace must be sorted by time")
+                raise TraceError(
+                    f"{where}, field 'timestamp': {t!r} is earlier than line {lines[-1]}'s "
+                    f"{ts[-1]!r}; the trace must be sorted by time"
+                )
             for k, out in (("input_length", prompts), ("output_length", outputs)):
                 v = rec[k]
                 if isinstance(v, bool) or not isinstance(v, int):
@@ -306,12 +375,29 @@ def load_mooncake(path: str | Path, *, limit: int | None = None, window: tuple[f
     raw = (np.array(ts, dtype=np.float64) - ts[0]) / 1000.0
     arrivals = _spread(raw, bucket_s) if spread else raw
     info = _base_info(path, "mooncake-jsonl", MOONCAKE_ATTRIBUTION)
-    info["spread"] = (f"requests sharing a timestamp spread evenly over the bucket "
-                      f"(width min({bucket_s} s, gap to next timestamp)), deterministic") if spread else False
+    info["spread"] = (
+        (
+            f"requests sharing a timestamp spread evenly over the bucket "
+            f"(width min({bucket_s} s, gap to next timestamp)), deterministic"
+        )
+        if spread
+        else False
+    )
     info["ignored"] = "hash_ids (prefix-sharing blocks)"
-    return _select(path, arrivals, np.array(prompts, dtype=np.int64), np.array(outputs, dtype=np.int64),
-                   np.array(lines), limit=limit, window=window, time_scale=time_scale, max_context=max_context,
-                   cap=cap, name=name or str(info.get("trace", path.stem)), info=info)
+    return _select(
+        path,
+        arrivals,
+        np.array(prompts, dtype=np.int64),
+        np.array(outputs, dtype=np.int64),
+        np.array(lines),
+        limit=limit,
+        window=window,
+        time_scale=time_scale,
+        max_context=max_context,
+        cap=cap,
+        name=name or str(info.get("trace", path.stem)),
+        info=info,
+    )
 
 
 def _spread(t: np.ndarray, bucket_s: float) -> np.ndarray:
@@ -352,7 +438,9 @@ def find_trace(name: str, *, download: bool = False) -> Path:
     kept only if it matches.
     """
     if name not in TRACES:
-        raise TraceError(f"unknown trace {name!r}; known traces: {', '.join(TRACES)} (or pass a .csv/.jsonl path)")
+        raise TraceError(
+            f"unknown trace {name!r}; known traces: {', '.join(TRACES)} (or pass a .csv/.jsonl path)"
+        )
     rel = TRACES[name]["path"]
     looked = []
     for d in trace_dirs():
@@ -361,9 +449,11 @@ def find_trace(name: str, *, download: bool = False) -> Path:
             return p
         looked.append(str(p))
     if not download:
-        raise TraceError(f"trace {name!r} not found; looked in: {'; '.join(looked)}. Set BATCHING_TRACES to a "
-                         f"directory laid out like shared/traces, or pass download=True to fetch "
-                         f"{TRACES[name]['url']} into the cache")
+        raise TraceError(
+            f"trace {name!r} not found; looked in: {'; '.join(looked)}. Set BATCHING_TRACES to a "
+            f"directory laid out like shared/traces, or pass download=True to fetch "
+            f"{TRACES[name]['url']} into the cache"
+        )
     return _download(name, _cache_dir() / rel)
 
 
@@ -403,13 +493,16 @@ def load_trace(path_or_name: str | Path, *, download: bool = False, **options: o
         return load_azure(path, **options)  # type: ignore[arg-type]
     if suffix == ".jsonl":
         return load_mooncake(path, **options)  # type: ignore[arg-type]
-    raise TraceError(f"{path}: cannot tell the trace format from extension {suffix!r} "
-                     f"(.csv = Azure, .jsonl = Mooncake); named traces: {', '.join(TRACES)}")
+    raise TraceError(
+        f"{path}: cannot tell the trace format from extension {suffix!r} "
+        f"(.csv = Azure, .jsonl = Mooncake); named traces: {', '.join(TRACES)}"
+    )
 
 
 # ------------------------------------------------------------------------- merge
-def merge(*workloads: Workload, align: Literal["auto", "epoch", "start"] = "auto",
-          name: str | None = None) -> Workload:
+def merge(
+    *workloads: Workload, align: Literal["auto", "epoch", "start"] = "auto", name: str | None = None
+) -> Workload:
     """Interleave workloads by arrival, renumbering rids 0..n-1 (workloads for every section).
 
     Azure conv and code cover the same hour but each loads with t=0 at its own first row.
@@ -435,7 +528,9 @@ def merge(*workloads: Workload, align: Literal["auto", "epoch", "start"] = "auto
     if use_epoch:
         scales = {float(i.get("time_scale", 1.0)) for i in infos}
         if len(scales) != 1:
-            raise WorkloadError(f"cannot align on epoch workloads replayed at different time_scale {sorted(scales)}")
+            raise WorkloadError(
+                f"cannot align on epoch workloads replayed at different time_scale {sorted(scales)}"
+            )
         k = scales.pop()
         epochs = [datetime.fromisoformat(str(i["epoch"])) for i in infos]
         e0 = min(epochs)
@@ -446,8 +541,10 @@ def merge(*workloads: Workload, align: Literal["auto", "epoch", "start"] = "auto
     order = np.argsort(a, kind="stable")
     a_first = a[order[0]]
     a = a[order] - a_first
-    parts = [{"name": w.name, "n": len(w), "offset_s": off, "info": i}
-             for w, off, i in zip(workloads, offsets, infos)]
+    parts = [
+        {"name": w.name, "n": len(w), "offset_s": off, "info": i}
+        for w, off, i in zip(workloads, offsets, infos)
+    ]
     info: dict[str, object] = {"source": "merge", "align": "epoch" if use_epoch else "start", "parts": parts}
     if use_epoch:
         # Keep the merged workload alignable with others (e.g. merging a merge).
@@ -456,4 +553,6 @@ def merge(*workloads: Workload, align: Literal["auto", "epoch", "start"] = "auto
     attributions = sorted({str(i["attribution"]) for i in infos if "attribution" in i})
     if attributions:
         info["attribution"] = " ".join(attributions)
-    return Workload.from_arrays(a, p[order], o[order], name=name or "+".join(w.name for w in workloads), info=info)
+    return Workload.from_arrays(
+        a, p[order], o[order], name=name or "+".join(w.name for w in workloads), info=info
+    )

@@ -11,23 +11,37 @@ and smaller values are burstier (inter-arrival CV = 1/sqrt(burstiness)). Length
 distributions are small classes with ``sample(n, rng)``; the named presets rebuild the
 chapter's own examples.
 """
+
 from __future__ import annotations
 
 import copy
 import csv
 import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Literal, Mapping, Protocol, Sequence, overload
+from typing import Literal, Protocol, overload
 
 import numpy as np
 
 from .request import Request, RequestError, check_length
 
 __all__ = [
-    "WorkloadError", "Workload", "poisson_arrivals", "gamma_arrivals", "LengthDist",
-    "Fixed", "Uniform", "LogNormal", "Empirical", "as_length_dist", "synthetic", "preset",
-    "PRESETS", "QUANTILE_DIR", "quantile_table",
+    "WorkloadError",
+    "Workload",
+    "poisson_arrivals",
+    "gamma_arrivals",
+    "LengthDist",
+    "Fixed",
+    "Uniform",
+    "LogNormal",
+    "Empirical",
+    "as_length_dist",
+    "synthetic",
+    "preset",
+    "PRESETS",
+    "QUANTILE_DIR",
+    "quantile_table",
 ]
 
 #: Derived length tables (see data/README.md); next to the package, not inside it.
@@ -72,8 +86,9 @@ class Workload:
 
     __slots__ = ("_requests", "_rid", "_arrival", "_prompt", "_output", "_name", "_info")
 
-    def __init__(self, requests: Iterable[Request], name: str = "workload",
-                 info: Mapping[str, object] | None = None) -> None:
+    def __init__(
+        self, requests: Iterable[Request], name: str = "workload", info: Mapping[str, object] | None = None
+    ) -> None:
         reqs = list(requests)
         if not reqs:
             raise WorkloadError(f"empty workload {name!r}: it needs at least one request")
@@ -89,7 +104,8 @@ class Workload:
             if a < prev:
                 raise WorkloadError(
                     f"request {r.rid}: arrival={a!r} is earlier than the previous request's "
-                    f"{prev!r}; a workload must be sorted by arrival")
+                    f"{prev!r}; a workload must be sorted by arrival"
+                )
             prev = a
             if r.rid in seen:
                 raise WorkloadError(f"request id {r.rid!r} appears twice in workload {name!r}")
@@ -105,16 +121,23 @@ class Workload:
         self._info = copy.deepcopy(dict(info or {}))
 
     @classmethod
-    def from_arrays(cls, arrivals: Sequence[float] | np.ndarray, prompt_lens: Sequence[int] | np.ndarray,
-                    output_lens: Sequence[int] | np.ndarray, name: str = "workload",
-                    info: Mapping[str, object] | None = None,
-                    rids: Sequence[int] | None = None) -> "Workload":
+    def from_arrays(
+        cls,
+        arrivals: Sequence[float] | np.ndarray,
+        prompt_lens: Sequence[int] | np.ndarray,
+        output_lens: Sequence[int] | np.ndarray,
+        name: str = "workload",
+        info: Mapping[str, object] | None = None,
+        rids: Sequence[int] | None = None,
+    ) -> Workload:
         """Build from parallel arrays; rids default to 0..n-1 (workloads for every section)."""
         a = np.asarray(arrivals, dtype=np.float64)
         p = np.asarray(prompt_lens)
         o = np.asarray(output_lens)
         if not (len(a) == len(p) == len(o)):
-            raise WorkloadError(f"arrays differ in length: arrivals {len(a)}, prompts {len(p)}, outputs {len(o)}")
+            raise WorkloadError(
+                f"arrays differ in length: arrivals {len(a)}, prompts {len(p)}, outputs {len(o)}"
+            )
         ids = list(range(len(a))) if rids is None else list(rids)
         if len(ids) != len(a):
             raise WorkloadError(f"rids has {len(ids)} entries for {len(a)} requests")
@@ -182,8 +205,10 @@ class Workload:
         return list(r) if isinstance(i, slice) else r
 
     def __repr__(self) -> str:
-        return (f"Workload({self._name!r}, {len(self)} requests, {self.duration:.1f} s, "
-                f"{self.total_prompt_tokens} prompt + {self.total_output_tokens} output tokens)")
+        return (
+            f"Workload({self._name!r}, {len(self)} requests, {self.duration:.1f} s, "
+            f"{self.total_prompt_tokens} prompt + {self.total_output_tokens} output tokens)"
+        )
 
     # ------------------------------------------------------------- derivations
     def fresh(self) -> list[Request]:
@@ -192,16 +217,25 @@ class Workload:
         Used by every section: each scheduler run mutates its requests, so comparing
         schedulers on one workload needs one ``fresh()`` list per run.
         """
-        return [Request(*row) for row in zip(self._rid, self._arrival.tolist(), self._prompt.tolist(),
-                                             self._output.tolist())]
+        return [
+            Request(*row)
+            for row in zip(self._rid, self._arrival.tolist(), self._prompt.tolist(), self._output.tolist())
+        ]
 
-    def _derive(self, arrivals: np.ndarray, prompts: np.ndarray, outputs: np.ndarray,
-                info_update: Mapping[str, object]) -> "Workload":
+    def _derive(
+        self,
+        arrivals: np.ndarray,
+        prompts: np.ndarray,
+        outputs: np.ndarray,
+        info_update: Mapping[str, object],
+    ) -> Workload:
         info = dict(self._info)
         info.update(info_update)
         return Workload.from_arrays(arrivals, prompts, outputs, name=self._name, info=info, rids=self._rid)
 
-    def cap_to_context(self, max_context: int, mode: Literal["error", "cap"] = "error") -> tuple["Workload", int]:
+    def cap_to_context(
+        self, max_context: int, mode: Literal["error", "cap"] = "error"
+    ) -> tuple[Workload, int]:
         """Make every request fit ``prompt_len + output_len <= max_context`` (7.2 and 7.3).
 
         ``mode="error"`` raises a :class:`RequestError` naming the first request that does
@@ -221,7 +255,8 @@ class Workload:
                 raise RequestError(
                     f"request {self._rid[i]}: prompt_len + output_len = {self._prompt[i]} + "
                     f"{self._output[i]} = {int(total[i])} exceeds max_context={max_context} "
-                    f"({len(over)} request(s) too long; cap them: mode='cap', or --cap on the command line)")
+                    f"({len(over)} request(s) too long; cap them: mode='cap', or --cap on the command line)"
+                )
             return self, 0
         prompts = np.where(total > max_context, np.maximum(1, max_context - self._output), self._prompt)
         outputs = np.minimum(self._output, max_context - prompts)
@@ -235,7 +270,7 @@ class Workload:
         }
         return self._derive(self._arrival, prompts, outputs, {"capped": capped}), int(len(over))
 
-    def scale(self, lengths: float = 1, time: float = 1) -> "Workload":
+    def scale(self, lengths: float = 1, time: float = 1) -> Workload:
         """Divide token lengths by ``lengths`` and replay ``time`` times faster (every section).
 
         Lengths are rounded half-up with a floor of 1; inter-arrival gaps are divided by
@@ -249,10 +284,15 @@ class Workload:
         arrivals = a0 + (self._arrival - a0) / t
         prompts = np.maximum(1, _round_half_up(self._prompt / k))
         outputs = np.maximum(1, _round_half_up(self._output / k))
-        return self._derive(arrivals, prompts, outputs, {
-            "scale_lengths": float(self._info.get("scale_lengths", 1.0)) * k,
-            "time_scale": float(self._info.get("time_scale", 1.0)) * t,
-        })
+        return self._derive(
+            arrivals,
+            prompts,
+            outputs,
+            {
+                "scale_lengths": float(self._info.get("scale_lengths", 1.0)) * k,
+                "time_scale": float(self._info.get("time_scale", 1.0)) * t,
+            },
+        )
 
 
 # ---------------------------------------------------------------------- arrivals
@@ -336,8 +376,11 @@ class LogNormal:
 
     def __post_init__(self) -> None:
         _positive_finite("LogNormal median", self.median)
-        if isinstance(self.sigma, bool) or not isinstance(self.sigma, (int, float, np.integer, np.floating)) or not (
-                math.isfinite(self.sigma) and self.sigma >= 0):
+        if (
+            isinstance(self.sigma, bool)
+            or not isinstance(self.sigma, (int, float, np.integer, np.floating))
+            or not (math.isfinite(self.sigma) and self.sigma >= 0)
+        ):
             raise WorkloadError(f"LogNormal sigma={self.sigma!r}: must be finite and >= 0")
         try:
             check_length("lo", self.lo)
@@ -374,37 +417,50 @@ class Empirical:
         ql, vl = q.tolist(), v.tolist()
         where = f" ({self.source})" if self.source else ""
         if q.ndim != 1 or len(q) < 2 or len(q) != len(v):
-            raise WorkloadError(f"Empirical{where}: need >= 2 quantiles and as many values, got {len(q)} and {len(v)}")
+            raise WorkloadError(
+                f"Empirical{where}: need >= 2 quantiles and as many values, got {len(q)} and {len(v)}"
+            )
         if not (np.all(np.isfinite(q)) and np.all(np.isfinite(v))):
             raise WorkloadError(f"Empirical{where}: quantiles and values must be finite")
         if q[0] != 0.0 or q[-1] != 1.0:
-            raise WorkloadError(f"Empirical{where}: quantiles must run from 0 to 1, got {ql[0]!r}..{ql[-1]!r}")
+            raise WorkloadError(
+                f"Empirical{where}: quantiles must run from 0 to 1, got {ql[0]!r}..{ql[-1]!r}"
+            )
         bad = np.flatnonzero(np.diff(q) <= 0)
         if len(bad):
-            raise WorkloadError(f"Empirical{where}: quantile q={ql[bad[0] + 1]!r} does not exceed the previous {ql[bad[0]]!r}")
+            raise WorkloadError(
+                f"Empirical{where}: quantile q={ql[bad[0] + 1]!r} does not exceed the previous {ql[bad[0]]!r}"
+            )
         bad = np.flatnonzero(np.diff(v) < 0)
         if len(bad):
-            raise WorkloadError(f"Empirical{where}: value {vl[bad[0] + 1]!r} at q={ql[bad[0] + 1]!r} is below the previous {vl[bad[0]]!r}")
+            raise WorkloadError(
+                f"Empirical{where}: value {vl[bad[0] + 1]!r} at q={ql[bad[0] + 1]!r} is below the previous {vl[bad[0]]!r}"
+            )
         if v[0] < 1:
             raise WorkloadError(f"Empirical{where}: value {vl[0]!r} at q=0 must be >= 1")
 
     @classmethod
-    def from_csv(cls, path: str | Path, column: str) -> "Empirical":
+    def from_csv(cls, path: str | Path, column: str) -> Empirical:
         """Read columns ``q`` and ``column`` from a CSV whose ``#`` lines are comments."""
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as e:
             raise WorkloadError(f"cannot read quantile table {path}: {e}") from None
-        rows = [(n, line) for n, line in enumerate(text.splitlines(), 1)
-                if line.strip() and not line.lstrip().startswith("#")]
+        rows = [
+            (n, line)
+            for n, line in enumerate(text.splitlines(), 1)
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
         if not rows:
             raise WorkloadError(f"{path}: no header line (only comments or blank lines)")
         header_line, header = rows[0]
         cols = [c.strip() for c in next(csv.reader([header]))]
         for need in ("q", column):
             if need not in cols:
-                raise WorkloadError(f"{path}, line {header_line}: no column {need!r} (columns: {', '.join(cols)})")
+                raise WorkloadError(
+                    f"{path}, line {header_line}: no column {need!r} (columns: {', '.join(cols)})"
+                )
         iq, iv = cols.index("q"), cols.index(column)
         qs: list[float] = []
         vs: list[float] = []
@@ -416,7 +472,9 @@ class Empirical:
                 try:
                     out.append(float(fields[i]))
                 except ValueError:
-                    raise WorkloadError(f"{path}, line {n}, column {name!r}: {fields[i]!r} is not a number") from None
+                    raise WorkloadError(
+                        f"{path}, line {n}, column {name!r}: {fields[i]!r} is not a number"
+                    ) from None
         return cls(tuple(qs), tuple(vs), source=f"{path.name}:{column}")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -433,7 +491,9 @@ def quantile_table(name: str, column: Literal["prompt", "output"]) -> Empirical:
     path = QUANTILE_DIR / f"{name}.csv"
     if not path.exists():
         have = sorted(p.stem for p in QUANTILE_DIR.glob("*.csv")) if QUANTILE_DIR.is_dir() else []
-        raise WorkloadError(f"no quantile table {name!r}: {path} does not exist (tables: {', '.join(have) or 'none'})")
+        raise WorkloadError(
+            f"no quantile table {name!r}: {path} does not exist (tables: {', '.join(have) or 'none'})"
+        )
     return Empirical.from_csv(path, column)
 
 
@@ -451,8 +511,15 @@ def _describe(d: object) -> str:
 
 
 # ---------------------------------------------------------------------- builders
-def synthetic(n: int, rate: float, prompt: int | LengthDist, output: int | LengthDist,
-              burstiness: float = 1.0, seed: int = 0, name: str | None = None) -> Workload:
+def synthetic(
+    n: int,
+    rate: float,
+    prompt: int | LengthDist,
+    output: int | LengthDist,
+    burstiness: float = 1.0,
+    seed: int = 0,
+    name: str | None = None,
+) -> Workload:
     """A seeded synthetic workload (workloads for every section).
 
     Draws, in this order from ``np.random.default_rng(seed)``: arrivals, prompt lengths,
@@ -464,8 +531,15 @@ def synthetic(n: int, rate: float, prompt: int | LengthDist, output: int | Lengt
     arrivals = gamma_arrivals(n, rate, burstiness, rng)
     prompts = p.sample(n, rng)
     outputs = o.sample(n, rng)
-    info = {"source": "synthetic", "seed": seed, "n": n, "rate": float(rate), "burstiness": float(burstiness),
-            "prompt": _describe(p), "output": _describe(o)}
+    info = {
+        "source": "synthetic",
+        "seed": seed,
+        "n": n,
+        "rate": float(rate),
+        "burstiness": float(burstiness),
+        "prompt": _describe(p),
+        "output": _describe(o),
+    }
     return Workload.from_arrays(arrivals, prompts, outputs, name=name or f"synthetic-{n}", info=info)
 
 
@@ -510,14 +584,26 @@ def preset(name: str, seed: int = 0, *, n: int | None = None, rate: float | None
         is_rag = rng.random(n) < _RAG_FRACTION
         prompts = np.where(is_rag, _RAG_PROMPT.sample(n, rng), _CHAT_PROMPT.sample(n, rng))
         outputs = np.where(is_rag, _RAG_OUTPUT.sample(n, rng), _CHAT_OUTPUT.sample(n, rng))
-        info.update(seed=seed, n=n, rate=float(rate), burstiness=1.0, rag_fraction=_RAG_FRACTION,
-                    n_rag=int(is_rag.sum()),
-                    chat={"prompt": repr(_CHAT_PROMPT), "output": repr(_CHAT_OUTPUT)},
-                    rag={"prompt": repr(_RAG_PROMPT), "output": repr(_RAG_OUTPUT)})
+        info.update(
+            seed=seed,
+            n=n,
+            rate=float(rate),
+            burstiness=1.0,
+            rag_fraction=_RAG_FRACTION,
+            n_rag=int(is_rag.sum()),
+            chat={"prompt": repr(_CHAT_PROMPT), "output": repr(_CHAT_OUTPUT)},
+            rag={"prompt": repr(_RAG_PROMPT), "output": repr(_RAG_OUTPUT)},
+        )
         return Workload.from_arrays(arrivals, prompts, outputs, name=name, info=info)
     table, default_rate = _AZURE_RATES[name]
-    w = synthetic(500 if n is None else n, default_rate if rate is None else rate,
-                  quantile_table(table, "prompt"), quantile_table(table, "output"), seed=seed, name=name)
+    w = synthetic(
+        500 if n is None else n,
+        default_rate if rate is None else rate,
+        quantile_table(table, "prompt"),
+        quantile_table(table, "output"),
+        seed=seed,
+        name=name,
+    )
     info.update(w.info)
     info["source"] = "preset"
     info["table"] = str(Path("data") / "length_quantiles" / f"{table}.csv")

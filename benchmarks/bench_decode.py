@@ -10,6 +10,7 @@ Writes ``benchmarks/results/decode-<device>-<model>.json``.
 
     python benchmarks/bench_decode.py --model cpu-m
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from batching.measure import StepTimer, bandwidth, matmul_peak, registry_device, time_fn
-from batching.measure import matvec as matvec_op
 from batching.models import get_model
-from batching.real import device_name, resolve_device, resolve_dtype, REGISTRY_DTYPE
-from batching.runner import ModelRunner
+from batching.real.executor import REGISTRY_DTYPE, device_name, resolve_device, resolve_dtype
+from batching.real.measure import StepTimer, bandwidth, matmul_peak, registry_device, time_fn
+from batching.real.measure import matvec as matvec_op
+from batching.real.runner import ModelRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,20 +76,29 @@ def batch1_breakdown(runner: ModelRunner, ctx: int, weight_bytes: int, reps: int
 
     timer = StepTimer(runner, reps=reps)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        timer.decode(1, ctx + 2)        # a context of its own: no repetition of an earlier step
+        timer.decode(1, ctx + 2)  # a context of its own: no repetition of an earlier step
     steps = reps + timer.warmup
     ev = prof.key_averages()
-    mm = sum(e.self_cpu_time_total for e in ev if e.key in MATMUL_OPS) / 1e3 / steps       # ms per step
+    mm = sum(e.self_cpu_time_total for e in ev if e.key in MATMUL_OPS) / 1e3 / steps  # ms per step
     total = sum(e.self_cpu_time_total for e in ev) / 1e3 / steps
     calls = sum(e.count for e in ev) / steps
     mm_calls = sum(e.count for e in ev if e.key in MATMUL_OPS) / steps
     top = sorted((e for e in ev if e.key not in MATMUL_OPS), key=lambda e: -e.self_cpu_time_total)[:8]
-    return {"steps": steps, "matmul_ms": mm, "other_ms": total - mm, "profiled_step_ms": total,
-            "matmul_share": mm / total, "matmul_GBps": weight_bytes / (mm / 1e3) / 1e9,
-            "ops_per_step": calls, "matmul_calls_per_step": mm_calls,
-            "top_other_ops": {e.key: {"ms_per_step": e.self_cpu_time_total / 1e3 / steps,
-                                      "calls_per_step": e.count / steps} for e in top},
-            "how": "torch.profiler self CPU time per step; profiler overhead inflates every op a little"}
+    return {
+        "steps": steps,
+        "matmul_ms": mm,
+        "other_ms": total - mm,
+        "profiled_step_ms": total,
+        "matmul_share": mm / total,
+        "matmul_GBps": weight_bytes / (mm / 1e3) / 1e9,
+        "ops_per_step": calls,
+        "matmul_calls_per_step": mm_calls,
+        "top_other_ops": {
+            e.key: {"ms_per_step": e.self_cpu_time_total / 1e3 / steps, "calls_per_step": e.count / steps}
+            for e in top
+        },
+        "how": "torch.profiler self CPU time per step; profiler overhead inflates every op a little",
+    }
 
 
 def main() -> None:
@@ -99,18 +109,27 @@ def main() -> None:
     p.add_argument("--batches", default="1,2,4,8,16,32,64")
     p.add_argument("--reps", type=int, default=7, help="repetitions per batch size and round")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--pairs", type=int, default=40,
-                   help="batch-1 steps alternated with matrix-vector products for the paired ratio")
-    p.add_argument("--out", type=Path, default=None,
-                   help="results file (default benchmarks/results/decode-<device>-<model>.json)")
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=40,
+        help="batch-1 steps alternated with matrix-vector products for the paired ratio",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results file (default benchmarks/results/decode-<device>-<model>.json)",
+    )
     a = p.parse_args()
     dev = resolve_device(a.device)
     dtype = resolve_dtype(None, dev)
     shape = get_model(a.model).with_dtype(REGISTRY_DTYPE[dtype])
     batches = [int(x) for x in a.batches.split(",")]
     load0 = os.getloadavg()[0]
-    runner = ModelRunner.from_shape(get_model(a.model), max(batches), device=dev, dtype=dtype,
-                                    max_len=a.ctx * 3 // 2 + 2)
+    runner = ModelRunner.from_shape(
+        get_model(a.model), max(batches), device=dev, dtype=dtype, max_len=a.ctx * 3 // 2 + 2
+    )
     runner.warmup()
     timer = StepTimer(runner, a.reps, pool=True)
     # Rounds interleave the step sweep with the bandwidth references, so that a slow
@@ -123,11 +142,11 @@ def main() -> None:
     eager_timer = StepTimer(runner, a.reps, pool=True) if graphs is not None else None
     eager: dict[int, dict] = {}
     bws = []
-    np_mv: list[float] = []   # GB/s of numpy's matvec (OpenBLAS) over the same bytes, every rep
+    np_mv: list[float] = []  # GB/s of numpy's matvec (OpenBLAS) over the same bytes, every rep
     for _ in range(a.rounds):
         for b in batches:
-            steps[b] = timer.decode(b, a.ctx)         # statistics over every round so far
-        if eager_timer is not None and runner.graphs is not None:   # (None: a capture failed)
+            steps[b] = timer.decode(b, a.ctx)  # statistics over every round so far
+        if eager_timer is not None and runner.graphs is not None:  # (None: a capture failed)
             runner.graphs = None
             try:
                 for b in batches:
@@ -137,8 +156,14 @@ def main() -> None:
         bws.append(bandwidth(dev, dtype, shape.weight_read_bytes))
         if dev.type == "cpu":
             np_mv.extend(numpy_matvec(shape.weight_read_bytes))
-    bw = {k: (max((x[k] for x in bws), key=lambda v: v["GBps_best"]) if isinstance(bws[0][k], dict) else bws[0][k])
-          for k in bws[0]}
+    bw = {
+        k: (
+            max((x[k] for x in bws), key=lambda v: v["GBps_best"])
+            if isinstance(bws[0][k], dict)
+            else bws[0][k]
+        )
+        for k in bws[0]
+    }
     peak = matmul_peak(dev, dtype, 2048 if dev.type == "cpu" else 8192)
     t1 = steps[1]["median_ms"] / 1e3
     read = shape.weight_read_bytes + shape.kv_bytes_per_token * (a.ctx + 1)
@@ -148,7 +173,7 @@ def main() -> None:
     # between a median step and a best product measured at different times.
     mv, mv_bytes = matvec_op(dev, dtype, shape.weight_read_bytes, bw["matvec"]["layout"])
     single = StepTimer(runner, reps=1, warmup=0)
-    single.decode(1, a.ctx), time_fn(mv, dev, reps=1, warmup=0)   # an untimed first pair (cold buffers)
+    single.decode(1, a.ctx), time_fn(mv, dev, reps=1, warmup=0)  # an untimed first pair (cold buffers)
     paired = []
     for _ in range(a.pairs):
         t_step = single.decode(1, a.ctx)["median_ms"] / 1e3
@@ -157,34 +182,53 @@ def main() -> None:
     del mv
     matvec = bw["matvec"]["GBps_best"] * 1e9
     copy = bw["copy"]["GBps_best"] * 1e9
-    knee = {f"{x}x": max(b for b in batches if steps[b]["median_ms"] <= x * steps[1]["median_ms"])
-            for x in (1.25, 2.0)}
+    knee = {
+        f"{x}x": max(b for b in batches if steps[b]["median_ms"] <= x * steps[1]["median_ms"])
+        for x in (1.25, 2.0)
+    }
     bstar = peak["TFLOPs_best"] * 1e12 * shape.bytes_per_param / (2 * matvec)
     doc = {
-        "benchmark": "decode efficiency and knee", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": registry_device(dev), "device_name": device_name(dev), "model": a.model, "dtype": shape.dtype,
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "ctx": a.ctx, "rounds": a.rounds,
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+        "benchmark": "decode efficiency and knee",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": registry_device(dev),
+        "device_name": device_name(dev),
+        "model": a.model,
+        "dtype": shape.dtype,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "ctx": a.ctx,
+        "rounds": a.rounds,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
         "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
         "linear": runner.model.linear_form,
         "command": f"python benchmarks/bench_decode.py --model {a.model} --device {a.device} --ctx {a.ctx} --reps {a.reps} --rounds {a.rounds} --pairs {a.pairs}",
-        "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+        "loadavg_before": load0,
+        "loadavg_after": os.getloadavg()[0],
         "step_ms": {b: steps[b] for b in batches},
-        "bytes_read_batch1": read, "achieved_GBps_batch1": read / t1 / 1e9,
-        "efficiency_vs_matvec": read / t1 / matvec, "efficiency_vs_copy": read / t1 / copy,
+        "bytes_read_batch1": read,
+        "achieved_GBps_batch1": read / t1 / 1e9,
+        "efficiency_vs_matvec": read / t1 / matvec,
+        "efficiency_vs_copy": read / t1 / copy,
         "efficiency_best_vs_best": read / (steps[1]["min_ms"] / 1e3) / matvec,
         "efficiency_median_vs_median": read / t1 / (bw["matvec"]["GBps_median"] * 1e9),
         "efficiency_paired_median": statistics.median(paired) if paired else None,
         "numpy_matvec_GBps": ({"best": max(np_mv), "median": statistics.median(np_mv)} if np_mv else None),
         "efficiency_vs_numpy_matvec": (read / t1 / (max(np_mv) * 1e9)) if np_mv else None,
         "efficiency_paired": paired,
-        "efficiency_note": ("efficiency_vs_matvec: median step against the run's best matvec (the most "
-                            "conservative); best_vs_best and median_vs_median compare like with like; "
-                            "paired_median: the median over alternating (step, matvec) pairs of each "
-                            "pair's ratio, which a slow drift of the machine's speed cancels out of"),
-        "bandwidth": bw, "matmul_peak": peak, "knee": knee, "bstar_roofline": bstar,
+        "efficiency_note": (
+            "efficiency_vs_matvec: median step against the run's best matvec (the most "
+            "conservative); best_vs_best and median_vs_median compare like with like; "
+            "paired_median: the median over alternating (step, matvec) pairs of each "
+            "pair's ratio, which a slow drift of the machine's speed cancels out of"
+        ),
+        "bandwidth": bw,
+        "matmul_peak": peak,
+        "knee": knee,
+        "bstar_roofline": bstar,
         "targets": {"efficiency_vs_matvec": 0.70 if dev.type == "cpu" else 0.80},
-        "decode_graphs": runner.graphs is not None, "decode_graphs_error": runner.graphs_error,
+        "decode_graphs": runner.graphs is not None,
+        "decode_graphs_error": runner.graphs_error,
     }
     if dev.type == "cpu":
         doc["batch1_breakdown"] = batch1_breakdown(runner, a.ctx, shape.weight_read_bytes)
@@ -195,15 +239,34 @@ def main() -> None:
     out = a.out or ROOT / "benchmarks" / "results" / f"decode-{registry_device(dev)}-{a.model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: doc[k] for k in ("achieved_GBps_batch1", "efficiency_vs_matvec", "efficiency_vs_copy",
-                                          "efficiency_best_vs_best", "efficiency_median_vs_median",
-                                          "efficiency_paired_median", "efficiency_vs_numpy_matvec",
-                                          "efficiency_vs_matvec_eager", "graphs_speedup",
-                                          "knee", "bstar_roofline") if k in doc}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: doc[k]
+                for k in (
+                    "achieved_GBps_batch1",
+                    "efficiency_vs_matvec",
+                    "efficiency_vs_copy",
+                    "efficiency_best_vs_best",
+                    "efficiency_median_vs_median",
+                    "efficiency_paired_median",
+                    "efficiency_vs_numpy_matvec",
+                    "efficiency_vs_matvec_eager",
+                    "graphs_speedup",
+                    "knee",
+                    "bstar_roofline",
+                )
+                if k in doc
+            },
+            indent=1,
+        )
+    )
     if "batch1_breakdown" in doc:
         bd = doc["batch1_breakdown"]
-        print(f"batch 1 (profiled): matrix products {bd['matmul_ms']:.1f} ms at {bd['matmul_GBps']:.1f} GB/s, "
-              f"other ops {bd['other_ms']:.1f} ms ({bd['ops_per_step']:.0f} ops per step)")
+        print(
+            f"batch 1 (profiled): matrix products {bd['matmul_ms']:.1f} ms at {bd['matmul_GBps']:.1f} GB/s, "
+            f"other ops {bd['other_ms']:.1f} ms ({bd['ops_per_step']:.0f} ops per step)"
+        )
     print({b: round(steps[b]["median_ms"], 1) for b in batches})
 
 

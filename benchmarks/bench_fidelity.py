@@ -11,6 +11,7 @@ drifted from the profile's, and the errors with that drift taken out.
 
     python benchmarks/bench_fidelity.py --model cpu-s --requests 200
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,14 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
+from batching.book.checks import predicted_steps
 from batching.costs import ProfileCost
 from batching.engine import SimExecutor, run
-from batching.measure import StepTimer, registry_device
 from batching.metrics import request_records, summarize
 from batching.models import get_model
-from batching.experiments.checks import predicted_steps
-from batching.real import resolve_device, run_real
-from batching.runner import ModelRunner
+from batching.real.executor import resolve_device, run_real
+from batching.real.measure import StepTimer, registry_device
+from batching.real.runner import ModelRunner
 from batching.schedulers import make_scheduler
 from batching.traces import load_trace
 
@@ -46,10 +47,13 @@ def per_step(real, cost: ProfileCost) -> dict:
     pred = predicted_steps(real, cost)
     err = (pred - L["dur"]) / L["dur"]
     dec = L["prefill"] == 0
-    return {"step_median_rel_err": float(np.median(err)), "step_median_abs_rel_err": float(np.median(np.abs(err))),
-            "decode_step_median_rel_err": float(np.median(err[dec])) if dec.any() else None,
-            "mixed_step_median_rel_err": float(np.median(err[~dec])) if (~dec).any() else None,
-            "busy_pred_over_real": float(pred.sum() / L["dur"].sum())}
+    return {
+        "step_median_rel_err": float(np.median(err)),
+        "step_median_abs_rel_err": float(np.median(np.abs(err))),
+        "decode_step_median_rel_err": float(np.median(err[dec])) if dec.any() else None,
+        "mixed_step_median_rel_err": float(np.median(err[~dec])) if (~dec).any() else None,
+        "busy_pred_over_real": float(pred.sum() / L["dur"].sum()),
+    }
 
 
 #: The steps timed again around every real run, as (kind, args) wishes: decode at batch 1
@@ -57,7 +61,11 @@ def per_step(real, cost: ProfileCost) -> dict:
 #: replaced by the nearest point the profile measured (:func:`probe_points`): on this
 #: project's CPU grid they are exactly these; a GPU grid has other sizes.
 PROBE: tuple[tuple[str, tuple[int, ...]], ...] = (
-    ("decode", (1, 128)), ("decode", (16, 128)), ("prefill", (64,)), ("mixed", (64, 4, 128)))
+    ("decode", (1, 128)),
+    ("decode", (16, 128)),
+    ("prefill", (64,)),
+    ("mixed", (64, 4, 128)),
+)
 
 
 def _nearest(vals: list[int], want: int) -> int:
@@ -78,7 +86,9 @@ def probe_points(doc: dict) -> list[tuple[str, tuple[int, ...]]]:
             keys = list(zip(m["prefill_tokens"], m["decode_rows"], m["decode_ctx"]))
             if not keys:
                 raise ValueError("the profile has no mixed steps to probe")
-            out.append((kind, min(keys, key=lambda k: sum(abs(np.log(max(x, 1) / w)) for x, w in zip(k, args)))))
+            out.append(
+                (kind, min(keys, key=lambda k: sum(abs(np.log(max(x, 1) / w)) for x, w in zip(k, args))))
+            )
     return out
 
 
@@ -91,8 +101,11 @@ def profile_ms(doc: dict, kind: str, args: tuple[int, ...]) -> float:
         if kind == "prefill":
             return doc["prefill"]["ms"][doc["prefill"]["tokens"].index(args[0])]
         m = doc["mixed"]
-        return next(ms for key, ms in zip(zip(m["prefill_tokens"], m["decode_rows"], m["decode_ctx"]), m["ms"])
-                    if key == args)
+        return next(
+            ms
+            for key, ms in zip(zip(m["prefill_tokens"], m["decode_rows"], m["decode_ctx"]), m["ms"])
+            if key == args
+        )
     except (ValueError, StopIteration):
         raise ValueError(f"the profile lacks the probe point {kind}{args}") from None
 
@@ -142,13 +155,20 @@ def compare(real, sim) -> dict:
     rel = e2e_rel_err(real, sim)
     sr, ss = summarize(real), summarize(sim)
     return {
-        "e2e_median_abs_rel_err": float(np.median(rel)), "e2e_p90_abs_rel_err": float(np.percentile(rel, 90)),
-        "throughput_real": sr["output_throughput"], "throughput_sim": ss["output_throughput"],
-        "throughput_rel_err": abs(ss["output_throughput"] - sr["output_throughput"]) / sr["output_throughput"],
-        "steps_real": sr["steps"], "steps_sim": ss["steps"],
-        "busy_real_s": sr["busy_s"], "busy_sim_s": ss["busy_s"],
-        "e2e_p50_real": sr["e2e"]["p50"], "e2e_p50_sim": ss["e2e"]["p50"],
-        "e2e_p99_real": sr["e2e"]["p99"], "e2e_p99_sim": ss["e2e"]["p99"],
+        "e2e_median_abs_rel_err": float(np.median(rel)),
+        "e2e_p90_abs_rel_err": float(np.percentile(rel, 90)),
+        "throughput_real": sr["output_throughput"],
+        "throughput_sim": ss["output_throughput"],
+        "throughput_rel_err": abs(ss["output_throughput"] - sr["output_throughput"])
+        / sr["output_throughput"],
+        "steps_real": sr["steps"],
+        "steps_sim": ss["steps"],
+        "busy_real_s": sr["busy_s"],
+        "busy_sim_s": ss["busy_s"],
+        "e2e_p50_real": sr["e2e"]["p50"],
+        "e2e_p50_sim": ss["e2e"]["p50"],
+        "e2e_p99_real": sr["e2e"]["p99"],
+        "e2e_p99_sim": ss["e2e"]["p99"],
     }
 
 
@@ -164,10 +184,14 @@ def main() -> None:
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--schedulers", default="continuous,chunked")
     p.add_argument("--token-budget", type=int, default=128, help="chunked prefill's tokens per step")
-    p.add_argument("--real-runs", type=int, default=5,
-                   help="real runs per scheduler; from 2 on, their disagreement is reported as the noise floor "
-                        "and the simulator is also compared with each request's median over them (5 runs: "
-                        "4-6%% where 3 runs gave 7-9%% on this project's VM)")
+    p.add_argument(
+        "--real-runs",
+        type=int,
+        default=5,
+        help="real runs per scheduler; from 2 on, their disagreement is reported as the noise floor "
+        "and the simulator is also compared with each request's median over them (5 runs: "
+        "4-6%% where 3 runs gave 7-9%% on this project's VM)",
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fidelity.json"))
     a = p.parse_args()
 
@@ -177,26 +201,48 @@ def main() -> None:
     points = probe_points(doc)
     # One model serves every real run and the probes: measured here, two models built in
     # one process ran batch-1 steps 10-15% apart, whichever was built first the faster.
-    slots = max([a.slots] + [args[0] for kind, args in points if kind == "decode"]
-                + [args[1] + 1 for kind, args in points if kind == "mixed"])
-    max_len = max([a.max_len] + [args[0] for kind, args in points if kind == "prefill"]
-                  + [args[0] + args[2] + 1 for kind, args in points if kind == "mixed"]
-                  + [args[1] * 3 // 2 + 2 for kind, args in points if kind == "decode"])
+    slots = max(
+        [a.slots]
+        + [args[0] for kind, args in points if kind == "decode"]
+        + [args[1] + 1 for kind, args in points if kind == "mixed"]
+    )
+    max_len = max(
+        [a.max_len]
+        + [args[0] for kind, args in points if kind == "prefill"]
+        + [args[0] + args[2] + 1 for kind, args in points if kind == "mixed"]
+        + [args[1] * 3 // 2 + 2 for kind, args in points if kind == "decode"]
+    )
     runner = ModelRunner.from_shape(get_model(a.model), slots, device=dev, max_len=max_len)
     runner.warmup()
     timer = StepTimer(runner, reps=5)
     w = load_trace("azure-conv", limit=a.requests).scale(lengths=a.scale_lengths, time=a.time_scale)
     w, capped = w.cap_to_context(a.max_len, "cap")
-    out = {"benchmark": "simulator fidelity (real engine vs profile-driven simulator)",
-           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
-           "model": a.model, "device": registry_device(dev), "profile": os.path.relpath(profile, ROOT), "workload": w.info | {"requests": len(w)},
-           "capped": capped, "slots": a.slots, "max_len": a.max_len, "token_budget": a.token_budget,
-           "decode_graphs": runner.graphs is not None and runner.graphs.capture, "loadavg_before": os.getloadavg()[0],
-           "real_runs": a.real_runs, "command": "python benchmarks/bench_fidelity.py " + " ".join(sys.argv[1:]),
-           "results": {}}
+    out = {
+        "benchmark": "simulator fidelity (real engine vs profile-driven simulator)",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "model": a.model,
+        "device": registry_device(dev),
+        "profile": os.path.relpath(profile, ROOT),
+        "workload": w.info | {"requests": len(w)},
+        "capped": capped,
+        "slots": a.slots,
+        "max_len": a.max_len,
+        "token_budget": a.token_budget,
+        "decode_graphs": runner.graphs is not None and runner.graphs.capture,
+        "loadavg_before": os.getloadavg()[0],
+        "real_runs": a.real_runs,
+        "command": "python benchmarks/bench_fidelity.py " + " ".join(sys.argv[1:]),
+        "results": {},
+    }
     for name in a.schedulers.split(","):
-        mk = lambda: make_scheduler(name, max_context=a.max_len, slots=a.slots, token_budget=a.token_budget,  # noqa: E731
-                                    kv_capacity=a.slots * a.max_len)
+        mk = lambda name=name: make_scheduler(
+            name,
+            max_context=a.max_len,
+            slots=a.slots,
+            token_budget=a.token_budget,
+            kv_capacity=a.slots * a.max_len,
+        )
         reals, probes = [], [probe(timer, doc)]
         for _ in range(a.real_runs):
             reals.append(run_real(w, mk(), a.model, runner=runner))
@@ -204,28 +250,44 @@ def main() -> None:
         real = reals[0]
         cost = ProfileCost.from_dict(doc, source=profile)
         sim = run(w.fresh(), mk(), SimExecutor(cost))
-        speed = float(np.mean([probes[0]["speed"], probes[1]["speed"]]))   # around the first real run
+        speed = float(np.mean([probes[0]["speed"], probes[1]["speed"]]))  # around the first real run
         sim_c = run(w.fresh(), mk(), SimExecutor(scaled_profile(doc, speed)))
-        out["results"][name] = compare(real, sim) | per_step(real, ProfileCost.from_dict(doc)) | {
-            "profile_extrapolated": cost.extrapolated, "profile_queries": cost.queries,
-            "probes": probes, "speed_vs_profile": speed,
-            "drift_corrected": {
-                "e2e_median_abs_rel_err": float(np.median(e2e_rel_err(real, sim_c))),
-                "throughput_rel_err": compare(real, sim_c)["throughput_rel_err"],
-                **per_step(real, scaled_profile(doc, speed))}}
+        out["results"][name] = (
+            compare(real, sim)
+            | per_step(real, ProfileCost.from_dict(doc))
+            | {
+                "profile_extrapolated": cost.extrapolated,
+                "profile_queries": cost.queries,
+                "probes": probes,
+                "speed_vs_profile": speed,
+                "drift_corrected": {
+                    "e2e_median_abs_rel_err": float(np.median(e2e_rel_err(real, sim_c))),
+                    "throughput_rel_err": compare(real, sim_c)["throughput_rel_err"],
+                    **per_step(real, scaled_profile(doc, speed)),
+                },
+            }
+        )
         if len(reals) > 1:
             # The noise floor: the same workload through the real engine again. No simulator
             # can agree with one real run better than a second real run does.
             rr = [e2e_rel_err(reals[0], x) for x in reals[1:]]
             out["results"][name] |= {
                 "real_vs_real_e2e_median_abs_rel_err": float(np.median([np.median(x) for x in rr])),
-                "real_vs_real_throughput_rel_err": float(np.median(
-                    [abs(summarize(x)["output_throughput"] / summarize(real)["output_throughput"] - 1)
-                     for x in reals[1:]])),
-                "sim_vs_each_real_e2e_median_abs_rel_err": [float(np.median(e2e_rel_err(x, sim))) for x in reals],
+                "real_vs_real_throughput_rel_err": float(
+                    np.median(
+                        [
+                            abs(summarize(x)["output_throughput"] / summarize(real)["output_throughput"] - 1)
+                            for x in reals[1:]
+                        ]
+                    )
+                ),
+                "sim_vs_each_real_e2e_median_abs_rel_err": [
+                    float(np.median(e2e_rel_err(x, sim))) for x in reals
+                ],
                 # Each request's median E2E over the real runs: on a machine whose speed
                 # drifts, a better estimate of what the real engine does than any one run.
-                "sim_vs_real_median_e2e_median_abs_rel_err": sim_vs_real_median(sim, reals)}
+                "sim_vs_real_median_e2e_median_abs_rel_err": sim_vs_real_median(sim, reals),
+            }
         print(name, json.dumps(out["results"][name], indent=1))
     out["loadavg_after"] = os.getloadavg()[0]
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

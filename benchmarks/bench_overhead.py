@@ -16,6 +16,7 @@ Overhead = (runner + engine) / wall. Target <= 3% at batch 32. Writes
 
     python benchmarks/bench_overhead.py --model cpu-m --slots 32
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,10 +30,10 @@ from pathlib import Path
 import torch
 
 from batching.engine import RunResult, run
-from batching.measure import registry_device
 from batching.models import get_model
-from batching.real import RealExecutor, device_name, resolve_device
-from batching.runner import ModelRunner
+from batching.real.executor import RealExecutor, device_name, resolve_device
+from batching.real.measure import registry_device
+from batching.real.runner import ModelRunner
 from batching.schedulers import make_scheduler
 from batching.workload import Workload
 
@@ -44,7 +45,7 @@ def timed_run(runner: ModelRunner, scheduler_name: str, slots: int, prompt: int,
     forward_s = 0.0
     inner = runner._forward_packed
 
-    def timed(*args, **kw):  # noqa: ANN002, ANN003 - a transparent wrapper
+    def timed(*args, **kw):
         nonlocal forward_s
         t0 = time.perf_counter()
         out = inner(*args, **kw)
@@ -59,11 +60,16 @@ def timed_run(runner: ModelRunner, scheduler_name: str, slots: int, prompt: int,
     finally:
         del runner._forward_packed
     execute_s = float(sum(res.log.cols["dur"]))
-    return {"wall_s": res.wall_s, "forward_s": forward_s, "runner_s": execute_s - forward_s,
-            "engine_s": res.wall_s - execute_s, "steps": res.num_steps,
-            "overhead_frac": (res.wall_s - forward_s) / res.wall_s,
-            "engine_frac": (res.wall_s - execute_s) / res.wall_s,
-            "runner_frac": (execute_s - forward_s) / res.wall_s}
+    return {
+        "wall_s": res.wall_s,
+        "forward_s": forward_s,
+        "runner_s": execute_s - forward_s,
+        "engine_s": res.wall_s - execute_s,
+        "steps": res.num_steps,
+        "overhead_frac": (res.wall_s - forward_s) / res.wall_s,
+        "engine_frac": (res.wall_s - execute_s) / res.wall_s,
+        "runner_frac": (execute_s - forward_s) / res.wall_s,
+    }
 
 
 def main() -> None:
@@ -78,35 +84,55 @@ def main() -> None:
     a = p.parse_args()
     dev = resolve_device(a.device)
     if dev.type != "cpu":
-        raise SystemExit("the forward pass is timed with the host clock: CPU only (on a GPU it is asynchronous)")
+        raise SystemExit(
+            "the forward pass is timed with the host clock: CPU only (on a GPU it is asynchronous)"
+        )
     load0 = os.getloadavg()[0]
     runner = ModelRunner.from_shape(get_model(a.model), a.slots, device=dev, max_len=a.prompt + a.output + 1)
     runner.warmup()
     names = a.schedulers.split(",")
     rounds: dict[str, list[dict]] = {n: [] for n in names}
     for i in range(a.rounds):
-        for n in (names if i % 2 == 0 else names[::-1]):  # alternate the order over rounds
+        for n in names if i % 2 == 0 else names[::-1]:  # alternate the order over rounds
             rounds[n].append(timed_run(runner, n, a.slots, a.prompt, a.output))
-    summary = {n: {"overhead_frac_median": statistics.median(r["overhead_frac"] for r in rs),
-                   "engine_frac_median": statistics.median(r["engine_frac"] for r in rs),
-                   "runner_frac_median": statistics.median(r["runner_frac"] for r in rs),
-                   "ms_per_step_median": statistics.median(r["wall_s"] / r["steps"] * 1e3 for r in rs),
-                   "overhead_ms_per_step_median": statistics.median(
-                       (r["wall_s"] - r["forward_s"]) / r["steps"] * 1e3 for r in rs)}
-               for n, rs in rounds.items()}
+    summary = {
+        n: {
+            "overhead_frac_median": statistics.median(r["overhead_frac"] for r in rs),
+            "engine_frac_median": statistics.median(r["engine_frac"] for r in rs),
+            "runner_frac_median": statistics.median(r["runner_frac"] for r in rs),
+            "ms_per_step_median": statistics.median(r["wall_s"] / r["steps"] * 1e3 for r in rs),
+            "overhead_ms_per_step_median": statistics.median(
+                (r["wall_s"] - r["forward_s"]) / r["steps"] * 1e3 for r in rs
+            ),
+        }
+        for n, rs in rounds.items()
+    }
     doc = {
         "benchmark": "scheduler overhead (wall time outside the forward pass)",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": registry_device(dev), "device_name": device_name(dev), "model": a.model, "dtype": "fp32",
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+        "device": registry_device(dev),
+        "device_name": device_name(dev),
+        "model": a.model,
+        "dtype": "fp32",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
         "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
-        "workload": {"requests": a.slots, "slots": a.slots, "prompt": a.prompt, "output": a.output,
-                     "arrivals": "all at t=0"},
-        "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+        "workload": {
+            "requests": a.slots,
+            "slots": a.slots,
+            "prompt": a.prompt,
+            "output": a.output,
+            "arrivals": "all at t=0",
+        },
+        "loadavg_before": load0,
+        "loadavg_after": os.getloadavg()[0],
         "command": f"python benchmarks/bench_overhead.py --model {a.model} --slots {a.slots} "
-                   f"--prompt {a.prompt} --output {a.output} --rounds {a.rounds}",
-        "target": {"overhead_frac": 0.03}, "summary": summary, "rounds": rounds,
+        f"--prompt {a.prompt} --output {a.output} --rounds {a.rounds}",
+        "target": {"overhead_frac": 0.03},
+        "summary": summary,
+        "rounds": rounds,
     }
     out = ROOT / "benchmarks" / "results" / f"overhead-{registry_device(dev)}-{a.model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

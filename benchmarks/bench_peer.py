@@ -1,12 +1,12 @@
 """Peer benchmark: this engine against Hugging Face transformers, same weights, same workload.
 
 One seeded random model of a registry shape is saved as a Hugging Face ``LlamaForCausalLM``
-checkpoint (``batching.checkpoint``) and served by both engines: this engine's continuous
+checkpoint (``batching.real.checkpoint``) and served by both engines: this engine's continuous
 batching (mixed prefill) and chunked prefill, and transformers' static ``generate``
 (left-padded batches, greedy) and its continuous batching (``init_continuous_batching``,
 per-request ``max_new_tokens``). The workload is one seeded batch of long-tailed requests,
 all arriving at t=0 (prompt and output lengths lognormal); prompt ids are
-``batching.runner.prompt_ids(seed, rid, prompt_len, vocab)`` in both engines; every request
+``batching.real.runner.prompt_ids(seed, rid, prompt_len, vocab)`` in both engines; every request
 stops at its own output length (EOS disabled).
 
 Each mode runs in its own process (``--worker MODE``), the order of modes rotates from
@@ -21,6 +21,7 @@ engines. Writes ``benchmarks/results/peer-cpu-here-<model>.json``.
 Needs the ``bench`` extra (transformers, safetensors); transformers is never imported by
 the ``batching`` package.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,6 +52,7 @@ def build_workload(a: argparse.Namespace) -> list[tuple[int, int, int]]:
     import numpy as np
 
     from batching.workload import LogNormal, Workload
+
     rng = np.random.default_rng(a.seed)
     prompts = LogNormal(a.prompt_median, a.prompt_sigma, a.prompt_lo, a.prompt_hi).sample(a.requests, rng)
     outputs = LogNormal(a.output_median, a.output_sigma, a.output_lo, a.output_hi).sample(a.requests, rng)
@@ -62,6 +64,7 @@ def source_digest() -> str:
     """Hash of the ``batching`` package's sources as a worker imports them: a run whose
     workers saw different sources (someone edited the engine mid-run) is flagged."""
     import batching
+
     pkg = Path(batching.__file__).resolve().parent
     h = hashlib.sha256()
     for f in sorted(pkg.rglob("*.py")):
@@ -71,13 +74,17 @@ def source_digest() -> str:
 
 def git_state() -> dict[str, Any]:
     """Commit of the tree and the files under batching/ that differ from it."""
+
     def git(*args: str) -> str:
         try:
             return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
         except (OSError, subprocess.CalledProcessError):
             return ""
-    return {"commit": git("rev-parse", "HEAD").strip(),
-            "dirty": [ln[3:] for ln in git("status", "--porcelain", "--", "batching").splitlines()]}
+
+    return {
+        "commit": git("rev-parse", "HEAD").strip(),
+        "dirty": [ln[3:] for ln in git("status", "--porcelain", "--", "batching").splitlines()],
+    }
 
 
 def ids_digest(prompts: dict[int, list[int]]) -> str:
@@ -91,17 +98,18 @@ def ids_digest(prompts: dict[int, list[int]]) -> str:
 # ---------------------------------------------------------------------------- workers
 def _setup_torch(threads: int):
     import torch
+
     torch.set_num_threads(threads)
     return torch
 
 
 def worker_ours(mode: str, spec: dict[str, Any]) -> dict[str, Any]:
     torch = _setup_torch(spec["threads"])
-    from batching.checkpoint import load_hf_checkpoint
     from batching.engine import run
-    from batching.real import RealExecutor
+    from batching.real.checkpoint import load_hf_checkpoint
+    from batching.real.executor import RealExecutor
+    from batching.real.runner import ModelRunner
     from batching.request import Request
-    from batching.runner import ModelRunner
     from batching.schedulers import ChunkedPrefillScheduler, ContinuousScheduler
 
     reqs = spec["requests"]
@@ -120,16 +128,25 @@ def worker_ours(mode: str, spec: dict[str, Any]) -> dict[str, Any]:
     res = run(fresh, sched, ex)
     wall = time.perf_counter() - t0
     tokens = {r.rid: r.token_ids for r in res.requests}
-    prompts = {r.rid: runner.tokens(r.rid)[:r.prompt_len] for r in res.requests}
-    return {"wall_s": wall, "tokens": tokens, "prompt_digest": ids_digest(prompts), "load_s": load_s,
-            "warmup_s": ex.warmup_s, "steps": res.num_steps, "engine_busy_s": float(sum(res.log.cols["dur"])),
-            "scheduler": res.scheduler, "executor": {k: v for k, v in res.executor.items() if k != "seed"},
-            "max_len": max_len}
+    prompts = {r.rid: runner.tokens(r.rid)[: r.prompt_len] for r in res.requests}
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "prompt_digest": ids_digest(prompts),
+        "load_s": load_s,
+        "warmup_s": ex.warmup_s,
+        "steps": res.num_steps,
+        "engine_busy_s": float(sum(res.log.cols["dur"])),
+        "scheduler": res.scheduler,
+        "executor": {k: v for k, v in res.executor.items() if k != "seed"},
+        "max_len": max_len,
+    }
 
 
 def _hf_model(spec: dict[str, Any]):
     torch = _setup_torch(spec["threads"])
     import transformers
+
     transformers.logging.set_verbosity_error()
     t = time.perf_counter()
     model = transformers.LlamaForCausalLM.from_pretrained(spec["checkpoint"], dtype=torch.float32).eval()
@@ -137,7 +154,8 @@ def _hf_model(spec: dict[str, Any]):
 
 
 def _prompts(spec: dict[str, Any]) -> dict[int, list[int]]:
-    from batching.runner import prompt_ids
+    from batching.real.runner import prompt_ids
+
     return {rid: prompt_ids(spec["seed"], rid, p, spec["vocab"]) for rid, p, _ in spec["requests"]}
 
 
@@ -146,19 +164,27 @@ def worker_hf_static(spec: dict[str, Any]) -> dict[str, Any]:
     decoding to its longest output; each output is then trimmed to its request's length."""
     torch, transformers, model, load_s = _hf_model(spec)
     prompts = _prompts(spec)
-    pad = 0  # prompt ids are 1..vocab-1 (batching.runner.PAD_ID)
+    pad = 0  # prompt ids are 1..vocab-1 (batching.real.runner.PAD_ID)
 
     def generate(batch: list[tuple[int, int, int]]) -> tuple[dict[int, list[int]], int]:
         width = max(p for _, p, _ in batch)
         n = max(o for _, _, o in batch)
         ids = torch.tensor([[pad] * (width - p) + prompts[rid] for rid, p, _ in batch])
         mask = torch.tensor([[0] * (width - p) + [1] * p for _, p, _ in batch])
-        cfg = transformers.GenerationConfig(do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                                            eos_token_id=None, pad_token_id=pad, bos_token_id=None)
+        cfg = transformers.GenerationConfig(
+            do_sample=False,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            eos_token_id=None,
+            pad_token_id=pad,
+            bos_token_id=None,
+        )
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=mask, generation_config=cfg)
         assert out.shape[1] == width + n, (out.shape, width, n)
-        return {rid: out[i, width:width + o].tolist() for i, (rid, _, o) in enumerate(batch)}, len(batch) * n
+        return {rid: out[i, width : width + o].tolist() for i, (rid, _, o) in enumerate(batch)}, len(
+            batch
+        ) * n
 
     t = time.perf_counter()  # untimed warm-up: two short requests in one padded batch
     prompts.update({-1: [1, 2, 3, 4], -2: [5, 6, 7]})
@@ -171,14 +197,22 @@ def worker_hf_static(spec: dict[str, Any]) -> dict[str, Any]:
     positions = 0
     t0 = time.perf_counter()
     for i in range(0, len(reqs), b):
-        got, computed = generate(reqs[i:i + b])
+        got, computed = generate(reqs[i : i + b])
         tokens.update(got)
         positions += computed
     wall = time.perf_counter() - t0
     useful = sum(o for _, _, o in reqs)
-    return {"wall_s": wall, "tokens": tokens, "prompt_digest": ids_digest(prompts), "load_s": load_s,
-            "warmup_s": warmup_s, "batch": b, "decode_positions": positions,
-            "useful_fraction": useful / positions, "attn_implementation": model.config._attn_implementation}
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "prompt_digest": ids_digest(prompts),
+        "load_s": load_s,
+        "warmup_s": warmup_s,
+        "batch": b,
+        "decode_positions": positions,
+        "useful_fraction": useful / positions,
+        "attn_implementation": model.config._attn_implementation,
+    }
 
 
 def worker_hf_continuous(spec: dict[str, Any]) -> dict[str, Any]:
@@ -187,6 +221,7 @@ def worker_hf_continuous(spec: dict[str, Any]) -> dict[str, Any]:
     own ``max_new_tokens``."""
     torch, transformers, model, load_s = _hf_model(spec)
     from transformers import ContinuousBatchingConfig
+
     prompts = _prompts(spec)
     cb = ContinuousBatchingConfig(**spec["hf_cb_config"])
     gen = transformers.GenerationConfig(do_sample=False, max_new_tokens=16, eos_token_id=-1, pad_token_id=0)
@@ -211,7 +246,9 @@ def worker_hf_continuous(spec: dict[str, Any]) -> dict[str, Any]:
                 r = manager.get_result(timeout=1)
                 if r is None:
                     if not manager.is_running():
-                        raise RuntimeError("transformers' generation thread stopped before every request finished")
+                        raise RuntimeError(
+                            "transformers' generation thread stopped before every request finished"
+                        )
                     continue
                 if r.is_finished():
                     if r.error:
@@ -222,9 +259,15 @@ def worker_hf_continuous(spec: dict[str, Any]) -> dict[str, Any]:
             manager.stop(block=True, timeout=30)
     tokens = {rid: list(results[str(rid)].generated_tokens) for rid, _, _ in reqs}
     fed = {rid: list(results[str(rid)].prompt_ids) for rid, _, _ in reqs}
-    return {"wall_s": wall, "tokens": tokens, "prompt_digest": ids_digest(fed), "load_s": load_s,
-            "warmup_s": warmup_s, "hf_cb_config": spec["hf_cb_config"],
-            "attn_implementation": model.config._attn_implementation}
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "prompt_digest": ids_digest(fed),
+        "load_s": load_s,
+        "warmup_s": warmup_s,
+        "hf_cb_config": spec["hf_cb_config"],
+        "attn_implementation": model.config._attn_implementation,
+    }
 
 
 def worker(mode: str, spec_path: str, out_path: str) -> None:
@@ -239,14 +282,21 @@ def worker(mode: str, spec_path: str, out_path: str) -> None:
     else:
         raise SystemExit(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
     import torch
+
     out_tokens = sum(o for _, _, o in spec["requests"])
     got = {rid: len(doc["tokens"][rid]) for rid, _, _ in spec["requests"]}
     short = [rid for rid, _, o in spec["requests"] if got[rid] != o]
     if short:
         raise SystemExit(f"{mode}: requests {short[:5]} did not produce their output length")
-    doc.update(mode=mode, source_digest=sources, output_tokens=out_tokens, tok_s=out_tokens / doc["wall_s"],
-               threads=torch.get_num_threads(), max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-               tokens={str(k): v for k, v in doc["tokens"].items()})
+    doc.update(
+        mode=mode,
+        source_digest=sources,
+        output_tokens=out_tokens,
+        tok_s=out_tokens / doc["wall_s"],
+        threads=torch.get_num_threads(),
+        max_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        tokens={str(k): v for k, v in doc["tokens"].items()},
+    )
     Path(out_path).write_text(json.dumps(doc) + "\n")
 
 
@@ -260,8 +310,13 @@ def first_difference(a: dict[str, list[int]], b: dict[str, list[int]]) -> dict[s
     if bad:
         x, y = a[bad[0]], b[bad[0]]
         i = next(k for k in range(min(len(x), len(y)) + 1) if k == min(len(x), len(y)) or x[k] != y[k])
-        out["first_mismatch"] = {"rid": int(bad[0]), "index": i, "of": len(x),
-                                 "ours": x[i] if i < len(x) else None, "theirs": y[i] if i < len(y) else None}
+        out["first_mismatch"] = {
+            "rid": int(bad[0]),
+            "index": i,
+            "of": len(x),
+            "ours": x[i] if i < len(x) else None,
+            "theirs": y[i] if i < len(y) else None,
+        }
         out["mismatching_rids"] = [int(r) for r in bad]
     return out
 
@@ -286,27 +341,46 @@ def run_worker(mode: str, spec_path: Path, round_: int, threads: int, omp_wait: 
     (``others_cores``: the machine's busy CPU time minus the worker's own, over its lifetime)."""
     out = CACHE / f"worker-{mode}-r{round_}.json"
     log = CACHE / f"worker-{mode}-r{round_}.log"
-    env = {**os.environ, "OMP_WAIT_POLICY": omp_wait, "OMP_NUM_THREADS": str(threads),
-           "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "OMP_WAIT_POLICY": omp_wait,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     if omp_wait == "default":  # the project's setting (README, "Threads"): spin briefly, then sleep
         del env["OMP_WAIT_POLICY"]
     # Both engines get the spin count and the huge pages that `import batching` sets for
     # this one, so that neither is measured under a setting the other does not have.
     env["GOMP_SPINCOUNT"] = os.environ.get("GOMP_SPINCOUNT") or "100000"
     env["THP_MEM_ALLOC_ENABLE"] = os.environ.get("THP_MEM_ALLOC_ENABLE") or "1"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--spec", str(spec_path), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        mode,
+        "--spec",
+        str(spec_path),
+        "--out",
+        str(out),
+    ]
     t, busy0, own0 = time.perf_counter(), busy_cpu_s(), children_cpu_s()
     with open(log, "w") as f:
         p = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, check=False)
     elapsed, busy1, own = time.perf_counter() - t, busy_cpu_s(), children_cpu_s() - own0
     if p.returncode:
-        raise SystemExit(f"worker {mode} failed (exit {p.returncode}); its log, {log}:\n" + log.read_text()[-3000:])
+        raise SystemExit(
+            f"worker {mode} failed (exit {p.returncode}); its log, {log}:\n" + log.read_text()[-3000:]
+        )
     doc = json.loads(out.read_text())
     doc["process_s"] = elapsed
     doc["worker_cpu_s"] = own
-    doc["others_cores"] = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0 - own) / elapsed)
+    doc["others_cores"] = (
+        None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0 - own) / elapsed)
+    )
     return doc
 
 
@@ -327,11 +401,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--max-others", type=float, default=0.25,
-                   help="redo a worker if other processes kept more than this many cores busy meanwhile")
+    p.add_argument(
+        "--max-others",
+        type=float,
+        default=0.25,
+        help="redo a worker if other processes kept more than this many cores busy meanwhile",
+    )
     p.add_argument("--retries", type=int, default=2, help="at most this many redos per worker")
-    p.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE", "default"], default="default",
-                   help="OMP_WAIT_POLICY of every worker ('default': unset, GOMP_SPINCOUNT=100000 as in make)")
+    p.add_argument(
+        "--omp-wait-policy",
+        choices=["PASSIVE", "ACTIVE", "default"],
+        default="default",
+        help="OMP_WAIT_POLICY of every worker ('default': unset, GOMP_SPINCOUNT=100000 as in make)",
+    )
     p.add_argument("--slots", type=int, default=64, help="this engine: max running requests")
     p.add_argument("--token-budget", type=int, default=512, help="this engine, chunked: tokens per step")
     p.add_argument("--static-batch", type=int, default=16, help="hf-static: requests per generate call")
@@ -340,8 +422,11 @@ def main() -> None:
     p.add_argument("--hf-max-batch-tokens", type=int, default=512)
     p.add_argument("--hf-max-requests", type=int, default=64)
     p.add_argument("--quick", action="store_true", help="smoke run: tiny model, 8 short requests, 1 round")
-    p.add_argument("--out", help="results JSON (default benchmarks/results/peer-cpu-here-<model>.json; "
-                                 "--quick: _build/peer/peer-quick.json)")
+    p.add_argument(
+        "--out",
+        help="results JSON (default benchmarks/results/peer-cpu-here-<model>.json; "
+        "--quick: _build/peer/peer-quick.json)",
+    )
     p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -362,10 +447,10 @@ def main() -> None:
 
     import torch
 
-    from batching.checkpoint import save_hf_checkpoint
-    from batching.model import Llama, ModelConfig
     from batching.models import get_model
-    from batching.real import device_name
+    from batching.real.checkpoint import save_hf_checkpoint
+    from batching.real.executor import device_name
+    from batching.real.model import Llama, ModelConfig
 
     shape = get_model(a.model)
     reqs = build_workload(a)
@@ -376,10 +461,22 @@ def main() -> None:
     model = Llama(ModelConfig.from_shape(shape), "cpu", torch.float32, seed=a.model_seed)
     save_hf_checkpoint(model, ckpt)
     del model
-    spec = {"checkpoint": str(ckpt), "seed": a.seed, "vocab": shape.vocab, "threads": a.threads,
-            "requests": reqs, "slots": a.slots, "token_budget": a.token_budget, "static_batch": a.static_batch,
-            "hf_cb_config": {"page_size": a.hf_page_size, "num_blocks": a.hf_num_blocks,
-                             "max_batch_tokens": a.hf_max_batch_tokens, "max_requests_per_batch": a.hf_max_requests}}
+    spec = {
+        "checkpoint": str(ckpt),
+        "seed": a.seed,
+        "vocab": shape.vocab,
+        "threads": a.threads,
+        "requests": reqs,
+        "slots": a.slots,
+        "token_budget": a.token_budget,
+        "static_batch": a.static_batch,
+        "hf_cb_config": {
+            "page_size": a.hf_page_size,
+            "num_blocks": a.hf_num_blocks,
+            "max_batch_tokens": a.hf_max_batch_tokens,
+            "max_requests_per_batch": a.hf_max_requests,
+        },
+    }
     spec_path = CACHE / "spec.json"
     spec_path.write_text(json.dumps(spec) + "\n")
 
@@ -390,7 +487,7 @@ def main() -> None:
     deterministic = {m: True for m in modes}
     t_start = time.perf_counter()
     for r in range(a.rounds):
-        order = modes[r % len(modes):] + modes[:r % len(modes)]  # rotate: each mode takes each place
+        order = modes[r % len(modes) :] + modes[: r % len(modes)]  # rotate: each mode takes each place
         row: dict[str, Any] = {"round": r, "order": order, "loadavg_before": os.getloadavg(), "modes": {}}
         for m in order:
             tries = []
@@ -398,8 +495,11 @@ def main() -> None:
                 tries.append(run_worker(m, spec_path, r, a.threads, a.omp_wait_policy))
                 if (tries[-1]["others_cores"] or 0.0) <= a.max_others:
                     break
-                print(f"round {r} {m:16} {tries[-1]['tok_s']:8.1f} tok/s  others used "
-                      f"{tries[-1]['others_cores']:.2f} cores: again", flush=True)
+                print(
+                    f"round {r} {m:16} {tries[-1]['tok_s']:8.1f} tok/s  others used "
+                    f"{tries[-1]['others_cores']:.2f} cores: again",
+                    flush=True,
+                )
             doc = min(tries, key=lambda d: d["others_cores"] or 0.0)
             doc["attempts"] = [{"tok_s": d["tok_s"], "others_cores": d["others_cores"]} for d in tries]
             toks = doc.pop("tokens")
@@ -407,10 +507,12 @@ def main() -> None:
                 deterministic[m] = False
             tokens.setdefault(m, toks)
             row["modes"][m] = doc
-            print(f"round {r} {m:16} {doc['tok_s']:8.1f} tok/s  wall {doc['wall_s']:6.2f} s  "
-                  f"(process {doc['process_s']:.1f} s, load {doc['load_s']:.2f} s, warm-up {doc['warmup_s']:.2f} s, "
-                  f"others {doc['others_cores'] or 0.0:.2f} cores)",
-                  flush=True)
+            print(
+                f"round {r} {m:16} {doc['tok_s']:8.1f} tok/s  wall {doc['wall_s']:6.2f} s  "
+                f"(process {doc['process_s']:.1f} s, load {doc['load_s']:.2f} s, warm-up {doc['warmup_s']:.2f} s, "
+                f"others {doc['others_cores'] or 0.0:.2f} cores)",
+                flush=True,
+            )
         row["loadavg_after"] = os.getloadavg()
         rounds.append(row)
     total_s = time.perf_counter() - t_start
@@ -421,66 +523,112 @@ def main() -> None:
     for m in modes:
         tps = [row["modes"][m]["tok_s"] for row in rounds]
         walls = [row["modes"][m]["wall_s"] for row in rounds]
-        per_mode[m] = {"tok_s": tps, "tok_s_best": max(tps), "tok_s_median": statistics.median(tps),
-                       "wall_s": walls, "others_cores": [row["modes"][m]["others_cores"] for row in rounds],
-                       "tokens_identical_across_rounds": deterministic[m]}
+        per_mode[m] = {
+            "tok_s": tps,
+            "tok_s_best": max(tps),
+            "tok_s_median": statistics.median(tps),
+            "wall_s": walls,
+            "others_cores": [row["modes"][m]["others_cores"] for row in rounds],
+            "tokens_identical_across_rounds": deterministic[m],
+        }
     ratios = {}
     for ours in (m for m in modes if m.startswith("ours-")):
         for hf in (m for m in modes if m.startswith("hf-")):
             ratios[f"{ours}/{hf}"] = {
                 "best": per_mode[ours]["tok_s_best"] / per_mode[hf]["tok_s_best"],
-                "median": per_mode[ours]["tok_s_median"] / per_mode[hf]["tok_s_median"]}
+                "median": per_mode[ours]["tok_s_median"] / per_mode[hf]["tok_s_median"],
+            }
     equality = {}
     pairs = [(x, y) for x in modes for y in modes if x.startswith("ours-") and y.startswith("hf-")]
-    pairs += [(x, y) for x, y in (("ours-continuous", "ours-chunked"), ("hf-static", "hf-continuous"))
-              if x in modes and y in modes]
+    pairs += [
+        (x, y)
+        for x, y in (("ours-continuous", "ours-chunked"), ("hf-static", "hf-continuous"))
+        if x in modes and y in modes
+    ]
     for x, y in pairs:
         equality[f"{x} vs {y}"] = first_difference(tokens[x], tokens[y])
-    goal = {m: {"ratio_best": ratios[f"{m}/hf-continuous"]["best"],
-                "ratio_median": ratios[f"{m}/hf-continuous"]["median"],
-                "met": ratios[f"{m}/hf-continuous"]["median"] >= GOAL}
-            for m in modes if m.startswith("ours-") and f"{m}/hf-continuous" in ratios}
+    goal = {
+        m: {
+            "ratio_best": ratios[f"{m}/hf-continuous"]["best"],
+            "ratio_median": ratios[f"{m}/hf-continuous"]["median"],
+            "met": ratios[f"{m}/hf-continuous"]["median"] >= GOAL,
+        }
+        for m in modes
+        if m.startswith("ours-") and f"{m}/hf-continuous" in ratios
+    }
     prompts = [p for _, p, _ in reqs]
     outputs = [o for _, _, o in reqs]
     doc = {
         "benchmark": "peer: this engine vs Hugging Face transformers, same weights and workload",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
-        "host": platform.node(), "device": "cpu-here", "device_name": device_name(torch.device("cpu")),
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": version("transformers"),
-        "safetensors": version("safetensors"), "threads": a.threads, "dtype": "float32",
-        "omp_wait_policy": a.omp_wait_policy, "gomp_spincount": os.environ.get("GOMP_SPINCOUNT") or "100000",
+        "host": platform.node(),
+        "device": "cpu-here",
+        "device_name": device_name(torch.device("cpu")),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": version("transformers"),
+        "safetensors": version("safetensors"),
+        "threads": a.threads,
+        "dtype": "float32",
+        "omp_wait_policy": a.omp_wait_policy,
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT") or "100000",
         "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE") or "1",
-        "loadavg_before": load0, "loadavg_after": os.getloadavg(),
-        "total_s": total_s, "git": git0, "git_after": git_state(), "batching_source_digests": sources,
-        "model": {"name": a.model, "params": shape.params, "seed": a.model_seed, "layers": shape.layers,
-                  "hidden": shape.hidden, "heads": shape.heads, "kv_heads": shape.kv_heads, "ffn": shape.ffn,
-                  "vocab": shape.vocab, "tied_embeddings": shape.tied_embeddings,
-                  "checkpoint": os.path.relpath(ckpt, ROOT)},
+        "loadavg_before": load0,
+        "loadavg_after": os.getloadavg(),
+        "total_s": total_s,
+        "git": git0,
+        "git_after": git_state(),
+        "batching_source_digests": sources,
+        "model": {
+            "name": a.model,
+            "params": shape.params,
+            "seed": a.model_seed,
+            "layers": shape.layers,
+            "hidden": shape.hidden,
+            "heads": shape.heads,
+            "kv_heads": shape.kv_heads,
+            "ffn": shape.ffn,
+            "vocab": shape.vocab,
+            "tied_embeddings": shape.tied_embeddings,
+            "checkpoint": os.path.relpath(ckpt, ROOT),
+        },
         "workload": {
-            "requests": len(reqs), "arrival": "all at t=0", "seed": a.seed,
+            "requests": len(reqs),
+            "arrival": "all at t=0",
+            "seed": a.seed,
             "prompt": f"lognormal median {a.prompt_median} sigma {a.prompt_sigma}, clipped to "
-                      f"[{a.prompt_lo}, {a.prompt_hi}]",
+            f"[{a.prompt_lo}, {a.prompt_hi}]",
             "output": f"lognormal median {a.output_median} sigma {a.output_sigma}, clipped to "
-                      f"[{a.output_lo}, {a.output_hi}]",
-            "prompt_tokens": sum(prompts), "output_tokens": sum(outputs),
+            f"[{a.output_lo}, {a.output_hi}]",
+            "prompt_tokens": sum(prompts),
+            "output_tokens": sum(outputs),
             "prompt_len": {"min": min(prompts), "median": statistics.median(prompts), "max": max(prompts)},
             "output_len": {"min": min(outputs), "median": statistics.median(outputs), "max": max(outputs)},
-            "prompt_ids": "batching.runner.prompt_ids(seed, rid, prompt_len, vocab), identical in every mode",
-            "prompt_ids_digest": digests, "stop": "each request at its output length; EOS disabled",
-            "lengths": reqs},
+            "prompt_ids": "batching.real.runner.prompt_ids(seed, rid, prompt_len, vocab), identical in every mode",
+            "prompt_ids_digest": digests,
+            "stop": "each request at its output length; EOS disabled",
+            "lengths": reqs,
+        },
         "modes_config": {
             "ours-continuous": {"scheduler": "continuous", "prefill_mode": "mixed", "slots": a.slots},
             "ours-chunked": {"scheduler": "chunked", "slots": a.slots, "token_budget": a.token_budget},
-            "hf-static": {"generate": "left-padded batches in arrival order, greedy, each batch decodes to its "
-                                      "longest output, outputs trimmed to each request's length",
-                          "batch": a.static_batch},
-            "hf-continuous": {"api": "model.init_continuous_batching + add_request(max_new_tokens=n)",
-                              "config": spec["hf_cb_config"]}},
+            "hf-static": {
+                "generate": "left-padded batches in arrival order, greedy, each batch decodes to its "
+                "longest output, outputs trimmed to each request's length",
+                "batch": a.static_batch,
+            },
+            "hf-continuous": {
+                "api": "model.init_continuous_batching + add_request(max_new_tokens=n)",
+                "config": spec["hf_cb_config"],
+            },
+        },
         "timing": "tokens/s = workload output tokens / wall time from the first request submitted to the last "
-                  "token; model load and one small warm-up request excluded in both engines; each mode in its "
-                  "own process; mode order rotated every round",
-        "summary": per_mode, "ratios": ratios, "goal": {"target": f">= {GOAL}x hf-continuous (median)", **goal},
+        "token; model load and one small warm-up request excluded in both engines; each mode in its "
+        "own process; mode order rotated every round",
+        "summary": per_mode,
+        "ratios": ratios,
+        "goal": {"target": f">= {GOAL}x hf-continuous (median)", **goal},
         "token_equality": equality,
         "rounds": rounds,
     }
@@ -491,20 +639,33 @@ def main() -> None:
         errors.append("the batching/ sources changed during the run: rounds measured different engines")
     if errors:
         doc["error"] = "; ".join(errors)
-    out = Path(a.out) if a.out else (CACHE / "peer-quick.json" if a.quick
-                                    else ROOT / "benchmarks" / "results" / f"peer-cpu-here-{a.model}.json")
+    out = (
+        Path(a.out)
+        if a.out
+        else (
+            CACHE / "peer-quick.json"
+            if a.quick
+            else ROOT / "benchmarks" / "results" / f"peer-cpu-here-{a.model}.json"
+        )
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"\n{a.model} ({shape.params / 1e6:.1f}M params), {len(reqs)} requests, {sum(outputs)} output tokens, "
-          f"{a.rounds} rounds, {total_s:.0f} s")
+    print(
+        f"\n{a.model} ({shape.params / 1e6:.1f}M params), {len(reqs)} requests, {sum(outputs)} output tokens, "
+        f"{a.rounds} rounds, {total_s:.0f} s"
+    )
     for m in modes:
-        print(f"  {m:16} best {per_mode[m]['tok_s_best']:8.1f}  median {per_mode[m]['tok_s_median']:8.1f} tok/s")
+        print(
+            f"  {m:16} best {per_mode[m]['tok_s_best']:8.1f}  median {per_mode[m]['tok_s_median']:8.1f} tok/s"
+        )
     for k, v in ratios.items():
         print(f"  {k:32} best {v['best']:5.2f}x  median {v['median']:5.2f}x")
     for k, v in equality.items():
         fm = v["first_mismatch"]
-        print(f"  tokens {k:32} {v['equal']}/{v['requests']} equal"
-              + ("" if fm is None else f"; first mismatch rid {fm['rid']} at token {fm['index']}"))
+        print(
+            f"  tokens {k:32} {v['equal']}/{v['requests']} equal"
+            + ("" if fm is None else f"; first mismatch rid {fm['rid']} at token {fm['index']}")
+        )
     if git0["dirty"]:
         print(f"  note: batching/ differs from commit {git0['commit'][:10]}: {', '.join(git0['dirty'])}")
     if "error" in doc:

@@ -7,6 +7,7 @@ this trace on the same machine with a warm cache. Writes
 
     python benchmarks/bench_simulator.py [--trace PATH] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,15 @@ def main() -> None:
         t1 = time.perf_counter()
         s = summarize(res)
         t2 = time.perf_counter()
-        runs.append({"run_s": t1 - t0, "summary_s": t2 - t1, "loadavg_before": load0,
-                     "steps": s["steps"], "engine_iterations": len(res.log)})
+        runs.append(
+            {
+                "run_s": t1 - t0,
+                "summary_s": t2 - t1,
+                "loadavg_before": load0,
+                "steps": s["steps"],
+                "engine_iterations": len(res.log),
+            }
+        )
     # The fast path against stepping one at a time, side by side on the first 2,000 requests.
     part = type(w)(w.requests[:2000], name="first-2000")
     side = {}
@@ -64,19 +72,41 @@ def main() -> None:
     doc = {
         "benchmark": "simulator speed, whole trace, continuous batching",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-        "trace": a.trace, "requests": len(w), "output_tokens": w.total_output_tokens,
-        "capped_to_8192": capped, "model": a.model, "device": a.device, "slots": a.slots,
-        "trace_load_s": load_s, "runs": runs,
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "trace": a.trace,
+        "requests": len(w),
+        "output_tokens": w.total_output_tokens,
+        "capped_to_8192": capped,
+        "model": a.model,
+        "device": a.device,
+        "slots": a.slots,
+        "trace_load_s": load_s,
+        "runs": runs,
         "median_run_s": statistics.median(r["run_s"] for r in runs),
         "median_run_plus_summary_s": statistics.median(r["run_s"] + r["summary_s"] for r in runs),
-        "target_s": 5.0, "fast_vs_stepwise_first_2000": side,
+        "target_s": 5.0,
+        "fast_vs_stepwise_first_2000": side,
         "speedup_first_2000": side["stepwise"]["run_s"] / side["fast"]["run_s"],
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps({k: doc[k] for k in ("requests", "output_tokens", "median_run_s",
-                                          "median_run_plus_summary_s", "speedup_first_2000")}, indent=1))
+    print(
+        json.dumps(
+            {
+                k: doc[k]
+                for k in (
+                    "requests",
+                    "output_tokens",
+                    "median_run_s",
+                    "median_run_plus_summary_s",
+                    "speedup_first_2000",
+                )
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,10 +4,10 @@ The notebooks measure both live on the machine that builds the book (a CPU in CI
 script records them on any device so that a page can also quote a committed measurement
 from hardware the build machine does not have (an H200 lent for a few minutes):
 
-* padding (``batching.experiments.real_padding``): a 50-token prompt padded to a long one
+* padding (``batching.book.real_padding``): a 50-token prompt padded to a long one
   (2,000 tokens on a CPU, 4,000 on a GPU) under static batching against the same two packed
   under continuous batching, and each alone, one token each, medians of ``--reps`` rounds;
-* stall (``batching.experiments.real_stall``): a long prompt arriving among running
+* stall (``batching.book.real_stall``): a long prompt arriving among running
   decodes (8 running and 1,536 tokens on a CPU, 30 and 4,000 on a GPU), served whole in
   the decode step, in a separate step, and in chunks (128 tokens on a CPU, 512 on a GPU).
 
@@ -16,6 +16,7 @@ from hardware the build machine does not have (an H200 lent for a few minutes):
 
 Needs only torch and numpy (the GPU machine has no jupyter).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from batching import experiments as E  # noqa: E402
-from batching.measure import registry_device  # noqa: E402
-from batching.real import resolve_device  # noqa: E402
+from batching.book import chunked, static  # noqa: E402
+from batching.real.executor import resolve_device  # noqa: E402
+from batching.real.measure import registry_device  # noqa: E402
 
 
 def series_near(series: dict, t0: float, t1: float) -> dict:
@@ -56,17 +57,24 @@ def main() -> int:
     p.add_argument("--short", type=int, default=50, help="the short prompt of the padding pair")
     p.add_argument("--long", type=int, default=None, help="its long prompt (default: 2,000 CPU, 4,000 GPU)")
     p.add_argument("--running", type=int, default=None, help="running decodes (default: 8 CPU, 30 GPU)")
-    p.add_argument("--prompt", type=int, default=None, help="the long prompt arriving among them "
-                   "(default: 1,536 CPU, 4,000 GPU)")
+    p.add_argument(
+        "--prompt",
+        type=int,
+        default=None,
+        help="the long prompt arriving among them (default: 1,536 CPU, 4,000 GPU)",
+    )
     p.add_argument("--chunk", type=int, default=None, help="chunk size (default: 128 CPU, 512 GPU)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
     dev = resolve_device(a.device)
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    pad = E.real_padding(model=a.model, device=a.device, short=a.short, long=a.long, reps=a.reps, threads=a.threads)
-    st = E.real_stall(model=a.model, device=a.device, running=a.running, prompt=a.prompt, chunk=a.chunk,
-                      threads=a.threads)
+    pad = static.real_padding(
+        model=a.model, device=a.device, short=a.short, long=a.long, reps=a.reps, threads=a.threads
+    )
+    st = chunked.real_stall(
+        model=a.model, device=a.device, running=a.running, prompt=a.prompt, chunk=a.chunk, threads=a.threads
+    )
     ex = st["executor"]
     last = max(st["first_token"].values())
     step = st["decode_ms"] / 1e3
@@ -74,24 +82,48 @@ def main() -> int:
         "benchmark": "7.1 padding and 7.3 stall on the real model",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
-        "host": platform.node(), "device": registry_device(dev), "device_name": ex["device_name"],
-        "model": ex["model"], "dtype": ex["dtype"], "torch": ex["torch"], "threads": ex["threads"],
-        "executor": ex, "loadavg_before": load0,
+        "host": platform.node(),
+        "device": registry_device(dev),
+        "device_name": ex["device_name"],
+        "model": ex["model"],
+        "dtype": ex["dtype"],
+        "torch": ex["torch"],
+        "threads": ex["threads"],
+        "executor": ex,
+        "loadavg_before": load0,
         "padding": {k: v for k, v in pad.items() if isinstance(v, float)},
-        "stall": {"numbers": st["numbers"], "at_s": st["at_s"], "decode_ms": st["decode_ms"],
-                  "running": st["running"], "prompt": st["prompt"], "chunk": st["chunk"], "budget": st["budget"],
-                  "labels": st["labels"], "first_token": st["first_token"],
-                  "series": series_near(st["series"], st["at_s"] - 8 * step, last + 8 * step)},
-        "loadavg_after": os.getloadavg()[0], "wall_s": round(time.perf_counter() - t0, 1),
+        "stall": {
+            "numbers": st["numbers"],
+            "at_s": st["at_s"],
+            "decode_ms": st["decode_ms"],
+            "running": st["running"],
+            "prompt": st["prompt"],
+            "chunk": st["chunk"],
+            "budget": st["budget"],
+            "labels": st["labels"],
+            "first_token": st["first_token"],
+            "series": series_near(st["series"], st["at_s"] - 8 * step, last + 8 * step),
+        },
+        "loadavg_after": os.getloadavg()[0],
+        "wall_s": round(time.perf_counter() - t0, 1),
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     n = st["numbers"]
-    print(json.dumps({"padding_time_ratio_short": pad["time_ratio_short"],
-                      "padding_time_ratio_batch": pad["time_ratio_batch"],
-                      "stall_mixed_ms": n["mix_itl_max_ms"], "stall_chunked_ms": n["chk_itl_max_ms"],
-                      "ttft_mixed_ms": n["mix_ttft_ms"], "ttft_chunked_ms": n["chk_ttft_ms"],
-                      "decode_ms": st["decode_ms"], "wall_s": out["wall_s"]}))
+    print(
+        json.dumps(
+            {
+                "padding_time_ratio_short": pad["time_ratio_short"],
+                "padding_time_ratio_batch": pad["time_ratio_batch"],
+                "stall_mixed_ms": n["mix_itl_max_ms"],
+                "stall_chunked_ms": n["chk_itl_max_ms"],
+                "ttft_mixed_ms": n["mix_ttft_ms"],
+                "ttft_chunked_ms": n["chk_ttft_ms"],
+                "decode_ms": st["decode_ms"],
+                "wall_s": out["wall_s"],
+            }
+        )
+    )
     return 0
 
 

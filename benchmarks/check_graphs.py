@@ -9,6 +9,7 @@ Writes a JSON report and exits 1 on any difference.
 
     python benchmarks/check_graphs.py --device cuda --out graphs-check.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,8 @@ import numpy as np
 import torch
 
 from batching.models import get_model
-from batching.real import device_name, resolve_device, run_real
-from batching.runner import ModelRunner
+from batching.real.executor import device_name, resolve_device, run_real
+from batching.real.runner import ModelRunner
 from batching.schedulers import make_scheduler
 from batching.workload import Workload
 
@@ -47,18 +48,31 @@ def main() -> int:
     a = p.parse_args()
     dev = resolve_device(a.device)
     w = workload(a.requests, a.max_len)
-    runners = {g: ModelRunner.from_shape(get_model(a.model), a.slots, device=dev, dtype=torch.float64,
-                                         max_len=a.max_len, graphs=g) for g in (False, True)}
-    out: dict = {"check": "decode graphs vs eager steps, float64, same weights",
-                 "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                 "device": str(dev), "device_name": device_name(dev), "torch": torch.__version__,
-                 "model": a.model, "requests": len(w), "slots": a.slots, "max_len": a.max_len, "schedulers": {}}
+    runners = {
+        g: ModelRunner.from_shape(
+            get_model(a.model), a.slots, device=dev, dtype=torch.float64, max_len=a.max_len, graphs=g
+        )
+        for g in (False, True)
+    }
+    out: dict = {
+        "check": "decode graphs vs eager steps, float64, same weights",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": str(dev),
+        "device_name": device_name(dev),
+        "torch": torch.__version__,
+        "model": a.model,
+        "requests": len(w),
+        "slots": a.slots,
+        "max_len": a.max_len,
+        "schedulers": {},
+    }
     ok = True
     for name in ("static", "continuous", "chunked"):
         toks = {}
         for g, runner in runners.items():
-            sch = make_scheduler(name, max_context=a.max_len, slots=a.slots, token_budget=32,
-                                 kv_capacity=a.slots * a.max_len)
+            sch = make_scheduler(
+                name, max_context=a.max_len, slots=a.slots, token_budget=32, kv_capacity=a.slots * a.max_len
+            )
             res = run_real(w, sch, None, runner=runner)
             toks[g] = {r.rid: r.token_ids for r in res.requests}
         diff = [rid for rid in toks[False] if toks[False][rid] != toks[True][rid]]
@@ -66,8 +80,12 @@ def main() -> int:
         if diff:
             e, f = toks[False][diff[0]], toks[True][diff[0]]
             first = {"rid": diff[0], "position": next(i for i, (x, y) in enumerate(zip(e, f)) if x != y)}
-        out["schedulers"][name] = {"requests_equal": len(toks[False]) - len(diff), "requests": len(toks[False]),
-                                   "tokens": sum(map(len, toks[True].values())), "first_difference": first}
+        out["schedulers"][name] = {
+            "requests_equal": len(toks[False]) - len(diff),
+            "requests": len(toks[False]),
+            "tokens": sum(map(len, toks[True].values())),
+            "first_difference": first,
+        }
         ok &= not diff
     out["graphs"] = runners[True].graphs_info()
     out["ok"] = ok and runners[True].graphs_error is None

@@ -6,6 +6,7 @@ without carrying the traces. Run from the repository root:
 
     .venv/bin/python benchmarks/derive_quantiles.py [--traces DIR] [--out DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,7 @@ def derive(trace: str, path: Path, out: Path, command: str) -> Path:
     output = np.percentile(w.output_lens, QS * 100)
     header = [
         f"# Length quantiles of the Azure LLM inference trace 2023, {path.name} ({len(w)} requests).",
-        "# Source: github.com/Azure/AzurePublicDataset, data/, commit b469a11; "
-        f"sha256 {w.info['sha256']}.",
+        f"# Source: github.com/Azure/AzurePublicDataset, data/, commit b469a11; sha256 {w.info['sha256']}.",
         "# Licence: Creative Commons Attribution 4.0 International (CC BY 4.0).",
         f"# Attribution: {AZURE_ATTRIBUTION}",
         "# q = quantile; prompt = ContextTokens, output = GeneratedTokens; percentiles with linear",
@@ -52,12 +52,17 @@ def derive(trace: str, path: Path, out: Path, command: str) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces",
-                    help="directory laid out like shared/traces (default: %(default)s)")
+    ap.add_argument(
+        "--traces",
+        type=Path,
+        default=ROOT.parent / "shared" / "traces",
+        help="directory laid out like shared/traces (default: %(default)s)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "data" / "length_quantiles")
     args = ap.parse_args(argv)
     command = "python benchmarks/derive_quantiles.py" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+        f" {a}" for a in (argv if argv is not None else sys.argv[1:])
+    )
     for trace in ("azure-conv", "azure-code"):
         dest = derive(trace, args.traces / TRACES[trace]["path"], args.out, command)
         print(f"wrote {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest}")

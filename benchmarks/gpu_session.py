@@ -34,6 +34,7 @@ the project keeps it (profiles in ``data/profiles/``, the rest in ``benchmarks/r
 refusing any that was not measured on a GPU. ``--dry-run`` runs the same stages with the
 ``tiny`` model on the CPU in seconds (the test suite does).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,47 +51,256 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The time limits of all but the last add up to under 8 minutes, with the machine's start
 #: inside the 15; a stage starts only if its limit fits in what is left of ``--budget-s``.
 STAGES: list[tuple[str, int, list[str]]] = [
-    ("check-graphs", 45, ["benchmarks/check_graphs.py", "--device", "cuda", "--out", "{out}/graphs-check.json"]),
-    ("decode-8b", 100, ["benchmarks/bench_decode.py", "--model", "llama-8b", "--device", "cuda",
-                        "--batches", "1,2,4,8,16,32,64,128,256", "--reps", "10", "--rounds", "2",
-                        "--out", "{out}/decode-h200-llama-8b.json"]),
-    ("profile-1b", 90, ["-m", "batching", "measure", "--model", "llama-1b", "--device", "cuda",
-                         "--ctxs", "128,1024,4096", "--prefill", "16,64,256,512,1024,2048,4096,8192",
-                         "--mixed-chunks", "64,256,512,1024,2048,4096", "--mixed-rows", "1,8,32",
-                         "--reps", "5", "--rounds", "2", "--no-progress", "--out", "{out}/h200-llama-1b.json"]),
-    ("fidelity-1b", 145, ["benchmarks/bench_fidelity.py", "--model", "llama-1b", "--device", "cuda",
-                          "--profile", "{out}/h200-llama-1b.json", "--requests", "200", "--scale-lengths", "1",
-                          "--time-scale", "8", "--slots", "32", "--max-len", "4352", "--token-budget", "512",
-                          "--real-runs", "2", "--out", "{out}/fidelity-h200-llama-1b.json"]),
-    ("profile-8b", 90, ["-m", "batching", "measure", "--model", "llama-8b", "--device", "cuda",
-                         "--ctxs", "128,512,1536", "--prefill", "16,64,256,512,1024,2048",
-                         "--mixed-chunks", "64,256,512,1024,2048", "--mixed-rows", "1,8,32",
-                         "--prefill-rows", "4x512,16x128", "--reps", "5", "--rounds", "1", "--no-progress",
-                         "--out", "{out}/h200-llama-8b.json"]),
-    ("stall-1b", 60, ["benchmarks/bench_stall.py", "--device", "cuda", "--out", "{out}/stall-h200-llama-1b.json"]),
+    (
+        "check-graphs",
+        45,
+        ["benchmarks/check_graphs.py", "--device", "cuda", "--out", "{out}/graphs-check.json"],
+    ),
+    (
+        "decode-8b",
+        100,
+        [
+            "benchmarks/bench_decode.py",
+            "--model",
+            "llama-8b",
+            "--device",
+            "cuda",
+            "--batches",
+            "1,2,4,8,16,32,64,128,256",
+            "--reps",
+            "10",
+            "--rounds",
+            "2",
+            "--out",
+            "{out}/decode-h200-llama-8b.json",
+        ],
+    ),
+    (
+        "profile-1b",
+        90,
+        [
+            "-m",
+            "batching",
+            "measure",
+            "--model",
+            "llama-1b",
+            "--device",
+            "cuda",
+            "--ctxs",
+            "128,1024,4096",
+            "--prefill",
+            "16,64,256,512,1024,2048,4096,8192",
+            "--mixed-chunks",
+            "64,256,512,1024,2048,4096",
+            "--mixed-rows",
+            "1,8,32",
+            "--reps",
+            "5",
+            "--rounds",
+            "2",
+            "--no-progress",
+            "--out",
+            "{out}/h200-llama-1b.json",
+        ],
+    ),
+    (
+        "fidelity-1b",
+        145,
+        [
+            "benchmarks/bench_fidelity.py",
+            "--model",
+            "llama-1b",
+            "--device",
+            "cuda",
+            "--profile",
+            "{out}/h200-llama-1b.json",
+            "--requests",
+            "200",
+            "--scale-lengths",
+            "1",
+            "--time-scale",
+            "8",
+            "--slots",
+            "32",
+            "--max-len",
+            "4352",
+            "--token-budget",
+            "512",
+            "--real-runs",
+            "2",
+            "--out",
+            "{out}/fidelity-h200-llama-1b.json",
+        ],
+    ),
+    (
+        "profile-8b",
+        90,
+        [
+            "-m",
+            "batching",
+            "measure",
+            "--model",
+            "llama-8b",
+            "--device",
+            "cuda",
+            "--ctxs",
+            "128,512,1536",
+            "--prefill",
+            "16,64,256,512,1024,2048",
+            "--mixed-chunks",
+            "64,256,512,1024,2048",
+            "--mixed-rows",
+            "1,8,32",
+            "--prefill-rows",
+            "4x512,16x128",
+            "--reps",
+            "5",
+            "--rounds",
+            "1",
+            "--no-progress",
+            "--out",
+            "{out}/h200-llama-8b.json",
+        ],
+    ),
+    (
+        "stall-1b",
+        60,
+        ["benchmarks/bench_stall.py", "--device", "cuda", "--out", "{out}/stall-h200-llama-1b.json"],
+    ),
 ]
 
 #: The same stages, small enough for a CPU in seconds (``--dry-run``): the pipeline's test.
 DRY: dict[str, list[str]] = {
-    "check-graphs": ["benchmarks/check_graphs.py", "--device", "cpu", "--requests", "8", "--max-len", "64",
-                     "--out", "{out}/graphs-check.json"],
-    "decode-8b": ["benchmarks/bench_decode.py", "--model", "tiny", "--device", "cpu", "--ctx", "16",
-                  "--batches", "1,2", "--reps", "2", "--rounds", "1", "--out", "{out}/decode-h200-llama-8b.json"],
-    "profile-1b": ["-m", "batching", "measure", "--model", "tiny", "--device", "cpu", "--batches", "1,2,16",
-                   "--ctxs", "16,128", "--prefill", "16,64", "--mixed-chunks", "16,64", "--mixed-rows", "1,4",
-                   "--prefill-rows", "4x16", "--reps", "1", "--rounds", "1", "--no-progress",
-                   "--out", "{out}/h200-llama-1b.json"],
-    "fidelity-1b": ["benchmarks/bench_fidelity.py", "--model", "tiny", "--device", "cpu",
-                    "--profile", "{out}/h200-llama-1b.json", "--requests", "12", "--scale-lengths", "32",
-                    "--time-scale", "8", "--slots", "4", "--max-len", "256", "--token-budget", "32",
-                    "--real-runs", "2", "--out", "{out}/fidelity-h200-llama-1b.json"],
-    "profile-8b": ["-m", "batching", "measure", "--model", "tiny", "--device", "cpu", "--batches", "1,2",
-                   "--ctxs", "16", "--prefill", "16", "--mixed-chunks", "16", "--mixed-rows", "1",
-                   "--prefill-rows", "", "--reps", "1", "--rounds", "1", "--no-progress",
-                   "--out", "{out}/h200-llama-8b.json"],
-    "stall-1b": ["benchmarks/bench_stall.py", "--device", "cpu", "--model", "tiny", "--short", "8", "--long", "300",
-                 "--reps", "1", "--running", "4", "--prompt", "300", "--chunk", "32",
-                 "--out", "{out}/stall-h200-llama-1b.json"],
+    "check-graphs": [
+        "benchmarks/check_graphs.py",
+        "--device",
+        "cpu",
+        "--requests",
+        "8",
+        "--max-len",
+        "64",
+        "--out",
+        "{out}/graphs-check.json",
+    ],
+    "decode-8b": [
+        "benchmarks/bench_decode.py",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--ctx",
+        "16",
+        "--batches",
+        "1,2",
+        "--reps",
+        "2",
+        "--rounds",
+        "1",
+        "--out",
+        "{out}/decode-h200-llama-8b.json",
+    ],
+    "profile-1b": [
+        "-m",
+        "batching",
+        "measure",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--batches",
+        "1,2,16",
+        "--ctxs",
+        "16,128",
+        "--prefill",
+        "16,64",
+        "--mixed-chunks",
+        "16,64",
+        "--mixed-rows",
+        "1,4",
+        "--prefill-rows",
+        "4x16",
+        "--reps",
+        "1",
+        "--rounds",
+        "1",
+        "--no-progress",
+        "--out",
+        "{out}/h200-llama-1b.json",
+    ],
+    "fidelity-1b": [
+        "benchmarks/bench_fidelity.py",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--profile",
+        "{out}/h200-llama-1b.json",
+        "--requests",
+        "12",
+        "--scale-lengths",
+        "32",
+        "--time-scale",
+        "8",
+        "--slots",
+        "4",
+        "--max-len",
+        "256",
+        "--token-budget",
+        "32",
+        "--real-runs",
+        "2",
+        "--out",
+        "{out}/fidelity-h200-llama-1b.json",
+    ],
+    "profile-8b": [
+        "-m",
+        "batching",
+        "measure",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--batches",
+        "1,2",
+        "--ctxs",
+        "16",
+        "--prefill",
+        "16",
+        "--mixed-chunks",
+        "16",
+        "--mixed-rows",
+        "1",
+        "--prefill-rows",
+        "",
+        "--reps",
+        "1",
+        "--rounds",
+        "1",
+        "--no-progress",
+        "--out",
+        "{out}/h200-llama-8b.json",
+    ],
+    "stall-1b": [
+        "benchmarks/bench_stall.py",
+        "--device",
+        "cpu",
+        "--model",
+        "tiny",
+        "--short",
+        "8",
+        "--long",
+        "300",
+        "--reps",
+        "1",
+        "--running",
+        "4",
+        "--prompt",
+        "300",
+        "--chunk",
+        "32",
+        "--out",
+        "{out}/stall-h200-llama-1b.json",
+    ],
 }
 
 
@@ -108,7 +318,7 @@ INSTALL: dict[str, str] = {
 
 def _device_of(doc: dict) -> str:
     """The device a result file says it was measured on."""
-    if "meta" in doc and "device_name" in doc["meta"]:                # a profile
+    if "meta" in doc and "device_name" in doc["meta"]:  # a profile
         return doc["meta"]["device_name"]
     return str(doc.get("device_name") or doc.get("device") or "")
 
@@ -152,27 +362,51 @@ def headline(out: Path) -> dict:
     if (c := load("graphs-check.json")) is not None:
         h["graphs_check_ok"] = c.get("ok")
     if (d := load("decode-h200-llama-8b.json")) is not None:
-        h["decode_8b"] = {k: d.get(k) for k in ("efficiency_vs_matvec", "efficiency_best_vs_best",
-                                                  "efficiency_paired_median", "efficiency_vs_matvec_eager",
-                                                  "knee", "bstar_roofline", "decode_graphs_error")}
+        h["decode_8b"] = {
+            k: d.get(k)
+            for k in (
+                "efficiency_vs_matvec",
+                "efficiency_best_vs_best",
+                "efficiency_paired_median",
+                "efficiency_vs_matvec_eager",
+                "knee",
+                "bstar_roofline",
+                "decode_graphs_error",
+            )
+        }
         h["decode_8b"]["step_ms_batch1"] = d["step_ms"]["1"]["median_ms"]
     for name in ("h200-llama-1b.json", "h200-llama-8b.json"):
         if (prof := load(name)) is not None:
-            h[name] = {"decode_ms_batch1": prof["decode"]["ms"][0], "wall_s": prof["meta"]["wall_s"],
-                       "decode_graphs": prof["meta"].get("decode_graphs", {}) and
-                       {k: v for k, v in prof["meta"]["decode_graphs"].items() if k != "buckets"}}
+            h[name] = {
+                "decode_ms_batch1": prof["decode"]["ms"][0],
+                "wall_s": prof["meta"]["wall_s"],
+                "decode_graphs": prof["meta"].get("decode_graphs", {})
+                and {k: v for k, v in prof["meta"]["decode_graphs"].items() if k != "buckets"},
+            }
     if (f := load("fidelity-h200-llama-1b.json")) is not None:
-        h["fidelity_1b"] = {k: {m: r.get(m) for m in ("e2e_median_abs_rel_err", "throughput_rel_err",
-                                                         "real_vs_real_e2e_median_abs_rel_err",
-                                                         "sim_vs_real_median_e2e_median_abs_rel_err",
-                                                         "step_median_abs_rel_err")}
-                            for k, r in f["results"].items()}
+        h["fidelity_1b"] = {
+            k: {
+                m: r.get(m)
+                for m in (
+                    "e2e_median_abs_rel_err",
+                    "throughput_rel_err",
+                    "real_vs_real_e2e_median_abs_rel_err",
+                    "sim_vs_real_median_e2e_median_abs_rel_err",
+                    "step_median_abs_rel_err",
+                )
+            }
+            for k, r in f["results"].items()
+        }
     if (s := load("stall-h200-llama-1b.json")) is not None:
         n = s["stall"]["numbers"]
-        h["stall_1b"] = {"mixed_itl_max_ms": n["mix_itl_max_ms"], "chunked_itl_max_ms": n["chk_itl_max_ms"],
-                         "decode_ms": s["stall"]["decode_ms"], "ttft_mixed_ms": n["mix_ttft_ms"],
-                         "ttft_chunked_ms": n["chk_ttft_ms"],
-                         "padding_time_ratio_short": s["padding"]["time_ratio_short"]}
+        h["stall_1b"] = {
+            "mixed_itl_max_ms": n["mix_itl_max_ms"],
+            "chunked_itl_max_ms": n["chk_itl_max_ms"],
+            "decode_ms": s["stall"]["decode_ms"],
+            "ttft_mixed_ms": n["mix_ttft_ms"],
+            "ttft_chunked_ms": n["chk_ttft_ms"],
+            "padding_time_ratio_short": s["padding"]["time_ratio_short"],
+        }
     return h
 
 
@@ -182,8 +416,12 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=480, help="stop starting stages after this many seconds")
     p.add_argument("--only", help="comma-separated stage names (default: all)")
     p.add_argument("--dry-run", action="store_true", help="the same stages with the tiny model on the CPU")
-    p.add_argument("--install", type=Path, metavar="DIR",
-                   help="instead of measuring: copy a fetched session's files into data/ and benchmarks/results/")
+    p.add_argument(
+        "--install",
+        type=Path,
+        metavar="DIR",
+        help="instead of measuring: copy a fetched session's files into data/ and benchmarks/results/",
+    )
     a = p.parse_args()
     if a.install is not None:
         sys.path.insert(0, str(ROOT))
@@ -197,17 +435,22 @@ def main() -> int:
     if traces.is_dir():
         env["BATCHING_TRACES"] = str(traces)
     elif not a.dry_run:
-        print(f"warning: {traces} is missing (make gpu-prep): the fidelity stage needs the Azure trace",
-              file=sys.stderr)
+        print(
+            f"warning: {traces} is missing (make gpu-prep): the fidelity stage needs the Azure trace",
+            file=sys.stderr,
+        )
     only = set(a.only.split(",")) if a.only else None
     t0 = time.perf_counter()
-    summary: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dry_run": a.dry_run,
-                     "stages": []}
+    summary: dict = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "dry_run": a.dry_run,
+        "stages": [],
+    }
     log = (a.out / "log.txt").open("w")
     for name, limit, argv in STAGES:
         if only is not None and name not in only:
             continue
-        if a.dry_run:   # a shared CPU, perhaps busy: the GPU's limits do not apply
+        if a.dry_run:  # a shared CPU, perhaps busy: the GPU's limits do not apply
             argv, limit = DRY[name], 300
         left = a.budget_s - (time.perf_counter() - t0)
         cmd = [sys.executable] + [x.format(out=a.out) for x in argv]
@@ -218,7 +461,9 @@ def main() -> int:
             print(f"== {name}: {rec['command']}", file=log, flush=True)
             s0 = time.perf_counter()
             try:
-                r = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit)
+                r = subprocess.run(
+                    cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit
+                )
                 rec["rc"] = r.returncode
             except subprocess.TimeoutExpired:
                 rec["rc"] = "timeout"

@@ -1,4 +1,5 @@
 """Fixtures shared by the torch-model tests (test_model, test_real, test_graphs)."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 def model64():
     """The ``tiny`` model in float64 (argmax near-ties cannot flip), seed 0; read-only in every test."""
     torch = pytest.importorskip("torch")
-    from batching.model import Llama, ModelConfig
     from batching.models import get_model
+    from batching.real.model import Llama, ModelConfig
+
     return Llama(ModelConfig.from_shape(get_model("tiny")), "cpu", torch.float64, seed=0)

@@ -1,4 +1,5 @@
 """Small, hand-checkable pieces for the scheduler tests, and the benchmark scripts as modules."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -51,3 +52,28 @@ def load_benchmark(name: str) -> ModuleType:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _texts(ax) -> dict:
+    return {t.get_text(): t for t in ax.texts}
+
+
+def _gpu_profile() -> dict:
+    """A made-up H200 profile of llama-8b (schema 1), as a later session might commit."""
+    return {
+        "schema": 1,
+        "meta": {
+            "device": "H200-SXM",
+            "device_name": "NVIDIA H200",
+            "model": "llama-8b",
+            "dtype": "bf16",
+            "date": "2026-12-01T00:00:00+00:00",
+        },
+        "device": {"bandwidth": {"matvec": {"GBps_best": 4200.0}}, "matmul_peak": {"TFLOPs_best": 700.0}},
+        "decode": {
+            "batch": [1, 8, 64, 256],
+            "ctx": [128, 1024],
+            "ms": [[4.0, 4.2], [4.1, 4.6], [4.6, 8.0], [8.0, 20.0]],
+        },
+        "prefill": {"tokens": [128, 1024], "ms": [6.0, 30.0]},
+    }

@@ -1,13 +1,15 @@
 """The overhead benchmark's bookkeeping (benchmarks/bench_overhead.py): its split of the wall clock must add up."""
+
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from batching.models import get_model  # noqa: E402
-from batching.runner import ModelRunner  # noqa: E402
-from helpers import load_benchmark  # noqa: E402
+from helpers import load_benchmark
+
+from batching.models import get_model
+from batching.real.runner import ModelRunner
 
 pytestmark = pytest.mark.model
 

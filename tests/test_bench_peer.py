@@ -1,4 +1,5 @@
 """The peer benchmark's workers and bookkeeping (benchmarks/bench_peer.py), on the tiny model."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,10 +9,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from batching.checkpoint import save_hf_checkpoint  # noqa: E402
-from batching.model import Llama, ModelConfig  # noqa: E402
-from batching.models import get_model  # noqa: E402
-from helpers import load_benchmark  # noqa: E402
+from helpers import load_benchmark
+
+from batching.models import get_model
+from batching.real.checkpoint import save_hf_checkpoint
+from batching.real.model import Llama, ModelConfig
 
 pytestmark = pytest.mark.model
 
@@ -31,8 +33,18 @@ def test_first_difference(bench) -> None:
 
 
 def test_workload_is_seeded_and_within_bounds(bench) -> None:
-    a = argparse.Namespace(seed=3, requests=50, prompt_median=64, prompt_sigma=1.0, prompt_lo=16, prompt_hi=512,
-                           output_median=40, output_sigma=0.9, output_lo=8, output_hi=256)
+    a = argparse.Namespace(
+        seed=3,
+        requests=50,
+        prompt_median=64,
+        prompt_sigma=1.0,
+        prompt_lo=16,
+        prompt_hi=512,
+        output_median=40,
+        output_sigma=0.9,
+        output_lo=8,
+        output_hi=256,
+    )
     w = bench.build_workload(a)
     assert w == bench.build_workload(a) and [r for r, _, _ in w] == list(range(50))
     assert all(16 <= p <= 512 and 8 <= o <= 256 for _, p, o in w)
@@ -41,10 +53,25 @@ def test_workload_is_seeded_and_within_bounds(bench) -> None:
 def test_workers_agree_token_for_token(bench, tmp_path) -> None:
     """Our chunked mode and both transformers modes on the same tiny checkpoint: same prompt
     ids, every request its own length, the same greedy tokens."""
-    save_hf_checkpoint(Llama(ModelConfig.from_shape(get_model("tiny")), "cpu", torch.float32, seed=1), tmp_path)
-    spec = {"checkpoint": str(tmp_path), "seed": 4, "vocab": 256, "threads": torch.get_num_threads(),
-            "requests": [[0, 9, 5], [1, 3, 12], [2, 20, 7]], "slots": 4, "token_budget": 8, "static_batch": 2,
-            "hf_cb_config": {"page_size": 16, "num_blocks": 16, "max_batch_tokens": 32, "max_requests_per_batch": 4}}
+    save_hf_checkpoint(
+        Llama(ModelConfig.from_shape(get_model("tiny")), "cpu", torch.float32, seed=1), tmp_path
+    )
+    spec = {
+        "checkpoint": str(tmp_path),
+        "seed": 4,
+        "vocab": 256,
+        "threads": torch.get_num_threads(),
+        "requests": [[0, 9, 5], [1, 3, 12], [2, 20, 7]],
+        "slots": 4,
+        "token_budget": 8,
+        "static_batch": 2,
+        "hf_cb_config": {
+            "page_size": 16,
+            "num_blocks": 16,
+            "max_batch_tokens": 32,
+            "max_requests_per_batch": 4,
+        },
+    }
     ours = bench.worker_ours("ours-chunked", spec)
     assert [len(ours["tokens"][r]) for r in range(3)] == [5, 12, 7]
     pytest.importorskip("transformers")

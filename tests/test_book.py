@@ -9,6 +9,7 @@
     error, and no request to anything but the local server. Screenshots land in
     `_build/test/screens/`.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
 
-import browser_check  # noqa: E402  (tools/ is not a package)
-import build_book  # noqa: E402
+import browser_check
+import build_book
 
 NOTEBOOKS = build_book.notebooks()
 SMOKE = {"smoke": True}

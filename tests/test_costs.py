@@ -1,10 +1,12 @@
 """Model shapes, devices and step-cost models (batching/models.py, devices.py, costs.py)."""
+
 from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,10 +22,17 @@ H100, H200 = get_device("h100"), get_device("h200")
 
 
 # ------------------------------------------------------------------------- models
-@pytest.mark.parametrize("name, published", [
-    ("llama-1b", 1.24e9), ("llama-8b", 8.03e9), ("llama-70b", 70.6e9),   # model cards
-    ("cpu-s", 26.4e6), ("cpu-m", 117.2e6), ("cpu-l", 392.2e6),          # cpu-decode-measurements.md
-])
+@pytest.mark.parametrize(
+    "name, published",
+    [
+        ("llama-1b", 1.24e9),
+        ("llama-8b", 8.03e9),
+        ("llama-70b", 70.6e9),  # model cards
+        ("cpu-s", 26.4e6),
+        ("cpu-m", 117.2e6),
+        ("cpu-l", 392.2e6),  # cpu-decode-measurements.md
+    ],
+)
 def test_param_counts_match_published(name: str, published: float) -> None:
     assert get_model(name).params == pytest.approx(published, rel=0.01)
 
@@ -33,7 +42,7 @@ def test_tiny_params_by_hand() -> None:
     # head_dim 16; per layer: q,o 64x64 each, k,v 64x32 each, gate/up/down 64x176, 2 norms.
     layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64
     assert m.head_dim == 16
-    assert m.params == 256 * 64 + 2 * layer + 64          # tied: no separate lm head
+    assert m.params == 256 * 64 + 2 * layer + 64  # tied: no separate lm head
     assert m.weight_bytes == 4 * m.params
     assert m.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
     assert m.attn_flops_per_pair == 4 * 2 * 4 * 16
@@ -97,19 +106,24 @@ def test_llama_8b_h100_batch1_by_hand() -> None:
     t = c.terms(prefill)
     assert t["bound"] == "compute"
     assert t["compute_s"] == pytest.approx(
-        (2 * 6_979_321_856 * 8192 + 4 * 32 * 32 * 128 * (8192 * 8193 // 2)) / 989e12, rel=1e-12)
+        (2 * 6_979_321_856 * 8192 + 4 * 32 * 32 * 128 * (8192 * 8193 // 2)) / 989e12, rel=1e-12
+    )
 
 
-@pytest.mark.parametrize("device, dtype, bstar", [
-    ("h100", None, 295.2), ("h200", None, 206.0), ("a100", None, 153.0), ("h200", "fp8", 206.1)])
+@pytest.mark.parametrize(
+    "device, dtype, bstar",
+    [("h100", None, 295.2), ("h200", None, 206.0), ("a100", None, 153.0), ("h200", "fp8", 206.1)],
+)
 def test_bstar(device: str, dtype: str | None, bstar: float) -> None:
-    assert RooflineCost(get_model("llama-8b"), get_device(device), dtype=dtype).bstar() == pytest.approx(bstar, abs=0.1)
+    assert RooflineCost(get_model("llama-8b"), get_device(device), dtype=dtype).bstar() == pytest.approx(
+        bstar, abs=0.1
+    )
 
 
 def test_bstar_cpu_fp32_is_twice_peak_over_bandwidth() -> None:
     c = RooflineCost(get_model("cpu-m"), get_device("cpu"))
     assert c.bstar() == pytest.approx(2 * 110e9 / 18.5e9)
-    assert 7 <= c.bstar() <= 12          # the CPU note's range
+    assert 7 <= c.bstar() <= 12  # the CPU note's range
 
 
 def test_empty_step_costs_nothing() -> None:
@@ -160,12 +174,20 @@ def test_bad_tp_refused() -> None:
 
 # ----------------------------------------------------------------------- profile
 def _profile() -> dict[str, Any]:
-    return {"schema": 1,
-            "meta": {"device": "cpu-here", "model": "cpu-s", "dtype": "float32",
-                     "date": "2026-11-30", "torch": "2.13.0+cpu", "host": "test"},
-            "decode": {"batch": [1, 3], "ctx": [100, 300], "ms": [[10, 12], [14, 20]]},
-            "prefill": {"tokens": [100, 300], "ms": [50, 130]},
-            "mixed": {"prefill_tokens": [200], "decode_rows": [1], "decode_ctx": [100], "ms": [100.0]}}
+    return {
+        "schema": 1,
+        "meta": {
+            "device": "cpu-here",
+            "model": "cpu-s",
+            "dtype": "float32",
+            "date": "2026-11-30",
+            "torch": "2.13.0+cpu",
+            "host": "test",
+        },
+        "decode": {"batch": [1, 3], "ctx": [100, 300], "ms": [[10, 12], [14, 20]]},
+        "prefill": {"tokens": [100, 300], "ms": [50, 130]},
+        "mixed": {"prefill_tokens": [200], "decode_rows": [1], "decode_ctx": [100], "ms": [100.0]},
+    }
 
 
 def _dec(rows: int, ctx_per_row: int) -> StepWork:
@@ -175,7 +197,11 @@ def _dec(rows: int, ctx_per_row: int) -> StepWork:
 def test_profile_interpolation() -> None:
     p = ProfileCost.from_dict(_profile())
     assert [p.step_time(_dec(b, c)) for b, c in [(1, 100), (1, 300), (3, 100), (3, 300)]] == [
-        0.010, 0.012, 0.014, 0.020]                                    # grid points, exactly
+        0.010,
+        0.012,
+        0.014,
+        0.020,
+    ]  # grid points, exactly
     assert p.step_time(_dec(2, 200)) == pytest.approx(0.014, rel=1e-12)  # mean of the 4 corners
     assert p.step_time(_dec(1, 200)) == pytest.approx(0.011, rel=1e-12)
     assert p.step_time(StepWork(prefill_tokens=100)) == 0.050
@@ -184,24 +210,28 @@ def test_profile_interpolation() -> None:
     assert p.step_time(StepWork(prefill_tokens=200, decode_rows=3, decode_ctx=900)) == pytest.approx(0.100)
     assert p.step_time(StepWork()) == 0.0
     assert (p.queries, p.extrapolated) == (9, 0)
-    assert p.describe()["mixed_max_rel_err"] == pytest.approx(0.1)   # 90 ms estimated, 100 measured
-    assert p.describe()["queries"] == 9                              # the check is not counted
+    assert p.describe()["mixed_max_rel_err"] == pytest.approx(0.1)  # 90 ms estimated, 100 measured
+    assert p.describe()["queries"] == 9  # the check is not counted
 
 
 def test_profile_mixed_grid_interpolates_and_follows_context() -> None:
     """A full chunk x rows grid of mixed steps replaces the additive estimate (hand-computed)."""
     doc = _profile()
-    doc["mixed"] = {"prefill_tokens": [100, 100, 300, 300], "decode_rows": [1, 3, 1, 3],
-                    "decode_ctx": [100, 100, 100, 100], "ms": [60.0, 70.0, 140.0, 160.0]}
+    doc["mixed"] = {
+        "prefill_tokens": [100, 100, 300, 300],
+        "decode_rows": [1, 3, 1, 3],
+        "decode_ctx": [100, 100, 100, 100],
+        "ms": [60.0, 70.0, 140.0, 160.0],
+    }
     p = ProfileCost.from_dict(doc)
     assert p.describe()["mixed_estimate"] == "grid"
-    mixed = lambda t, r, c: p.step_time(StepWork(prefill_tokens=t, decode_rows=r, decode_ctx=r * c))  # noqa: E731
+    mixed = lambda t, r, c: p.step_time(StepWork(prefill_tokens=t, decode_rows=r, decode_ctx=r * c))
     assert mixed(100, 1, 100) == pytest.approx(0.060) and mixed(300, 3, 100) == pytest.approx(0.160)
-    assert mixed(200, 2, 100) == pytest.approx((60 + 70 + 140 + 160) / 4e3)   # centre: mean of the corners
+    assert mixed(200, 2, 100) == pytest.approx((60 + 70 + 140 + 160) / 4e3)  # centre: mean of the corners
     # At ctx 300 per row the decode grid adds 12-10 = 2 ms for one row, 20-14 = 6 ms for three.
     assert mixed(100, 1, 300) == pytest.approx(0.062) and mixed(300, 3, 300) == pytest.approx(0.166)
     assert p.extrapolated == 0
-    mixed(400, 2, 100)                                   # beyond the grid's chunks: counted
+    mixed(400, 2, 100)  # beyond the grid's chunks: counted
     assert p.extrapolated == 1
     assert p.describe()["mixed_max_rel_err"] == pytest.approx(0.0, abs=1e-12)
     # Not a grid (a combination missing): the additive estimate, as before.
@@ -226,8 +256,11 @@ def _attention_profile() -> dict[str, Any]:
     prompts side by side (1,600 positions: beyond the longest single prompt), all on _cost."""
     doc = _profile()
     doc["prefill"] = {"tokens": [100, 200, 400], "ms": [_cost(t, _pairs(t)) * 1e3 for t in (100, 200, 400)]}
-    doc["prefill_rows"] = {"rows": [2, 4, 16], "tokens": [100, 100, 100],
-                           "ms": [_cost(r * 100, r * _pairs(100)) * 1e3 for r in (2, 4, 16)]}
+    doc["prefill_rows"] = {
+        "rows": [2, 4, 16],
+        "tokens": [100, 100, 100],
+        "ms": [_cost(r * 100, r * _pairs(100)) * 1e3 for r in (2, 4, 16)],
+    }
     return doc
 
 
@@ -240,14 +273,21 @@ def test_profile_mixed_step_beyond_the_grid_pays_its_own_attention() -> None:
     gave 96.08 ms: below the same positions prefilled alone.)"""
     cost, pairs = _cost, _pairs
     doc = _attention_profile()
-    doc["mixed"] = {"prefill_tokens": [200, 200, 400, 400], "decode_rows": [1, 3, 1, 3], "decode_ctx": [100] * 4,
-                    "ms": [(cost(t, pairs(t)) + 2e-3 * r) * 1e3 for t, r in ((200, 1), (200, 3), (400, 1), (400, 3))]}
+    doc["mixed"] = {
+        "prefill_tokens": [200, 200, 400, 400],
+        "decode_rows": [1, 3, 1, 3],
+        "decode_ctx": [100] * 4,
+        "ms": [(cost(t, pairs(t)) + 2e-3 * r) * 1e3 for t, r in ((200, 1), (200, 3), (400, 1), (400, 3))],
+    }
     p = ProfileCost.from_dict(doc)
     assert p.describe()["mixed_estimate"] == "grid"
-    mixed = lambda t, a, r: p.step_time(StepWork(prefill_tokens=t, prefill_attn=a, decode_rows=r,  # noqa: E731
-                                                 decode_ctx=r * 100))
-    assert mixed(400, pairs(400), 3) == pytest.approx(cost(400, pairs(400)) + 6e-3)   # a grid point
-    assert mixed(200, 2 * pairs(100), 1) == pytest.approx(cost(200, 2 * pairs(100)) + 2e-3)   # two short chunks
+    mixed = lambda t, a, r: p.step_time(
+        StepWork(prefill_tokens=t, prefill_attn=a, decode_rows=r, decode_ctx=r * 100)
+    )
+    assert mixed(400, pairs(400), 3) == pytest.approx(cost(400, pairs(400)) + 6e-3)  # a grid point
+    assert mixed(200, 2 * pairs(100), 1) == pytest.approx(
+        cost(200, 2 * pairs(100)) + 2e-3
+    )  # two short chunks
     short16 = 16 * pairs(100)
     assert mixed(1600, short16, 1) == pytest.approx(cost(1600, short16) + 2e-3) == pytest.approx(0.18008)
     assert mixed(1600, short16, 1) > p.step_time(StepWork(prefill_tokens=1600, prefill_attn=short16))
@@ -259,8 +299,8 @@ def test_profile_reads_padded_steps_at_their_bucket() -> None:
     doc = _profile()
     doc["meta"]["token_buckets"] = [1, 3, 300]
     p = ProfileCost.from_dict(doc)
-    assert p.step_time(_dec(2, 100)) == pytest.approx(0.014)                 # rows 2 -> 3
-    assert p.step_time(_dec(3, 300)) == pytest.approx(0.020)                 # a bucket: as is
+    assert p.step_time(_dec(2, 100)) == pytest.approx(0.014)  # rows 2 -> 3
+    assert p.step_time(_dec(3, 300)) == pytest.approx(0.020)  # a bucket: as is
     assert p.step_time(StepWork(prefill_tokens=150)) == pytest.approx(0.130)  # 150 -> 300
     assert p.step_time(StepWork(prefill_tokens=400)) == pytest.approx(0.170)  # beyond: unpadded
     assert ProfileCost.from_dict(_profile()).step_time(_dec(2, 100)) == pytest.approx(0.012)  # no buckets
@@ -277,10 +317,10 @@ def test_profile_prices_attention_from_equal_prompts_side_by_side() -> None:
     doc = _attention_profile()
     p = ProfileCost.from_dict(doc)
     assert p.attn_s == pytest.approx(b, rel=1e-9) and p.describe()["attn_s_per_pair"] == pytest.approx(b)
-    pre = lambda t, a: p.step_time(StepWork(prefill_tokens=t, prefill_attn=a))   # noqa: E731
-    assert pre(200, pairs(200)) == pytest.approx(cost(200, pairs(200)))          # a grid point, as measured
-    assert pre(300, pairs(300)) == pytest.approx(cost(300, pairs(300)))          # 44.515 ms, not 45.015
-    assert pre(100, 100 * 300 + pairs(100)) == pytest.approx(0.023505)          # after 300 cached tokens
+    pre = lambda t, a: p.step_time(StepWork(prefill_tokens=t, prefill_attn=a))
+    assert pre(200, pairs(200)) == pytest.approx(cost(200, pairs(200)))  # a grid point, as measured
+    assert pre(300, pairs(300)) == pytest.approx(cost(300, pairs(300)))  # 44.515 ms, not 45.015
+    assert pre(100, 100 * 300 + pairs(100)) == pytest.approx(0.023505)  # after 300 cached tokens
     # The 16 x 100 point (1,600 positions, beyond the longest single prompt) extends the
     # curve without attention: a padded 8 x 100 batch is interpolated, not extrapolated.
     assert pre(800, 8 * pairs(100)) == pytest.approx(cost(800, 8 * pairs(100)))  # 94.04 ms
@@ -289,14 +329,16 @@ def test_profile_prices_attention_from_equal_prompts_side_by_side() -> None:
     doc["prefill_rows"] = {k: v[:2] for k, v in doc["prefill_rows"].items()}
     p = ProfileCost.from_dict(doc)
     assert p.step_time(StepWork(prefill_tokens=800, prefill_attn=8 * pairs(100))) == pytest.approx(
-        cost(800, 8 * pairs(100)))
+        cost(800, 8 * pairs(100))
+    )
     assert p.extrapolated == 1 and p.attn_s == pytest.approx(b, rel=1e-9)
     # Without prefill_rows the same step is priced as one prompt of all its positions.
     del doc["prefill_rows"]
     q = ProfileCost.from_dict(doc)
     assert q.attn_s == 0.0
     assert q.step_time(StepWork(prefill_tokens=300, prefill_attn=pairs(300))) == pytest.approx(
-        (cost(200, pairs(200)) + cost(400, pairs(400))) / 2)
+        (cost(200, pairs(200)) + cost(400, pairs(400))) / 2
+    )
     doc["prefill_rows"] = {"rows": [1], "tokens": [100], "ms": [5.0]}
     with pytest.raises(ProfileError, match="prefill_rows.rows"):
         ProfileCost.from_dict(doc)
@@ -304,12 +346,12 @@ def test_profile_prices_attention_from_equal_prompts_side_by_side() -> None:
 
 def test_profile_extrapolation_counted() -> None:
     p = ProfileCost.from_dict(_profile())
-    assert p.step_time(StepWork(prefill_tokens=400)) == pytest.approx(0.170)   # 0.4 ms/token
-    assert p.step_time(_dec(5, 300)) == pytest.approx(0.028)                  # 4 ms/row at ctx 300
+    assert p.step_time(StepWork(prefill_tokens=400)) == pytest.approx(0.170)  # 0.4 ms/token
+    assert p.step_time(_dec(5, 300)) == pytest.approx(0.028)  # 4 ms/row at ctx 300
     p.step_time(_dec(2, 50))
     p.step_time(_dec(2, 150))
     assert (p.queries, p.extrapolated) == (4, 3)
-    p.decode_run(rows=2, ctx0=500, growth=2, k=60)      # ctx/row 250..309: 301..309 are beyond
+    p.decode_run(rows=2, ctx0=500, growth=2, k=60)  # ctx/row 250..309: 301..309 are beyond
     assert (p.queries, p.extrapolated) == (64, 12)
     d = p.describe()
     assert (d["queries"], d["extrapolated"], d["meta"]["torch"]) == (64, 12, "2.13.0+cpu")
@@ -324,25 +366,29 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
             del d[last]
         else:
             d[last] = value
+
     return f
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (_set("schema", KeyError), "'schema'"),
-    (_set("schema", 2), "'schema'"),
-    (_set("meta.device", KeyError), "'meta.device'"),
-    (_set("meta.model", "gpt-9"), "'meta.model'"),
-    (_set("meta.dtype", "int4"), "'meta.dtype'"),
-    (_set("decode", [1, 2]), "'decode'"),
-    (_set("decode.batch", [3, 1]), "'decode.batch'"),
-    (_set("decode.ctx", [100]), "'decode.ctx'"),
-    (_set("decode.ms", [[10, 12]]), "'decode.ms'"),
-    (_set("decode.ms", [[10, 12], [14]]), "'decode.ms[1]'"),
-    (_set("decode.ms", [[10, -1], [14, 20]]), "'decode.ms[0]'"),
-    (_set("prefill.ms", KeyError), "'prefill.ms'"),
-    (_set("prefill.tokens", [100, "300"]), "'prefill.tokens'"),
-    (_set("mixed.decode_rows", [1, 2]), "'mixed.decode_rows'"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (_set("schema", KeyError), "'schema'"),
+        (_set("schema", 2), "'schema'"),
+        (_set("meta.device", KeyError), "'meta.device'"),
+        (_set("meta.model", "gpt-9"), "'meta.model'"),
+        (_set("meta.dtype", "int4"), "'meta.dtype'"),
+        (_set("decode", [1, 2]), "'decode'"),
+        (_set("decode.batch", [3, 1]), "'decode.batch'"),
+        (_set("decode.ctx", [100]), "'decode.ctx'"),
+        (_set("decode.ms", [[10, 12]]), "'decode.ms'"),
+        (_set("decode.ms", [[10, 12], [14]]), "'decode.ms[1]'"),
+        (_set("decode.ms", [[10, -1], [14, 20]]), "'decode.ms[0]'"),
+        (_set("prefill.ms", KeyError), "'prefill.ms'"),
+        (_set("prefill.tokens", [100, "300"]), "'prefill.tokens'"),
+        (_set("mixed.decode_rows", [1, 2]), "'mixed.decode_rows'"),
+    ],
+)
 def test_malformed_profile_names_field(mutate: Callable[[dict[str, Any]], None], field: str) -> None:
     d = copy.deepcopy(_profile())
     mutate(d)
@@ -367,10 +413,12 @@ def test_profile_from_json_and_factory(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ shared contract
 def _models() -> list[CostModel]:
-    return [RooflineCost(get_model("llama-8b"), H100),
-            RooflineCost(get_model("llama-70b"), H200, tp=2),
-            RooflineCost(get_model("cpu-m"), get_device("cpu")),
-            ProfileCost.from_dict(_profile())]
+    return [
+        RooflineCost(get_model("llama-8b"), H100),
+        RooflineCost(get_model("llama-70b"), H200, tp=2),
+        RooflineCost(get_model("cpu-m"), get_device("cpu")),
+        ProfileCost.from_dict(_profile()),
+    ]
 
 
 def test_cost_models_follow_protocol() -> None:
@@ -380,19 +428,21 @@ def test_cost_models_follow_protocol() -> None:
 
 
 @settings(derandomize=True, deadline=None, max_examples=60)
-@given(rows=st.integers(0, 300), ctx0=st.integers(0, 200_000), growth=st.integers(0, 300),
-       k=st.integers(0, 40))
+@given(
+    rows=st.integers(0, 300), ctx0=st.integers(0, 200_000), growth=st.integers(0, 300), k=st.integers(0, 40)
+)
 def test_decode_run_equals_step_time(rows: int, ctx0: int, growth: int, k: int) -> None:
     for c in _models():
         run = c.decode_run(rows, ctx0, growth, k)
         assert run.shape == (k,) and run.dtype == np.float64
         one = [c.step_time(StepWork(decode_rows=rows, decode_ctx=ctx0 + j * growth)) for j in range(k)]
-        assert run.tolist() == one            # bit-identical, not approx
+        assert run.tolist() == one  # bit-identical, not approx
 
 
 @settings(derandomize=True, deadline=None, max_examples=60)
-@given(rows=st.integers(1, 512), ctx=st.integers(1, 8192), d_rows=st.integers(0, 64),
-       d_ctx=st.integers(0, 4096))
+@given(
+    rows=st.integers(1, 512), ctx=st.integers(1, 8192), d_rows=st.integers(0, 64), d_ctx=st.integers(0, 4096)
+)
 def test_step_time_monotone_in_rows_and_ctx(rows: int, ctx: int, d_rows: int, d_ctx: int) -> None:
     for c in _models():
         base = c.step_time(_dec(rows, ctx))
@@ -406,14 +456,14 @@ def test_no_step_is_estimated_below_the_cheapest_measured_step() -> None:
     below zero by batch 7; the estimate stops at the cheapest measured step (10 ms here,
     the fastest point of the profile) instead of handing the engine a zero duration."""
     doc = _profile()
-    doc["decode"]["ms"] = [[30, 32], [18, 20]]          # -6 ms per row at ctx 100
-    doc["prefill"]["ms"] = [150, 10]                     # -0.7 ms per token
+    doc["decode"]["ms"] = [[30, 32], [18, 20]]  # -6 ms per row at ctx 100
+    doc["prefill"]["ms"] = [150, 10]  # -0.7 ms per token
     p = ProfileCost.from_dict(doc)
     assert p.floor_s == pytest.approx(0.010)
-    assert p.step_time(_dec(2, 100)) == pytest.approx(0.024)            # inside: as interpolated
-    assert p.step_time(_dec(7, 100)) == pytest.approx(0.010)            # 30 - 6 x 6 = -6 ms -> floor
+    assert p.step_time(_dec(2, 100)) == pytest.approx(0.024)  # inside: as interpolated
+    assert p.step_time(_dec(7, 100)) == pytest.approx(0.010)  # 30 - 6 x 6 = -6 ms -> floor
     assert p.step_time(StepWork(prefill_tokens=400)) == pytest.approx(0.010)
-    assert p.step_time(StepWork()) == 0.0                               # an empty step costs nothing
+    assert p.step_time(StepWork()) == 0.0  # an empty step costs nothing
 
 
 def test_the_intro_quotes_the_roofline_assumptions_as_the_code_has_them() -> None:
@@ -426,6 +476,10 @@ def test_the_intro_quotes_the_roofline_assumptions_as_the_code_has_them() -> Non
     assert {d.step_overhead_s for d in gpus} == {0.3e-3}
     assert {d.allreduce_latency_s for d in gpus} == {10e-6}
     assert MEM_RESERVE == 0.10
-    for quoted in ("0.3 ms per GPU engine step", "10 µs per all-reduce", "10% of device memory kept back",
-                   "the other 90%"):
+    for quoted in (
+        "0.3 ms per GPU engine step",
+        "10 µs per all-reduce",
+        "10% of device memory kept back",
+        "the other 90%",
+    ):
         assert quoted in intro, quoted

@@ -1,5 +1,6 @@
 """The prepared GPU session (benchmarks/gpu_session.py), run dry on the CPU: every stage of the
 pipeline runs and writes the file a GPU session would bring back."""
+
 from __future__ import annotations
 
 import json
@@ -11,21 +12,32 @@ import pytest
 
 pytest.importorskip("torch")
 
-from helpers import load_benchmark  # noqa: E402
+from helpers import load_benchmark
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_dry_run_writes_every_result_file(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "--dry-run", "--out",
-                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "--dry-run", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout + (tmp_path / "log.txt").read_text()[-3000:]
     session = json.loads((tmp_path / "session.json").read_text())
-    assert [s["stage"] for s in session["stages"]] == ["check-graphs", "decode-8b", "profile-1b", "fidelity-1b",
-                                                       "profile-8b", "stall-1b"]
+    assert [s["stage"] for s in session["stages"]] == [
+        "check-graphs",
+        "decode-8b",
+        "profile-1b",
+        "fidelity-1b",
+        "profile-8b",
+        "stall-1b",
+    ]
     assert all(s["rc"] == 0 for s in session["stages"])
-    head = session["headline"]          # what the next session reads first
+    head = session["headline"]  # what the next session reads first
     assert head["graphs_check_ok"] is True and head["decode_8b"]["step_ms_batch1"] > 0
     assert set(head) >= {"h200-llama-1b.json", "h200-llama-8b.json", "fidelity_1b"}
     assert set(head["fidelity_1b"]) == {"continuous", "chunked"}
@@ -35,7 +47,9 @@ def test_dry_run_writes_every_result_file(tmp_path: Path) -> None:
     assert stall["stall"]["prompt"] == 300 and stall["stall"]["chunk"] == 32
     assert set(stall["stall"]["series"]) == set(stall["stall"]["labels"].values())
     decode = json.loads((tmp_path / "decode-h200-llama-8b.json").read_text())
-    assert decode["efficiency_vs_matvec"] > 0 and decode["decode_graphs"] is False   # nothing to capture on a CPU
+    assert (
+        decode["efficiency_vs_matvec"] > 0 and decode["decode_graphs"] is False
+    )  # nothing to capture on a CPU
     for name in ("h200-llama-1b.json", "h200-llama-8b.json"):
         prof = json.loads((tmp_path / name).read_text())
         assert prof["schema"] == 1 and prof["meta"]["decode_graphs"] is None
@@ -63,7 +77,9 @@ def test_dry_run_writes_every_result_file(tmp_path: Path) -> None:
         (gpu / name).write_text(json.dumps(doc))
     done = mod.install(gpu, root)
     assert sorted(p.relative_to(root).as_posix() for p in done) == [
-        "benchmarks/results/decode-h200-llama-8b.json", "data/profiles/h200-llama-1b.json"]
+        "benchmarks/results/decode-h200-llama-8b.json",
+        "data/profiles/h200-llama-1b.json",
+    ]
 
 
 def test_stages_fit_the_device_time_and_cover_each_dry_stage() -> None:

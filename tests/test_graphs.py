@@ -3,38 +3,62 @@
 Capturing needs a GPU; everything a graph replays (bucket padding, the scratch slab, the
 slot gather, the context mask, GQA as grouped queries) is the same code run eagerly, and
 it must give the eager path's logits."""
+
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from batching.graphs import batch_bucket, ctx_bucket, gqa_decode_attention  # noqa: E402
-from batching.model import Llama, sdpa  # noqa: E402
-from batching.plan import PrefillChunk, StepPlan  # noqa: E402
-from batching.real import run_real  # noqa: E402
-from batching.runner import ModelRunner, kv_cache_bytes  # noqa: E402
-from batching.schedulers import make_scheduler  # noqa: E402
-from batching.workload import Workload  # noqa: E402
+from test_model import F64, TINY, admitted, commit
 
-from test_model import F64, TINY, admitted, commit  # noqa: E402
+from batching.plan import PrefillChunk, StepPlan
+from batching.real.executor import run_real
+from batching.real.graphs import batch_bucket, ctx_bucket, gqa_decode_attention
+from batching.real.model import Llama, sdpa
+from batching.real.runner import ModelRunner, kv_cache_bytes
+from batching.schedulers import make_scheduler
+from batching.workload import Workload
 
 pytestmark = pytest.mark.model
 
 
 def test_batch_buckets_double_to_8_then_step_by_8_capped_at_the_slots() -> None:
-    assert [batch_bucket(b, 256) for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 24, 25, 200)] == \
-        [1, 2, 4, 4, 8, 8, 16, 16, 24, 24, 32, 200]
-    assert batch_bucket(13, 12 + 1) == 13 and batch_bucket(11, 12) == 12   # never above the slots
+    assert [batch_bucket(b, 256) for b in (1, 2, 3, 4, 5, 8, 9, 16, 17, 24, 25, 200)] == [
+        1,
+        2,
+        4,
+        4,
+        8,
+        8,
+        16,
+        16,
+        24,
+        24,
+        32,
+        200,
+    ]
+    assert batch_bucket(13, 12 + 1) == 13 and batch_bucket(11, 12) == 12  # never above the slots
     for bad in (0, 13):
         with pytest.raises(ValueError, match=f"rows={bad}"):
             batch_bucket(bad, 12)
 
 
 def test_ctx_buckets_are_powers_of_two_to_1024_then_multiples_of_512() -> None:
-    assert [ctx_bucket(n, 8192) for n in (1, 64, 65, 129, 1000, 1024, 1025, 1537, 8000)] == \
-        [64, 64, 128, 256, 1024, 1024, 1536, 2048, 8192]
-    assert ctx_bucket(40, 48) == 48 and ctx_bucket(3000, 3074) == 3072 and ctx_bucket(3073, 3074) == 3074   # capped at the slab
+    assert [ctx_bucket(n, 8192) for n in (1, 64, 65, 129, 1000, 1024, 1025, 1537, 8000)] == [
+        64,
+        64,
+        128,
+        256,
+        1024,
+        1024,
+        1536,
+        2048,
+        8192,
+    ]
+    assert (
+        ctx_bucket(40, 48) == 48 and ctx_bucket(3000, 3074) == 3072 and ctx_bucket(3073, 3074) == 3074
+    )  # capped at the slab
     with pytest.raises(ValueError, match="length=49"):
         ctx_bucket(49, 48)
 
@@ -51,8 +75,9 @@ def test_grouped_query_decode_attention_equals_sdpa_gqa() -> None:
 
 
 @pytest.mark.parametrize("rows, bucket", [([(9, 4), (3, 0), (20, 2)], (4, 64)), ([(70, 3)], (1, 128))])
-def test_fixed_shape_decode_step_equals_the_eager_step(model64: Llama, rows: list[tuple[int, int]],
-                                                       bucket: tuple[int, int]) -> None:
+def test_fixed_shape_decode_step_equals_the_eager_step(
+    model64: Llama, rows: list[tuple[int, int]], bucket: tuple[int, int]
+) -> None:
     """(prompt, slot) rows among 6 slots: 3 rows padded to 4 (every slab read as a view,
     context 64), or 1 row at contexts 70-72 (its slab gathered, context 128). Every row's
     logits equal the eager runner's; padding rows wrote only the scratch slab."""
@@ -75,7 +100,7 @@ def test_fixed_shape_decode_step_equals_the_eager_step(model64: Llama, rows: lis
         assert e.token_ids == f.token_ids
         for rid in e.logits:
             torch.testing.assert_close(f.logits[rid], e.logits[rid], rtol=0, atol=1e-11)
-    assert fixed.graphs.keys == [bucket] and fixed.graphs.captures == 0   # nothing captured on a CPU
+    assert fixed.graphs.keys == [bucket] and fixed.graphs.captures == 0  # nothing captured on a CPU
     assert fixed.graphs_info() == {"captured": 0, "replayed_as_graphs": False, "buckets": [list(bucket)]}
     assert eager.graphs_info() is None
     # Slabs no request used are still zero; padding rows (if any) wrote the scratch slab.
@@ -100,7 +125,8 @@ def test_graphs_give_every_scheduler_the_eager_tokens(model64: Llama) -> None:
 
 
 def test_capture_needs_a_cuda_device(model64: Llama) -> None:
-    from batching.graphs import DecodeGraphs
+    from batching.real.graphs import DecodeGraphs
+
     runner = ModelRunner(model64, slots=2, max_len=16, graphs=True)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
         DecodeGraphs(runner, capture=True)
@@ -110,10 +136,12 @@ def test_a_failed_capture_falls_back_to_eager_steps_and_says_why(model64: Llama,
     """A bucket that cannot be captured (an op CUDA graphs refuse, out of memory) must not
     lose the run: the step runs eagerly with the same logits, the runner turns graphs off,
     warns, and records the reason for the results file."""
-    from batching.graphs import DecodeGraphs, GraphCaptureError
+    from batching.real.graphs import DecodeGraphs, GraphCaptureError
 
     def refuse(self, rows: int, length: int):
-        raise GraphCaptureError(f"capturing the decode graph of {rows} rows x {length} positions failed: nope")
+        raise GraphCaptureError(
+            f"capturing the decode graph of {rows} rows x {length} positions failed: nope"
+        )
 
     eager = ModelRunner(model64, slots=2, max_len=32, graphs=False)
     fixed = ModelRunner(model64, slots=2, max_len=32, graphs=True)
@@ -125,7 +153,9 @@ def test_a_failed_capture_falls_back_to_eager_steps_and_says_why(model64: Llama,
         commit(first, runner.forward(first), 1.0)
         plan = StepPlan(decodes=[r])
         if runner is fixed:
-            with pytest.warns(RuntimeWarning, match="1 rows x 32 positions failed: nope; decode steps run eagerly"):
+            with pytest.warns(
+                RuntimeWarning, match="1 rows x 32 positions failed: nope; decode steps run eagerly"
+            ):
                 outs.append(runner.forward(plan))
         else:
             outs.append(runner.forward(plan))
@@ -150,7 +180,7 @@ def test_the_capture_and_replay_path_gives_the_eager_tokens(model64: Llama, monk
     """The CUDA path's bookkeeping, run on the CPU with a graph stand-in: host inputs are
     copied into each bucket's static buffer, replay overwrites one static output, and the
     logits handed back are copies that a later replay does not change."""
-    from batching.graphs import DecodeGraphs
+    from batching.real.graphs import DecodeGraphs
 
     def capture(self, step):
         out = step()
@@ -162,11 +192,11 @@ def test_the_capture_and_replay_path_gives_the_eager_tokens(model64: Llama, monk
     for graphs in (False, True):
         runner = ModelRunner(model64, slots=3, max_len=80, graphs=graphs)
         if graphs:
-            runner.graphs.capture = True          # replay through the stand-in
+            runner.graphs.capture = True  # replay through the stand-in
         sch = make_scheduler("continuous", max_context=80, slots=3)
         runs.append(run_real(w, sch, None, runner=runner))
     g = runner.graphs
-    assert g.captures == len(g.keys) == 3 * 2        # warm-up captured rows 1, 2, 3 x contexts 64, 80
+    assert g.captures == len(g.keys) == 3 * 2  # warm-up captured rows 1, 2, 3 x contexts 64, 80
     assert sum(x.graph.replays for x in g._graphs.values()) > 0
     assert [r.token_ids for r in runs[0].requests] == [r.token_ids for r in runs[1].requests]
     # Two replays of one bucket: the first step's logits are not overwritten by the second.

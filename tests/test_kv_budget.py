@@ -1,12 +1,14 @@
 """The closing section's KV budget ("What chapter 7 sets up"): static batching beside both
 reservation policies under one budget, in the simulator and on the real model, and the
 sentences the page builds from them. Hand-computed cases."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from batching import experiments as E
+from batching.book import checks
+from batching.book import kv as kvbook
 from batching.costs import get_cost_model
 from batching.workload import LogNormal, Workload, synthetic
 
@@ -14,39 +16,63 @@ H100_8B = get_cost_model("llama-8b", "h100")
 
 
 def test_budget_sweep_gives_static_one_slab_per_row_and_continuous_beats_it():
-    w = synthetic(120, 8.0, LogNormal(median=300, sigma=0.9, lo=8, hi=3000),
-                  LogNormal(median=60, sigma=1.0, lo=2, hi=800), seed=3).scale(time=16.0)
-    sw = E.kv_budget_sweep(w, H100_8B, [16384, 65536], slots=128)
+    w = synthetic(
+        120,
+        8.0,
+        LogNormal(median=300, sigma=0.9, lo=8, hi=3000),
+        LogNormal(median=60, sigma=1.0, lo=2, hi=800),
+        seed=3,
+    ).scale(time=16.0)
+    sw = kvbook.kv_budget_sweep(w, H100_8B, [16384, 65536], slots=128)
     assert set(sw) == {"slab", "exact", "static"}
     st = sw["static"]
-    np.testing.assert_array_equal(st["running_peak"], [2, 8])          # 16384 / 8192, 65536 / 8192
+    np.testing.assert_array_equal(st["running_peak"], [2, 8])  # 16384 / 8192, 65536 / 8192
     assert np.all(st["preemptions"] == 0)
     # Same concurrency cap as slab reservations, but no refill until the batch ends.
     assert np.all(sw["slab"]["throughput_tok"] > st["throughput_tok"])
-    assert "static" not in E.kv_budget_sweep(w, H100_8B, [16384], slots=128, static_timeout=None)
+    assert "static" not in kvbook.kv_budget_sweep(w, H100_8B, [16384], slots=128, static_timeout=None)
 
 
 def test_budget_numbers_by_hand():
-    one = {k: np.array([0.0]) for k in ("e2e_p99", "ttft_p99", "preemptions", "running_peak", "kv_used_mean",
-                                         "kv_reserved_mean", "slot_util", "steps")}
-    sweep = {pol: {**one, "budget": np.array([1000.0]), "throughput_tok": np.array([t])}
-             for pol, t in (("static", 100.0), ("slab", 200.0), ("exact", 500.0))}
-    n = E.budget_numbers(sweep, 1000)
+    one = {
+        k: np.array([0.0])
+        for k in (
+            "e2e_p99",
+            "ttft_p99",
+            "preemptions",
+            "running_peak",
+            "kv_used_mean",
+            "kv_reserved_mean",
+            "slot_util",
+            "steps",
+        )
+    }
+    sweep = {
+        pol: {**one, "budget": np.array([1000.0]), "throughput_tok": np.array([t])}
+        for pol, t in (("static", 100.0), ("slab", 200.0), ("exact", 500.0))
+    }
+    n = kvbook.budget_numbers(sweep, 1000)
     assert n["gain"] == pytest.approx(2.5)
     assert (n["slab_over_static"], n["exact_over_static"]) == (pytest.approx(2.0), pytest.approx(5.0))
-    assert n["slab_kept"] == pytest.approx(0.25)                       # (2 - 1) / (5 - 1)
+    assert n["slab_kept"] == pytest.approx(0.25)  # (2 - 1) / (5 - 1)
     del sweep["static"]
-    assert "slab_kept" not in E.budget_numbers(sweep, 1000)
-    from batching.experiments.kv import gain_kept
+    assert "slab_kept" not in kvbook.budget_numbers(sweep, 1000)
+    from batching.book.kv import gain_kept
+
     with pytest.raises(ValueError, match="exact_gain=1.0"):
-        gain_kept(1.5, 1.0)                                           # no gain to keep a share of
+        gain_kept(1.5, 1.0)  # no gain to keep a share of
 
 
 def test_slab_growth_by_hand():
-    w = Workload.from_arrays([0.0, 0.0], [100, 300], [100, 300], name="two")   # life: 150, 450 -> 300
-    sweep = {"slab": {"budget": np.array([8192.0, 16384.0, 32768.0]), "throughput_tok": np.array([1.0, 10.0, 15.0]),
-                      "running_peak": np.array([1.0, 2.0, 4.0])}}
-    g = E.slab_growth(sweep, H100_8B, w)
+    w = Workload.from_arrays([0.0, 0.0], [100, 300], [100, 300], name="two")  # life: 150, 450 -> 300
+    sweep = {
+        "slab": {
+            "budget": np.array([8192.0, 16384.0, 32768.0]),
+            "throughput_tok": np.array([1.0, 10.0, 15.0]),
+            "running_peak": np.array([1.0, 2.0, 4.0]),
+        }
+    }
+    g = kvbook.slab_growth(sweep, H100_8B, w)
     assert (g["budget_ratio"], g["tput_ratio"]) == (2.0, 1.5)
     assert (g["rows_lo"], g["rows_hi"], g["ctx"]) == (2, 4, 300)
     assert g["step_lo_ms"] == pytest.approx(H100_8B.decode_step(2, 300) * 1e3)
@@ -54,30 +80,40 @@ def test_slab_growth_by_hand():
     kv = 4 * 300 * H100_8B.model.kv_bytes_per_token
     assert g["kv_share_hi"] == pytest.approx(kv / (kv + H100_8B.model.weight_read_bytes))
     with pytest.raises(ValueError, match="two budgets"):
-        E.slab_growth({"slab": {k: v[:1] for k, v in sweep["slab"].items()}}, H100_8B, w)
+        kvbook.slab_growth({"slab": {k: v[:1] for k, v in sweep["slab"].items()}}, H100_8B, w)
 
 
 def test_kv_runs_peak_share_is_the_reserved_peak_over_the_capacity():
-    w = synthetic(60, 8.0, LogNormal(median=300, sigma=0.9, lo=8, hi=3000),
-                  LogNormal(median=60, sigma=1.0, lo=2, hi=800), seed=3)
-    n = E.kv_runs(w, H100_8B, slots=16, kv_tokens=65536)["numbers"]
-    assert n["slab_peak_share"] == pytest.approx(n["slab_kv_reserved_peak"] / 65536) == 1.0   # 8 slabs of 8192
+    w = synthetic(
+        60,
+        8.0,
+        LogNormal(median=300, sigma=0.9, lo=8, hi=3000),
+        LogNormal(median=60, sigma=1.0, lo=2, hi=800),
+        seed=3,
+    )
+    n = kvbook.kv_runs(w, H100_8B, slots=16, kv_tokens=65536)["numbers"]
+    assert n["slab_peak_share"] == pytest.approx(n["slab_kv_reserved_peak"] / 65536) == 1.0  # 8 slabs of 8192
     assert 0 < n["exact_peak_share"] < 1
 
 
 def test_real_kv_configs_spend_one_budget_three_ways():
-    c = E.real_kv_configs(8192, 2048, slots=32)
+    c = kvbook.real_kv_configs(8192, 2048, slots=32)
     assert c["static"] == {"scheduler": "static", "slots": 4, "timeout": 1.0, "kv_capacity": 8192}
-    assert c["continuous, slab"] == {"scheduler": "continuous", "slots": 32, "kv_policy": "slab", "kv_capacity": 8192}
+    assert c["continuous, slab"] == {
+        "scheduler": "continuous",
+        "slots": 32,
+        "kv_policy": "slab",
+        "kv_capacity": 8192,
+    }
     assert c["continuous, exact"]["kv_policy"] == "exact" and c["continuous, exact"]["slots"] == 32
-    assert E.real_kv_configs(8192, 2048, slots=2)["static"]["slots"] == 2
+    assert kvbook.real_kv_configs(8192, 2048, slots=2)["static"]["slots"] == 2
     with pytest.raises(ValueError, match="budget=1000"):
-        E.real_kv_configs(1000, 2048, slots=4)
+        kvbook.real_kv_configs(1000, 2048, slots=4)
 
 
 def test_real_model_is_the_named_one_or_the_devices_default():
-    assert E.real_model("tiny", "cpu") == "tiny"
-    assert E.real_model(None, "cpu") == E.REAL_MODELS["cpu"] == "cpu-s"
+    assert checks.real_model("tiny", "cpu") == "tiny"
+    assert checks.real_model(None, "cpu") == checks.REAL_MODELS["cpu"] == "cpu-s"
 
 
 def test_real_kv_on_the_tiny_model_by_hand():
@@ -88,7 +124,7 @@ def test_real_kv_on_the_tiny_model_by_hand():
     # second slab while r0 runs: 30 steps. Exact: each holds <= 38 tokens, so all 4 slots fill
     # (r0..r3, then r4, r5): 30 steps, 4 running at once.
     w = Workload.from_arrays([0.0] * 6, [8] * 6, [30] + [5] * 5, name="mini")
-    rk = E.real_kv(w, budget_slabs=2, slots=4, model="tiny", device="cpu", threads=1, profile=None)
+    rk = kvbook.real_kv(w, budget_slabs=2, slots=4, model="tiny", device="cpu", threads=1, profile=None)
     assert (rk["budget"], rk["max_context"], rk["slots"]) == (1024, 512, 4)
     real = rk["real"]
     assert [real[n]["steps"] for n in ("static", "continuous, slab", "continuous, exact")] == [40, 30, 30]
@@ -96,40 +132,53 @@ def test_real_kv_on_the_tiny_model_by_hand():
     assert real["continuous, slab"]["kv_reserved_peak"] == 1024
     assert real["continuous, exact"]["kv_reserved_peak"] <= 4 * 38
     assert all(m["preemptions"] == 0 for m in real.values())
-    header, rows = E.real_schedulers_rows(rk, E.REAL_KV_ROWS)
+    header, rows = checks.real_schedulers_rows(rk, kvbook.REAL_KV_ROWS)
     assert header == ["measured", "static", "continuous, slab", "continuous, exact"]
     assert rows[0] == ["most requests running at once", "2", "2", "4"]
-    assert "With the same 1,024 KV tokens (2 slabs of 512)" in E.real_kv_text(rk)
+    assert "With the same 1,024 KV tokens (2 slabs of 512)" in kvbook.real_kv_text(rk)
 
 
 def _rs(exact_running: float, sim: bool = False) -> dict:
-    m = {"static": {"running_peak": 4.0, "throughput_tok": 100.0},
-         "continuous, slab": {"running_peak": 4.0, "throughput_tok": 180.0, "kv_used_mean": 50.0,
-                              "kv_reserved_mean": 1000.0},
-         "continuous, exact": {"running_peak": exact_running, "throughput_tok": 260.0, "preemptions": 3.0,
-                               "kv_reserved_peak": 3000.0}}
+    m = {
+        "static": {"running_peak": 4.0, "throughput_tok": 100.0},
+        "continuous, slab": {
+            "running_peak": 4.0,
+            "throughput_tok": 180.0,
+            "kv_used_mean": 50.0,
+            "kv_reserved_mean": 1000.0,
+        },
+        "continuous, exact": {
+            "running_peak": exact_running,
+            "throughput_tok": 260.0,
+            "preemptions": 3.0,
+            "kv_reserved_peak": 3000.0,
+        },
+    }
     rs = {"real": m, "budget": 8192, "max_context": 2048, "slots": 32}
     if sim:
-        rs["sim"] = {n: {"throughput_tok": v["throughput_tok"] * f} for (n, v), f in zip(m.items(), (1.1, 0.9, 1.0))}
+        rs["sim"] = {
+            n: {"throughput_tok": v["throughput_tok"] * f} for (n, v), f in zip(m.items(), (1.1, 0.9, 1.0))
+        }
     return rs
 
 
 def test_real_kv_text_by_hand():
-    t = E.real_kv_text(_rs(32))
+    t = kvbook.real_kv_text(_rs(32))
     assert "With the same 8,192 KV tokens (4 slabs of 2,048), static batching ran 4 requests" in t
-    assert "95% of what it reserved stayed empty" in t                      # 1 - 50 / 1000
+    assert "95% of what it reserved stayed empty" in t  # 1 - 50 / 1000
     assert "still gave 1.8x static's throughput" in t
     assert "(every one of the 32 slots: memory was no longer the limit; 3 preemptions)" in t
     rs = _rs(32)
     rs["real"]["continuous, exact"]["preemptions"] = 0.0
-    assert "memory was no longer the limit; no preemptions)" in E.real_kv_text(rs)
+    assert "memory was no longer the limit; no preemptions)" in kvbook.real_kv_text(rs)
     rs["real"]["continuous, exact"]["preemptions"] = 1.0
-    assert "memory was no longer the limit; 1 preemption)" in E.real_kv_text(rs)
+    assert "memory was no longer the limit; 1 preemption)" in kvbook.real_kv_text(rs)
     assert "delivered 2.6x static's throughput, 1.4x slab reservations'" in t
-    assert "Slab reservations kept 50% of continuous batching's gain" in t   # 0.8 / 1.6
+    assert "Slab reservations kept 50% of continuous batching's gain" in t  # 0.8 / 1.6
     assert "No profile measured on this machine" in t
-    t = E.real_kv_text(_rs(20, sim=True))
+    t = kvbook.real_kv_text(_rs(20, sim=True))
     assert "(as many as the memory held, 3,000 of 8,192 tokens at the peak; 3 preemptions)" in t
-    assert ("by static +10%; continuous with slab reservations -10%; continuous with exact reservations "
-            "within 1%.") in t
-
+    assert (
+        "by static +10%; continuous with slab reservations -10%; continuous with exact reservations "
+        "within 1%."
+    ) in t

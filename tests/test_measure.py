@@ -1,5 +1,6 @@
 """``python -m batching measure`` and ``run``: a profile the simulator can load, real runs
 in the same results format as simulated ones (torch, CPU, the ``tiny`` shape)."""
+
 from __future__ import annotations
 
 import json
@@ -8,13 +9,20 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from batching.cli import main  # noqa: E402
-from batching.costs import ProfileCost  # noqa: E402
-from batching.measure import measure  # noqa: E402
-from batching.plan import StepWork  # noqa: E402
+from batching.cli import main
+from batching.costs import ProfileCost
+from batching.plan import StepWork
+from batching.real.measure import measure
 
-GRID = dict(batches=[1, 2, 4], ctxs=[8, 32], prefill_tokens=[8, 32], mixed=[(16, 2, 16)], reps=2,
-            bandwidth_bytes=1 << 22, peak_n=128)
+GRID = dict(
+    batches=[1, 2, 4],
+    ctxs=[8, 32],
+    prefill_tokens=[8, 32],
+    mixed=[(16, 2, 16)],
+    reps=2,
+    bandwidth_bytes=1 << 22,
+    peak_n=128,
+)
 
 
 def test_measured_profile_loads_and_interpolates_its_own_points():
@@ -23,7 +31,10 @@ def test_measured_profile_loads_and_interpolates_its_own_points():
     assert doc["meta"]["dtype"] == "fp32" and doc["meta"]["torch"]
     assert len(doc["decode"]["ms"]) == 3 and all(len(row) == 2 for row in doc["decode"]["ms"])
     assert all(p["min_ms"] <= p["median_ms"] <= p["max_ms"] for row in doc["decode"]["spread"] for p in row)
-    assert doc["device"]["bandwidth"]["copy"]["GBps_best"] > 0 and doc["device"]["matmul_peak"]["TFLOPs_best"] > 0
+    assert (
+        doc["device"]["bandwidth"]["copy"]["GBps_best"] > 0
+        and doc["device"]["matmul_peak"]["TFLOPs_best"] > 0
+    )
     bw = doc["device"]["bandwidth"]
     # The efficiency reference is the best of the layouts a linear layer can store, the
     # thread-split product of one-token steps included.
@@ -35,7 +46,8 @@ def test_measured_profile_loads_and_interpolates_its_own_points():
     got = cost.step_time(StepWork(decode_rows=2, decode_ctx=2 * 32))
     assert got == pytest.approx(doc["decode"]["ms"][1][1] / 1e3, rel=1e-12)
     assert cost.step_time(StepWork(prefill_tokens=32, prefill_attn=32 * 33 // 2)) == pytest.approx(
-        doc["prefill"]["ms"][1] / 1e3, rel=1e-12)
+        doc["prefill"]["ms"][1] / 1e3, rel=1e-12
+    )
     assert cost.extrapolated == 0
     assert "prefill_rows" not in doc and cost.attn_s == 0.0
 
@@ -54,8 +66,11 @@ def test_equal_prompts_side_by_side_are_measured_for_the_attention_fit():
 def test_rounds_pool_every_repetition_of_each_point():
     doc = measure("tiny", "cpu", **{**GRID, "reps": 2, "rounds": 3})
     assert doc["meta"]["rounds"] == 3 and doc["meta"]["reps"] == 2
-    spreads = ([p for row in doc["decode"]["spread"] for p in row] + doc["prefill"]["spread"]
-               + doc["mixed"]["spread"])
+    spreads = (
+        [p for row in doc["decode"]["spread"] for p in row]
+        + doc["prefill"]["spread"]
+        + doc["mixed"]["spread"]
+    )
     assert len(spreads) == 3 * 2 + 2 + 1 and all(p["reps"] == 6 for p in spreads)
     for bad in ({"rounds": 0}, {"reps": 0}):
         with pytest.raises(ValueError, match=f"{next(iter(bad))}=0"):
@@ -68,14 +83,60 @@ def test_measure_refuses_lengths_beyond_the_context():
 
 
 def test_run_and_simulate_write_the_same_results_shape(tmp_path, capsys):
-    common = ["--preset", "chat-rag", "-n", "6", "--rate", "100", "--scale-lengths", "40", "--cap",
-              "--scheduler", "continuous", "--slots", "4", "--model", "tiny", "--no-progress"]
+    common = [
+        "--preset",
+        "chat-rag",
+        "-n",
+        "6",
+        "--rate",
+        "100",
+        "--scale-lengths",
+        "40",
+        "--cap",
+        "--scheduler",
+        "continuous",
+        "--slots",
+        "4",
+        "--model",
+        "tiny",
+        "--no-progress",
+    ]
     real = tmp_path / "real.json"
     assert main(["run", *common, "--device", "cpu", "--out", str(real)]) == 0
     prof = tmp_path / "p.json"
-    assert main(["measure", "--model", "tiny", "--device", "cpu", "--batches", "1,2,4", "--ctxs", "8,64",
-                 "--prefill", "8,64", "--mixed-rows", "1", "--mixed-chunks", "8", "--mixed-ctx", "8",
-                 "--prefill-rows", "2x32", "--reps", "2", "--rounds", "1", "--out", str(prof), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "measure",
+                "--model",
+                "tiny",
+                "--device",
+                "cpu",
+                "--batches",
+                "1,2,4",
+                "--ctxs",
+                "8,64",
+                "--prefill",
+                "8,64",
+                "--mixed-rows",
+                "1",
+                "--mixed-chunks",
+                "8",
+                "--mixed-ctx",
+                "8",
+                "--prefill-rows",
+                "2x32",
+                "--reps",
+                "2",
+                "--rounds",
+                "1",
+                "--out",
+                str(prof),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert json.loads(prof.read_text())["prefill_rows"]["rows"] == [2]
     sim = tmp_path / "sim.json"
     assert main(["simulate", *common, "--device", "cpu", "--profile", str(prof), "--out", str(sim)]) == 0
@@ -90,9 +151,9 @@ def test_scattered_decode_rows_really_make_the_runner_gather_their_slabs():
     # back into one range and read as a view, so the rows must span > SPAN_PER_ROW x B slots.
     import torch
 
-    from batching.measure import StepTimer
     from batching.models import get_model
-    from batching.runner import SPAN_PER_ROW, ModelRunner
+    from batching.real.measure import StepTimer
+    from batching.real.runner import SPAN_PER_ROW, ModelRunner
 
     runner = ModelRunner.from_shape(get_model("tiny"), SPAN_PER_ROW * 4 + 1, max_len=32)
     seen = []
@@ -104,14 +165,17 @@ def test_scattered_decode_rows_really_make_the_runner_gather_their_slabs():
     timer.decode(4, 8)
     assert seen[-1].sel == slice(0, 4)
     with pytest.raises(ValueError, match="more than 10 slots"):
-        StepTimer(ModelRunner.from_shape(get_model("tiny"), 10, max_len=32), reps=1).decode(5, 8, scattered=True)
+        StepTimer(ModelRunner.from_shape(get_model("tiny"), 10, max_len=32), reps=1).decode(
+            5, 8, scattered=True
+        )
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_every_matvec_reference_computes_the_same_product(threads: int) -> None:
     """The efficiency reference's layouts are one product over the same bytes: the split
     one (one-token steps' kernel) sums its pieces back to the plain result."""
-    from batching.measure import _matvecs
+    from batching.real.measure import _matvecs
+
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -1,10 +1,12 @@
 """Metrics and results files, checked against hand-computed runs (1 s per step)."""
+
 from __future__ import annotations
 
 import csv
 import json
 
 import pytest
+from helpers import LinearCost, reqs
 
 from batching import results
 from batching.costs import get_cost_model
@@ -12,7 +14,6 @@ from batching.engine import SimExecutor, run
 from batching.metrics import SLO, request_record, summarize
 from batching.plan import StepWork
 from batching.schedulers import ContinuousScheduler, StaticScheduler
-from helpers import LinearCost, reqs
 
 UNIT = SimExecutor(LinearCost(1.0))
 
@@ -39,7 +40,7 @@ def test_time_weighted_utilization_weights_steps_by_duration():
     R = reqs((0, 10, 1), (0, 10, 3))
     res = run(R, StaticScheduler(2, 64), SimExecutor(LinearCost(1.0, 0.1)))
     s = summarize(res)
-    assert s["slot_utilization"] == pytest.approx(4 / 6)            # 2 + 1 + 1 tokens over 3 x 2 slots
+    assert s["slot_utilization"] == pytest.approx(4 / 6)  # 2 + 1 + 1 tokens over 3 x 2 slots
     assert s["slot_utilization_time_weighted"] == pytest.approx((1.0 * 3 + 0.5 * 2.4) / 5.4)
 
 
@@ -63,9 +64,15 @@ def test_hardware_utilization_of_a_roofline_decode_step():
     busy = sum(cost.step_time(w) for w in steps)
     s = summarize(res)
     assert s["busy_s"] == pytest.approx(busy)
-    assert s["hw_bandwidth_utilization"] == pytest.approx(sum(cost.bytes_moved(w) for w in steps) / busy / cost.bandwidth)
-    assert s["hw_compute_utilization"] == pytest.approx(sum(cost.flops(w) for w in steps) / busy / cost.peak_flops)
-    assert 0.5 < s["hw_bandwidth_utilization"] < 1 and s["hw_compute_utilization"] < 0.01  # batch 1 is memory-bound
+    assert s["hw_bandwidth_utilization"] == pytest.approx(
+        sum(cost.bytes_moved(w) for w in steps) / busy / cost.bandwidth
+    )
+    assert s["hw_compute_utilization"] == pytest.approx(
+        sum(cost.flops(w) for w in steps) / busy / cost.peak_flops
+    )
+    assert (
+        0.5 < s["hw_bandwidth_utilization"] < 1 and s["hw_compute_utilization"] < 0.01
+    )  # batch 1 is memory-bound
 
 
 def test_fast_path_hardware_totals_match_stepping():
@@ -85,11 +92,15 @@ def test_results_files_roundtrip(tmp_path):
     assert set(doc) == {"schema", "meta", "config", "summary", "requests", "steps"}
     back = json.loads(results.write_json(doc, tmp_path / "r.json").read_text())
     assert back["requests"][1]["tpot"] is None and back["config"]["scheduler"]["max_slots"] == 1
-    assert back["requests"][0]["token_times"] == [1.0, 2.0, 3.0] and back["requests"][1]["token_times"] == [4.0]
+    assert back["requests"][0]["token_times"] == [1.0, 2.0, 3.0] and back["requests"][1]["token_times"] == [
+        4.0
+    ]
     assert back["steps"][0]["slots_detail"] == [[0, 0, "P", 8, 0]]
     assert sum(s["n"] for s in back["steps"]) == back["summary"]["steps"] == 4
     rows = list(csv.DictReader(results.write_requests_csv(doc, tmp_path / "r.csv").open()))
-    assert [r["rid"] for r in rows] == ["0", "1"] and rows[0]["ttft"] == "1.0" and "token_times" not in rows[0]
+    assert (
+        [r["rid"] for r in rows] == ["0", "1"] and rows[0]["ttft"] == "1.0" and "token_times" not in rows[0]
+    )
 
 
 def test_kv_means_cover_whole_runs_of_steps():
@@ -101,4 +112,6 @@ def test_kv_means_cover_whole_runs_of_steps():
     # Used: (10 + 10) after the prefill, +1 per live row per step; the dead row stays at 14.
     assert s["kv_used_peak"] == 10 + 299 + 14
     slow = summarize(run(reqs((0, 10, 5), (0, 10, 300)), StaticScheduler(2, 512), UNIT, fast=False))
-    assert s["kv_used_mean"] == pytest.approx(slow["kv_used_mean"]) and s["kv_used_peak"] == slow["kv_used_peak"]
+    assert (
+        s["kv_used_mean"] == pytest.approx(slow["kv_used_mean"]) and s["kv_used_peak"] == slow["kv_used_peak"]
+    )

@@ -1,16 +1,16 @@
 """The torch model and its runner: cached, packed steps equal a cache-free forward pass."""
+
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from batching.model import Llama, ModelConfig  # noqa: E402
-from batching.models import MODELS, get_model  # noqa: E402
-from batching.plan import PrefillChunk, StepPlan  # noqa: E402
-from batching.request import Request  # noqa: E402
-from batching.runner import (DeviceMemoryError, ModelRunner, StepOutput, kv_cache_bytes,  # noqa: E402
-                             prompt_ids)
+from batching.models import MODELS, get_model
+from batching.plan import PrefillChunk, StepPlan
+from batching.real.model import Llama, ModelConfig
+from batching.real.runner import DeviceMemoryError, ModelRunner, StepOutput, kv_cache_bytes, prompt_ids
+from batching.request import Request
 
 pytestmark = pytest.mark.model
 F64 = torch.float64
@@ -44,7 +44,7 @@ def test_config_matches_the_registry_parameter_count() -> None:
 def test_random_weights_give_varied_context_dependent_greedy_tokens(model64: Llama) -> None:
     outs = [model64.generate_full(prompt_ids(0, rid, 8, TINY.vocab), 12) for rid in range(3)]
     for out in outs:
-        assert len(set(out)) >= 4, out        # not one token repeated forever
+        assert len(set(out)) >= 4, out  # not one token repeated forever
     assert len({tuple(o) for o in outs}) == 3  # different prompts, different continuations
 
 
@@ -57,7 +57,7 @@ def test_chunked_prefill_and_decodes_equal_the_full_forward_pass(model64: Llama)
     for n in (3, 5, 2):
         plan = StepPlan(prefills=[PrefillChunk(r, n)])
         out = runner.forward(plan)
-        assert (r.rid in out.token_ids) == (n == 2)   # only the completing chunk emits
+        assert (r.rid in out.token_ids) == (n == 2)  # only the completing chunk emits
         commit(plan, out, 1.0)
     emitted.append(out.logits[r.rid])
     while not r.done:
@@ -67,8 +67,8 @@ def test_chunked_prefill_and_decodes_equal_the_full_forward_pass(model64: Llama)
         commit(plan, out, 1.0)
     ids = runner.tokens(r.rid)
     assert ids[:10] == prompt_ids(0, 7, 10, TINY.vocab) and ids[10:] == r.token_ids
-    ref = model64.forward_full(torch.tensor(ids))            # [16, V]
-    got = torch.stack(emitted)                               # logits of positions 9..14
+    ref = model64.forward_full(torch.tensor(ids))  # [16, V]
+    got = torch.stack(emitted)  # logits of positions 9..14
     torch.testing.assert_close(got, ref[9:15], rtol=0, atol=1e-11)
     assert r.token_ids == ref[9:15].argmax(-1).tolist()
 
@@ -92,20 +92,23 @@ def test_mixed_step_packs_decodes_chunks_and_padding_without_crosstalk(model64: 
 
 
 @pytest.mark.parametrize("slots, how", [((0, 2, 3), "holes"), ((0, 5), "gather"), ((1, 2, 3), "range")])
-def test_decode_rows_in_scattered_slots_read_only_their_own_slabs(model64: Llama, slots: tuple[int, ...],
-                                                                   how: str) -> None:
+def test_decode_rows_in_scattered_slots_read_only_their_own_slabs(
+    model64: Llama, slots: tuple[int, ...], how: str
+) -> None:
     """7.2: decode rows whose slots leave holes (read as one view, holes included), lie wide
     apart (gathered) or form a range: each row's logits equal its own cache-free pass, and
     the hole slabs' contents (another request's stale K/V) change nothing."""
     runner = ModelRunner(model64, slots=6, max_len=32)
     reqs = [admitted(i, 4 + 3 * i, 4, slot=s) for i, s in enumerate(slots)]
-    stale = admitted(99, 11, 1, slot={"holes": 1, "gather": 3, "range": 0}[how])   # a slab the batch skips
+    stale = admitted(99, 11, 1, slot={"holes": 1, "gather": 3, "range": 0}[how])  # a slab the batch skips
     first = StepPlan(prefills=[PrefillChunk(r, r.prompt_len) for r in reqs + [stale]])
     commit(first, runner.forward(first), 1.0)
     idx = runner._decode_index(list(slots), [r.num_computed for r in reqs])
-    assert {"holes": isinstance(idx.sel, slice) and idx.place is not None,
-            "gather": isinstance(idx.sel, torch.Tensor),
-            "range": isinstance(idx.sel, slice) and idx.place is None}[how]
+    assert {
+        "holes": isinstance(idx.sel, slice) and idx.place is not None,
+        "gather": isinstance(idx.sel, torch.Tensor),
+        "range": isinstance(idx.sel, slice) and idx.place is None,
+    }[how]
     for _ in range(2):
         plan = StepPlan(decodes=reqs)
         out = runner.forward(plan)
@@ -119,7 +122,8 @@ def test_decode_rows_in_scattered_slots_read_only_their_own_slabs(model64: Llama
 def test_padded_linear_equals_the_unpadded_product(model64: Llama) -> None:
     """CPU steps pad their token count to a bucket (padded_tokens); the real rows' outputs
     are those of the plain product, and every bucket pads to itself."""
-    from batching.model import WX_MAX_TOKENS, padded_tokens
+    from batching.real.model import WX_MAX_TOKENS, padded_tokens
+
     for T in range(1, WX_MAX_TOKENS + 1):
         P = padded_tokens(T)
         assert T <= P <= max(T + 7, 4) and padded_tokens(P) == P and (P <= 8 or P % 8 == 0)
@@ -157,10 +161,11 @@ def test_batch1_split_products_give_the_plain_layouts_logits(threads: int) -> No
     one piece per thread (Llama.linear); the numbers must be those of the plain layout
     whatever the thread count (3 does not divide tiny's widths: fewer pieces), and the
     memory check must count the copies."""
-    from batching.model import batch1_copy_params
+    from batching.real.model import batch1_copy_params
+
     m = Llama(TINY, "cpu", F64, seed=0)
     plain = Llama(TINY, "cpu", F64, seed=0, wx=False)
-    assert len(m._b1) == 4 * TINY.layers + 1          # qkv, o, gate/up, down of each layer, the lm head
+    assert len(m._b1) == 4 * TINY.layers + 1  # qkv, o, gate/up, down of each layer, the lm head
     assert m.batch1_bytes() == batch1_copy_params(TINY) * 8 == sum(w.numel() for w in m.linear_weights()) * 8
     assert plain.batch1_bytes() == 0
     ids = torch.tensor([5])
@@ -168,7 +173,7 @@ def test_batch1_split_products_give_the_plain_layouts_logits(threads: int) -> No
     torch.set_num_threads(threads)
     try:
         for pos in (0, 7):
-            noop = lambda layer, q, k, v: q[:, : TINY.heads]  # noqa: E731 - attention is not under test
+            noop = lambda layer, q, k, v: q[:, : TINY.heads]
             got = m(ids, torch.tensor([pos]), noop)
             ref = plain(ids, torch.tensor([pos]), noop)
             assert got.shape == (1, TINY.vocab)
@@ -178,7 +183,8 @@ def test_batch1_split_products_give_the_plain_layouts_logits(threads: int) -> No
 
 
 def test_split_ways_is_one_piece_per_thread_that_divides_the_width() -> None:
-    from batching.model import split_ways
+    from batching.real.model import split_ways
+
     assert [split_ways(768, t) for t in (0, 1, 2, 4, 5, 16)] == [1, 1, 2, 4, 4, 16]
     assert split_ways(7, 4) == 1 and split_ways(9, 4) == 3
 
@@ -190,6 +196,6 @@ def test_batch1_copies_follow_weights_changed_in_place() -> None:
     with torch.no_grad():
         for a, b in zip(m.parameters(), plain.parameters()):
             a.copy_(b)
-    noop = lambda layer, q, k, v: q  # noqa: E731
+    noop = lambda layer, q, k, v: q
     ids, pos = torch.tensor([3]), torch.tensor([2])
     torch.testing.assert_close(m(ids, pos, noop), plain(ids, pos, noop), rtol=1e-12, atol=1e-12)

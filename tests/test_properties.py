@@ -6,26 +6,37 @@ the first decode; token budget, slot limit and KV capacity are never exceeded, a
 reserved is exactly what the policy says; FCFS admission order; no leak; the fast path
 gives the same timestamps bit for bit as stepping; the same inputs give the same results.
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from helpers import LinearCost
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from batching.engine import SimExecutor, run
 from batching.metrics import summarize
 from batching.plan import StepPlan
 from batching.request import Request
-from batching.schedulers import (ChunkedPrefillScheduler, ContinuousScheduler, DynamicScheduler,
-                                 StaticScheduler)
-from helpers import LinearCost
+from batching.schedulers import (
+    ChunkedPrefillScheduler,
+    ContinuousScheduler,
+    DynamicScheduler,
+    StaticScheduler,
+)
 
 MAX_CTX = 96  # below 64 + 64, so that dense batches meet the context limit
 EXAMPLES = 1000
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @st.composite
@@ -40,7 +51,10 @@ def workloads(draw) -> list[tuple[float, int, int]]:
 
 def kv_options(draw, slots: int, spec) -> dict:
     if draw(st.booleans()):
-        return {"kv_policy": "slab", "kv_capacity": draw(st.sampled_from([math.inf, MAX_CTX * draw(st.integers(1, slots))]))}
+        return {
+            "kv_policy": "slab",
+            "kv_capacity": draw(st.sampled_from([math.inf, MAX_CTX * draw(st.integers(1, slots))])),
+        }
     need = max(p + o for _, p, o in spec)
     return {"kv_policy": "exact", "kv_capacity": draw(st.integers(need, need + 3 * MAX_CTX))}
 
@@ -50,8 +64,10 @@ def static_like(draw, cls):
     spec = draw(workloads())
     b = draw(st.integers(1, 6))
     wait = draw(st.floats(0, 5, allow_nan=False))
-    kv = {"kv_policy": draw(st.sampled_from(["slab", "exact"])),
-          "kv_capacity": draw(st.sampled_from([math.inf, b * MAX_CTX]))}
+    kv = {
+        "kv_policy": draw(st.sampled_from(["slab", "exact"])),
+        "kv_capacity": draw(st.sampled_from([math.inf, b * MAX_CTX])),
+    }
     key = "timeout" if cls is StaticScheduler else "max_wait"
     return spec, lambda: cls(b, MAX_CTX, **{key: wait}, **kv)
 
@@ -158,6 +174,7 @@ def test_invariants(name):
     @given(CASES[name], costs)
     def prop(case, cost):
         check_run(case, cost)
+
     prop()
 
 
@@ -167,4 +184,5 @@ def test_fast_path_and_determinism(name):
     @given(CASES[name], costs)
     def prop(case, cost):
         check_fast_and_deterministic(case, cost)
+
     prop()

@@ -1,4 +1,5 @@
 """The real executor under every scheduler: batching never changes a request's tokens."""
+
 from __future__ import annotations
 
 import json
@@ -9,33 +10,39 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from batching.engine import RunResult, run  # noqa: E402
-from batching.metrics import summarize  # noqa: E402
-from batching.model import Llama, ModelConfig  # noqa: E402
-from batching.models import get_model  # noqa: E402
-from batching.real import RealExecutor, run_real  # noqa: E402
-from batching.request import Request, RequestError  # noqa: E402
-from batching.runner import ModelRunner, prompt_ids  # noqa: E402
-from batching.schedulers import (ChunkedPrefillScheduler, ContinuousScheduler, DynamicScheduler,  # noqa: E402
-                                 Scheduler, StaticScheduler)
+from batching.engine import RunResult, run
+from batching.metrics import summarize
+from batching.models import get_model
+from batching.real.executor import RealExecutor, run_real
+from batching.real.model import Llama, ModelConfig
+from batching.real.runner import ModelRunner, prompt_ids
+from batching.request import Request, RequestError
+from batching.schedulers import (
+    ChunkedPrefillScheduler,
+    ContinuousScheduler,
+    DynamicScheduler,
+    Scheduler,
+    StaticScheduler,
+)
 
 pytestmark = pytest.mark.model
 TINY = ModelConfig.from_shape(get_model("tiny"))
-MAX_LEN = 40       # slab per slot: prompts <= 24 + outputs <= 12 fit
+MAX_LEN = 40  # slab per slot: prompts <= 24 + outputs <= 12 fit
 SEEDS = (0, 1, 2)
 
 # Every way the schedulers pack a step. All requests arrive at t=0, so the plans depend
 # only on the schedulers, not on measured (noisy) step durations: failures reproduce.
 SCHEDULES: dict[str, object] = {
-    "static": lambda: StaticScheduler(4, MAX_LEN),                       # padding + dead rows
+    "static": lambda: StaticScheduler(4, MAX_LEN),  # padding + dead rows
     "dynamic": lambda: DynamicScheduler(3, MAX_LEN),
     "continuous-mixed": lambda: ContinuousScheduler(3, MAX_LEN, prefill_mode="mixed"),
     "continuous-separate": lambda: ContinuousScheduler(3, MAX_LEN, prefill_mode="separate"),
     "chunked": lambda: ChunkedPrefillScheduler(4, MAX_LEN, token_budget=8, chunk_size=5),
     # exact KV with too little room: requests are preempted and recomputed.
     "continuous-exact": lambda: ContinuousScheduler(4, MAX_LEN, kv_capacity=48, kv_policy="exact"),
-    "chunked-exact": lambda: ChunkedPrefillScheduler(4, MAX_LEN, token_budget=8, chunk_size=5,
-                                                     kv_capacity=48, kv_policy="exact"),
+    "chunked-exact": lambda: ChunkedPrefillScheduler(
+        4, MAX_LEN, token_budget=8, chunk_size=5, kv_capacity=48, kv_policy="exact"
+    ),
 }
 
 
@@ -152,7 +159,7 @@ def test_run_real_refuses_requests_longer_than_the_slab() -> None:
 def test_run_real_on_a_given_runner_serves_the_same_tokens_twice() -> None:
     """bench_fidelity serves several runs on one model: each run starts from a clean
     history and gives the tokens a freshly built model gives."""
-    reqs = lambda: [Request(i, 0.0, 4 + 3 * i, 3 + i) for i in range(4)]  # noqa: E731
+    reqs = lambda: [Request(i, 0.0, 4 + 3 * i, 3 + i) for i in range(4)]
     fresh = run_real(reqs(), ContinuousScheduler(2, 512), "tiny", device="cpu", seed=1, max_len=32)
     runner = ModelRunner.from_shape(get_model("tiny"), 3, seed=1, max_len=32)
     again = [run_real(reqs(), ContinuousScheduler(2, 512), None, runner=runner) for _ in range(2)]

@@ -1,17 +1,22 @@
 """Hand-computed cases for the four schedulers (every step costs 1 s unless said otherwise)."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
+from helpers import LinearCost, reqs
 
 from batching.engine import SimExecutor, run
 from batching.kv import ConfigError
 from batching.metrics import summarize
 from batching.request import RequestError
-from batching.schedulers import (ChunkedPrefillScheduler, ContinuousScheduler, DynamicScheduler,
-                                 StaticScheduler)
-from helpers import LinearCost, reqs
+from batching.schedulers import (
+    ChunkedPrefillScheduler,
+    ContinuousScheduler,
+    DynamicScheduler,
+    StaticScheduler,
+)
 
 UNIT = SimExecutor(LinearCost(1.0))
 
@@ -28,11 +33,11 @@ def test_static_first_finisher_utilization_is_hand_computed():
     res = go(R, StaticScheduler(2, 4096))
     s = summarize(res)
     assert s["slot_utilization"] == pytest.approx((20 + 2000) / (2 * 2000))
-    assert s["steps"] == 2000                   # 1 prefill + 1,999 decode steps
-    assert a.token_times[-1] == 20.0            # the 20-token request is done after 20 steps...
+    assert s["steps"] == 2000  # 1 prefill + 1,999 decode steps
+    assert a.token_times[-1] == 20.0  # the 20-token request is done after 20 steps...
     assert b.token_times[-1] == 2000.0
     dead = sum(n * d for n, d in zip(res.log.cols["n"], res.log.cols["dead"]))
-    assert dead == 2000 - 20                    # ...and its row is computed, uselessly, 1,980 more times
+    assert dead == 2000 - 20  # ...and its row is computed, uselessly, 1,980 more times
 
 
 def test_static_padding_pair_pays_80x_prefill():
@@ -42,7 +47,7 @@ def test_static_padding_pair_pays_80x_prefill():
     assert res.log.cols["prefill"][0] == 4050 and res.log.cols["pad"][0] == 3950
     assert s["padding_fraction"] == pytest.approx(3950 / 8000)
     (_, _, kind, n, pad), _ = res.log.occupancy[0]
-    assert kind == "P" and (n + pad) / n == 80   # the 50-token prompt costs 4,000 positions
+    assert kind == "P" and (n + pad) / n == 80  # the 50-token prompt costs 4,000 positions
 
 
 def test_static_timeout_seals_the_batch_and_late_arrivals_wait():
@@ -130,25 +135,30 @@ def test_chunked_takes_decodes_first_then_fills_the_budget():
 
 def test_chunked_exact_kv_never_deadlocks_on_partial_prefills():
     R = reqs((0, 60, 2), (0, 60, 2))
-    res = go(R, ChunkedPrefillScheduler(4, 128, token_budget=100, chunk_size=50,
-                                        kv_capacity=100, kv_policy="exact"))
+    res = go(
+        R,
+        ChunkedPrefillScheduler(4, 128, token_budget=100, chunk_size=50, kv_capacity=100, kv_policy="exact"),
+    )
     assert all(r.done for r in R) and res.preemptions >= 1
 
 
 # ---------------------------------------------------------------- configuration errors
-@pytest.mark.parametrize("make, match", [
-    (lambda: ChunkedPrefillScheduler(8, 64, token_budget=4), "token_budget=4 < max_slots=8"),
-    (lambda: ChunkedPrefillScheduler(8, 64, token_budget=64, chunk_size=0), "chunk_size=0"),
-    (lambda: StaticScheduler(0, 64), "batch_size=0"),
-    (lambda: DynamicScheduler(-1, 64), "batch_size=-1"),
-    (lambda: ContinuousScheduler(0, 64), "max_slots=0"),
-    (lambda: ContinuousScheduler(4, 64, prefill_mode="eager"), "prefill_mode='eager'"),
-    (lambda: ContinuousScheduler(4, 64, kv_capacity=32), "cannot hold one slab of max_context=64"),
-    (lambda: ContinuousScheduler(4, 64, kv_capacity=0, kv_policy="exact"), "kv capacity=0"),
-    (lambda: ContinuousScheduler(4, 64, kv_policy="paged"), "kv policy='paged'"),
-    (lambda: StaticScheduler(4, 64, timeout=math.nan), "timeout=nan"),
-    (lambda: DynamicScheduler(4, 64, max_wait=-1), "max_wait=-1"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: ChunkedPrefillScheduler(8, 64, token_budget=4), "token_budget=4 < max_slots=8"),
+        (lambda: ChunkedPrefillScheduler(8, 64, token_budget=64, chunk_size=0), "chunk_size=0"),
+        (lambda: StaticScheduler(0, 64), "batch_size=0"),
+        (lambda: DynamicScheduler(-1, 64), "batch_size=-1"),
+        (lambda: ContinuousScheduler(0, 64), "max_slots=0"),
+        (lambda: ContinuousScheduler(4, 64, prefill_mode="eager"), "prefill_mode='eager'"),
+        (lambda: ContinuousScheduler(4, 64, kv_capacity=32), "cannot hold one slab of max_context=64"),
+        (lambda: ContinuousScheduler(4, 64, kv_capacity=0, kv_policy="exact"), "kv capacity=0"),
+        (lambda: ContinuousScheduler(4, 64, kv_policy="paged"), "kv policy='paged'"),
+        (lambda: StaticScheduler(4, 64, timeout=math.nan), "timeout=nan"),
+        (lambda: DynamicScheduler(4, 64, max_wait=-1), "max_wait=-1"),
+    ],
+)
 def test_bad_configuration_is_refused_at_construction(make, match):
     with pytest.raises(ConfigError, match=match):
         make()
@@ -161,10 +171,17 @@ def test_prompt_longer_than_context_or_kv_is_refused_up_front():
         run(reqs((0, 40, 10)), ChunkedPrefillScheduler(4, 64, kv_capacity=40, kv_policy="exact"), UNIT)
 
 
-@pytest.mark.parametrize("spec, match", [
-    ((0, 0, 5), "prompt_len=0"), ((0, 5, -3), "output_len=-3"), ((math.nan, 5, 5), "arrival=nan"),
-    ((math.inf, 5, 5), "arrival=inf"), ((-1.0, 5, 5), "arrival=-1.0"), ((0, 2.5, 5), "prompt_len=2.5"),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ((0, 0, 5), "prompt_len=0"),
+        ((0, 5, -3), "output_len=-3"),
+        ((math.nan, 5, 5), "arrival=nan"),
+        ((math.inf, 5, 5), "arrival=inf"),
+        ((-1.0, 5, 5), "arrival=-1.0"),
+        ((0, 2.5, 5), "prompt_len=2.5"),
+    ],
+)
 def test_bad_request_fields_name_the_field_and_value(spec, match):
     with pytest.raises(RequestError, match=match):
         reqs(spec)

@@ -1,4 +1,5 @@
 """Tests for batching.traces: Azure and Mooncake loaders, lookup, merge, quantile tables."""
+
 from __future__ import annotations
 
 import hashlib
@@ -31,8 +32,10 @@ def ts(seconds: float, base: str = "2023-11-16 18:15") -> str:
     return f"{base}:{whole:02d}.{frac:07d}"
 
 
-SIX = [f"{ts(t)},{p},{o}" for t, p, o in
-       [(0, 100, 10), (1, 200, 20), (2, 300, 30), (3, 400, 40), (4, 500, 50), (5, 600, 60)]]
+SIX = [
+    f"{ts(t)},{p},{o}"
+    for t, p, o in [(0, 100, 10), (1, 200, 20), (2, 300, 30), (3, 400, 40), (4, 500, 50), (5, 600, 60)]
+]
 
 
 def mooncake_jsonl(tmp_path: Path, recs: list[dict[str, object]] | list[str], name: str = "t.jsonl") -> Path:
@@ -59,26 +62,39 @@ def test_azure_exact_arrivals_crlf_7_digits(tmp_path: Path) -> None:
 
 
 def test_azure_reordered_columns_and_trailing_blank_lines(tmp_path: Path) -> None:
-    p = azure_csv(tmp_path, ["5,2023-11-16 18:15:00.0000000,7", ""], header="GeneratedTokens,TIMESTAMP,ContextTokens")
+    p = azure_csv(
+        tmp_path, ["5,2023-11-16 18:15:00.0000000,7", ""], header="GeneratedTokens,TIMESTAMP,ContextTokens"
+    )
     w = load_azure(p)
     assert (w.prompt_lens.tolist(), w.output_lens.tolist()) == ([7], [5])
 
 
-@pytest.mark.parametrize("header, rows, pattern", [
-    ("TIMESTAMP,Context,GeneratedTokens", SIX[:1], r"line 1: missing column\(s\) 'ContextTokens'"),
-    (HEADER, [SIX[0], "2023-13-16 18:15:01.0000000,5,5"],
-     r"line 3, column 'TIMESTAMP': '2023-13-16 18:15:01\.0000000' is not a timestamp"),
-    (HEADER, [SIX[0], "yesterday,5,5"], r"line 3, column 'TIMESTAMP': 'yesterday'"),
-    (HEADER, [f"{ts(0)},12,1a"], r"line 2, column 'GeneratedTokens': '1a' is not an integer"),
-    (HEADER, [f"{ts(0)},2.5,3"], r"line 2, column 'ContextTokens': '2\.5' is not an integer"),
-    (HEADER, [SIX[0], f"{ts(1)},0,3"], r"line 3, column 'ContextTokens': 0 tokens; lengths must be >= 1"),
-    (HEADER, [f"{ts(1)},4,-2"], r"line 2, column 'GeneratedTokens': -2 tokens"),
-    (HEADER, [SIX[0], SIX[2], SIX[1]],
-     r"line 4, column 'TIMESTAMP': '2023-11-16 18:15:01\.0000000' is earlier than line 3's"),
-    (HEADER, [SIX[0], f"{ts(1)},4"], r"line 3: 2 fields"),
-    (HEADER, [], r"header only, no requests"),
-])
-def test_azure_errors_name_line_column_value(tmp_path: Path, header: str, rows: list[str], pattern: str) -> None:
+@pytest.mark.parametrize(
+    "header, rows, pattern",
+    [
+        ("TIMESTAMP,Context,GeneratedTokens", SIX[:1], r"line 1: missing column\(s\) 'ContextTokens'"),
+        (
+            HEADER,
+            [SIX[0], "2023-13-16 18:15:01.0000000,5,5"],
+            r"line 3, column 'TIMESTAMP': '2023-13-16 18:15:01\.0000000' is not a timestamp",
+        ),
+        (HEADER, [SIX[0], "yesterday,5,5"], r"line 3, column 'TIMESTAMP': 'yesterday'"),
+        (HEADER, [f"{ts(0)},12,1a"], r"line 2, column 'GeneratedTokens': '1a' is not an integer"),
+        (HEADER, [f"{ts(0)},2.5,3"], r"line 2, column 'ContextTokens': '2\.5' is not an integer"),
+        (HEADER, [SIX[0], f"{ts(1)},0,3"], r"line 3, column 'ContextTokens': 0 tokens; lengths must be >= 1"),
+        (HEADER, [f"{ts(1)},4,-2"], r"line 2, column 'GeneratedTokens': -2 tokens"),
+        (
+            HEADER,
+            [SIX[0], SIX[2], SIX[1]],
+            r"line 4, column 'TIMESTAMP': '2023-11-16 18:15:01\.0000000' is earlier than line 3's",
+        ),
+        (HEADER, [SIX[0], f"{ts(1)},4"], r"line 3: 2 fields"),
+        (HEADER, [], r"header only, no requests"),
+    ],
+)
+def test_azure_errors_name_line_column_value(
+    tmp_path: Path, header: str, rows: list[str], pattern: str
+) -> None:
     p = azure_csv(tmp_path, rows, header=header, name="bad.csv")
     with pytest.raises(TraceError, match=pattern) as e:
         load_azure(p)
@@ -118,8 +134,11 @@ def test_azure_window_limit_time_scale(tmp_path: Path) -> None:
 def test_azure_max_context_error_and_cap(tmp_path: Path) -> None:
     p = azure_csv(tmp_path, SIX)
     assert len(load_azure(p, max_context=660)) == 6
-    with pytest.raises(RequestError, match=r"line 5: request 3: prompt_len \+ output_len = 400 \+ 40 = 440 "
-                                           r"exceeds max_context=400 \(3 of 6"):
+    with pytest.raises(
+        RequestError,
+        match=r"line 5: request 3: prompt_len \+ output_len = 400 \+ 40 = 440 "
+        r"exceeds max_context=400 \(3 of 6",
+    ):
         load_azure(p, max_context=400)
     w = load_azure(p, max_context=400, cap=True)
     assert w.prompt_lens.tolist() == [100, 200, 300, 360, 350, 340]
@@ -155,15 +174,24 @@ def test_mooncake_options(tmp_path: Path) -> None:
         load_mooncake(p, max_context=256)
 
 
-@pytest.mark.parametrize("recs, pattern", [
-    ([mc(0), mc(0, o=0)], r"line 2, field 'output_length': 0 tokens"),
-    ([mc(0), {"timestamp": 5, "input_length": 3}], r"line 2: missing field 'output_length'"),
-    ([mc(0), "{not json"], r"line 2: not valid JSON"),
-    ([mc(3000), mc(0)], r"line 2, field 'timestamp': 0 is earlier than line 1's 3000"),
-    ([mc(0), {"timestamp": 1, "input_length": "12", "output_length": 3}], r"line 2, field 'input_length': '12' is not an integer"),
-    ([{"timestamp": "soon", "input_length": 1, "output_length": 3}], r"line 1, field 'timestamp': 'soon'"),
-    ([], r"empty file"),
-])
+@pytest.mark.parametrize(
+    "recs, pattern",
+    [
+        ([mc(0), mc(0, o=0)], r"line 2, field 'output_length': 0 tokens"),
+        ([mc(0), {"timestamp": 5, "input_length": 3}], r"line 2: missing field 'output_length'"),
+        ([mc(0), "{not json"], r"line 2: not valid JSON"),
+        ([mc(3000), mc(0)], r"line 2, field 'timestamp': 0 is earlier than line 1's 3000"),
+        (
+            [mc(0), {"timestamp": 1, "input_length": "12", "output_length": 3}],
+            r"line 2, field 'input_length': '12' is not an integer",
+        ),
+        (
+            [{"timestamp": "soon", "input_length": 1, "output_length": 3}],
+            r"line 1, field 'timestamp': 'soon'",
+        ),
+        ([], r"empty file"),
+    ],
+)
 def test_mooncake_errors(tmp_path: Path, recs: list[object], pattern: str) -> None:
     p = mooncake_jsonl(tmp_path, recs, name="bad.jsonl")  # type: ignore[arg-type]
     with pytest.raises(TraceError, match=pattern) as e:
@@ -199,7 +227,9 @@ def test_named_trace_not_found_says_where(no_traces: Path) -> None:
     for d in ("env", "shared/traces", "cache/batching/traces"):
         assert str(no_traces / d / rel) in msg
     assert "BATCHING_TRACES" in msg and "download=True" in msg
-    with pytest.raises(TraceError, match="unknown trace 'azure'; known traces: azure-conv, azure-code, mooncake-conv"):
+    with pytest.raises(
+        TraceError, match="unknown trace 'azure'; known traces: azure-conv, azure-code, mooncake-conv"
+    ):
         find_trace("azure")
 
 
@@ -250,11 +280,17 @@ def test_merge_aligns_on_epoch(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------- committed quantiles
-@pytest.mark.parametrize("name, stats", [
-    # min, p10, p50, p90, p99, max from shared/traces/README.md.
-    ("azure-conv", {"prompt": [2, 207, 1020, 2734.5, 4142, 14050], "output": [7, 54, 129, 424, 601, 1000]}),
-    ("azure-code", {"prompt": [3, 147, 1469, 5187.6, 7436, 7437], "output": [6, 7, 13, 55, 251.5, 1899]}),
-])
+@pytest.mark.parametrize(
+    "name, stats",
+    [
+        # min, p10, p50, p90, p99, max from shared/traces/README.md.
+        (
+            "azure-conv",
+            {"prompt": [2, 207, 1020, 2734.5, 4142, 14050], "output": [7, 54, 129, 424, 601, 1000]},
+        ),
+        ("azure-code", {"prompt": [3, 147, 1469, 5187.6, 7436, 7437], "output": [6, 7, 13, 55, 251.5, 1899]}),
+    ],
+)
 def test_committed_quantile_tables(name: str, stats: dict[str, list[float]]) -> None:
     path = QUANTILE_DIR / f"{name}.csv"
     text = path.read_text()
@@ -277,14 +313,18 @@ def _real(name: str) -> Path | None:
 
 
 AZURE_CONV, AZURE_CODE, MOONCAKE = _real("azure-conv"), _real("azure-code"), _real("mooncake-conv")
-needs_azure = pytest.mark.skipif(AZURE_CONV is None or AZURE_CODE is None, reason="Azure traces not available")
+needs_azure = pytest.mark.skipif(
+    AZURE_CONV is None or AZURE_CODE is None, reason="Azure traces not available"
+)
 
 
 @needs_azure
 def test_real_azure_traces_match_readme() -> None:
     conv, code = load_trace("azure-conv"), load_trace("azure-code")
     assert (len(conv), len(code)) == (19366, 8819)
-    assert conv.duration == pytest.approx(3501.7, abs=0.05) and code.duration == pytest.approx(3435.9, abs=0.05)
+    assert conv.duration == pytest.approx(3501.7, abs=0.05) and code.duration == pytest.approx(
+        3435.9, abs=0.05
+    )
     assert conv.info["trace"] == "azure-conv" and code.info["trace"] == "azure-code"  # sha256 as in README
     for w, p50s, means in [(conv, (1020, 129), (1154.7, 211.1)), (code, (1469, 13), (2047.8, 27.9))]:
         assert (np.median(w.prompt_lens), np.median(w.output_lens)) == p50s

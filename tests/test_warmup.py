@@ -1,17 +1,18 @@
 """The real executor's warm-up (7.1-7.3): one prefill as large as the scheduler's largest step
 (capped), once per runner and size, so that no timed step pays for fresh activation memory."""
+
 from __future__ import annotations
 
 import pytest
 
 pytest.importorskip("torch")
 
-from batching.engine import run  # noqa: E402
-from batching.real import RealExecutor, run_real  # noqa: E402
-from batching.runner import WARMUP_TOKENS_MAX, ModelRunner  # noqa: E402
-from batching.models import get_model  # noqa: E402
-from batching.schedulers import ChunkedPrefillScheduler, ContinuousScheduler, StaticScheduler  # noqa: E402
-from batching.workload import Workload  # noqa: E402
+from batching.engine import run
+from batching.models import get_model
+from batching.real.executor import RealExecutor, run_real
+from batching.real.runner import WARMUP_TOKENS_MAX, ModelRunner
+from batching.schedulers import ChunkedPrefillScheduler, ContinuousScheduler, StaticScheduler
+from batching.workload import Workload
 
 
 def warmed_size(scheduler, max_len: int) -> int:
@@ -34,14 +35,14 @@ def test_warmup_prefills_once_per_size_within_the_slabs_and_the_cap():
     r = ModelRunner.from_shape(get_model("tiny"), 2, device="cpu", max_len=64)
     calls = []
     real = r._forward_packed
-    r._forward_packed = lambda *a: calls.append(len(a[0])) or real(*a)   # tokens per forward pass
+    r._forward_packed = lambda *a: calls.append(len(a[0])) or real(*a)  # tokens per forward pass
     r.warmup(tokens=100)
-    assert calls == [5, 100]                 # the small mixed step, then 100 positions (64 + 36)
+    assert calls == [5, 100]  # the small mixed step, then 100 positions (64 + 36)
     r.warmup(tokens=100)
     r.warmup(tokens=50)
-    assert calls == [5, 100, 5, 5]           # nothing larger to warm: small steps only
+    assert calls == [5, 100, 5, 5]  # nothing larger to warm: small steps only
     r.warmup(tokens=10_000)
-    assert calls[-1] == 2 * 64 == r._warm_tokens     # capped by what 2 slabs of 64 hold
+    assert calls[-1] == 2 * 64 == r._warm_tokens  # capped by what 2 slabs of 64 hold
     assert WARMUP_TOKENS_MAX >= 2 * 64
 
 
@@ -49,7 +50,7 @@ def test_a_warmed_run_gives_the_tokens_of_an_unwarmed_one():
     # The warm-up's prefill writes slabs (with token 1 at every position) that every
     # request's own prefill overwrites before reading: the tokens cannot change.
     w = Workload.from_arrays([0.0, 0.0, 0.0], [20, 7, 13], [5, 9, 3], name="three")
-    sched = lambda: ContinuousScheduler(2, 64)   # noqa: E731
+    sched = lambda: ContinuousScheduler(2, 64)
     warmed = run_real(w, sched(), "tiny", device="cpu", max_len=64)
     runner = ModelRunner.from_shape(get_model("tiny"), 2, device="cpu", max_len=64)
     cold = run(w.fresh(), sched(), RealExecutor(runner, warmup=False))

@@ -1,15 +1,29 @@
 """Tests for batching.workload: containers, arrivals, length distributions, presets."""
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batching.request import Request, RequestError
-from batching.workload import (PRESETS, Empirical, Fixed, LogNormal, Uniform, Workload, WorkloadError,
-                               gamma_arrivals, poisson_arrivals, preset, quantile_table, synthetic)
+from batching.workload import (
+    PRESETS,
+    Empirical,
+    Fixed,
+    LogNormal,
+    Uniform,
+    Workload,
+    WorkloadError,
+    gamma_arrivals,
+    poisson_arrivals,
+    preset,
+    quantile_table,
+    synthetic,
+)
 
 
 def _spec(w: Workload | list[Request]) -> list[tuple[int, float, int, int]]:
@@ -72,7 +86,9 @@ def test_fresh_gives_new_pristine_requests() -> None:
     assert _spec(f1) == _spec(f2) == [(0, 0.0, 4, 3), (1, 0.5, 6, 2)]
     assert all(a is not b for a, b in zip(f1, f2))
     assert all(a is not b for a, b in zip(f1, used))
-    assert all(r.generated == 0 and r.num_computed == 0 and r.slot is None and r.token_times == [] for r in f1)
+    assert all(
+        r.generated == 0 and r.num_computed == 0 and r.slot is None and r.token_times == [] for r in f1
+    )
     assert isinstance(f1[0].arrival, float) and isinstance(f1[0].prompt_len, int)
 
 
@@ -87,7 +103,9 @@ def test_requests_and_info_are_copies() -> None:
 
 def test_cap_error_mode_names_request_field_value() -> None:
     w = _w([0, 0, 1], [100, 90, 10], [10, 40, 10])
-    with pytest.raises(RequestError, match=r"request 1: prompt_len \+ output_len = 90 \+ 40 = 130 exceeds max_context=120"):
+    with pytest.raises(
+        RequestError, match=r"request 1: prompt_len \+ output_len = 90 \+ 40 = 130 exceeds max_context=120"
+    ):
         w.cap_to_context(120)
     same, n = w.cap_to_context(130, mode="error")
     assert n == 0 and _spec(same) == _spec(w)
@@ -117,7 +135,9 @@ def test_cap_rejects_bad_arguments() -> None:
 
 
 @settings(deadline=None, max_examples=150, derandomize=True)
-@given(st.lists(st.tuples(st.integers(1, 64), st.integers(1, 64)), min_size=1, max_size=12), st.integers(2, 80))
+@given(
+    st.lists(st.tuples(st.integers(1, 64), st.integers(1, 64)), min_size=1, max_size=12), st.integers(2, 80)
+)
 def test_cap_property(lengths: list[tuple[int, int]], max_context: int) -> None:
     w = _w([0.0] * len(lengths), [p for p, _ in lengths], [o for _, o in lengths])
     capped, n = w.cap_to_context(max_context, mode="cap")
@@ -167,10 +187,17 @@ def test_infinite_rate_all_at_zero() -> None:
     assert gamma_arrivals(5, math.inf, 0.5, np.random.default_rng(0)).tolist() == [0.0] * 5
 
 
-@pytest.mark.parametrize("kw, msg", [
-    ({"rate": 0}, "rate=0"), ({"rate": -2.0}, "rate=-2.0"), ({"rate": math.nan}, "rate=nan"),
-    ({"burstiness": 0}, "burstiness=0"), ({"burstiness": math.inf}, "burstiness=inf"), ({"n": -1}, "n=-1"),
-])
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"rate": 0}, "rate=0"),
+        ({"rate": -2.0}, "rate=-2.0"),
+        ({"rate": math.nan}, "rate=nan"),
+        ({"burstiness": 0}, "burstiness=0"),
+        ({"burstiness": math.inf}, "burstiness=inf"),
+        ({"n": -1}, "n=-1"),
+    ],
+)
 def test_arrival_validation(kw: dict[str, float], msg: str) -> None:
     args = {"n": 3, "rate": 1.0, "burstiness": 1.0} | kw
     with pytest.raises(WorkloadError, match=msg):
@@ -196,9 +223,12 @@ def test_lognormal_clip_and_median() -> None:
     assert x.dtype.kind == "i"
     y = LogNormal(median=300, sigma=0.5).sample(20000, rng)
     assert np.median(y) == pytest.approx(300, rel=0.03)
-    for kw, msg in [({"median": 0, "sigma": 1}, "median=0"), ({"median": 10, "sigma": -1}, "sigma=-1"),
-                    ({"median": 10, "sigma": 1, "lo": 9, "hi": 3}, "hi=3 < lo=9"),
-                    ({"median": 10, "sigma": 1, "lo": 0}, "lo=0")]:
+    for kw, msg in [
+        ({"median": 0, "sigma": 1}, "median=0"),
+        ({"median": 10, "sigma": -1}, "sigma=-1"),
+        ({"median": 10, "sigma": 1, "lo": 9, "hi": 3}, "hi=3 < lo=9"),
+        ({"median": 10, "sigma": 1, "lo": 0}, "lo=0"),
+    ]:
         with pytest.raises(WorkloadError, match=msg):
             LogNormal(**kw)  # type: ignore[arg-type]
 
@@ -213,13 +243,16 @@ def test_empirical_interpolates_between_quantiles() -> None:
     assert np.mean(x <= 14) == pytest.approx(0.225, abs=0.01)
 
 
-@pytest.mark.parametrize("q, v, msg", [
-    ((0.0, 1.0), (5.0,), "need >= 2 quantiles"),
-    ((0.1, 1.0), (5.0, 6.0), "from 0 to 1"),
-    ((0.0, 0.5, 0.5, 1.0), (1.0, 2.0, 3.0, 4.0), "q=0.5 does not exceed"),
-    ((0.0, 0.5, 1.0), (1.0, 3.0, 2.0), "value 2.0 at q=1.0 is below"),
-    ((0.0, 1.0), (0.0, 2.0), "value 0.0 at q=0"),
-])
+@pytest.mark.parametrize(
+    "q, v, msg",
+    [
+        ((0.0, 1.0), (5.0,), "need >= 2 quantiles"),
+        ((0.1, 1.0), (5.0, 6.0), "from 0 to 1"),
+        ((0.0, 0.5, 0.5, 1.0), (1.0, 2.0, 3.0, 4.0), "q=0.5 does not exceed"),
+        ((0.0, 0.5, 1.0), (1.0, 3.0, 2.0), "value 2.0 at q=1.0 is below"),
+        ((0.0, 1.0), (0.0, 2.0), "value 0.0 at q=0"),
+    ],
+)
 def test_empirical_validation(q: tuple[float, ...], v: tuple[float, ...], msg: str) -> None:
     with pytest.raises(WorkloadError, match=msg):
         Empirical(q, v)
@@ -290,7 +323,9 @@ def test_chat_rag_mix() -> None:
     assert len(preset("chat-rag", n=40, rate=1.0)) == 40
 
 
-@pytest.mark.parametrize("name, p50_prompt, p50_output", [("azure-conv-like", 1020, 129), ("azure-code-like", 1469, 13)])
+@pytest.mark.parametrize(
+    "name, p50_prompt, p50_output", [("azure-conv-like", 1020, 129), ("azure-code-like", 1469, 13)]
+)
 def test_azure_like_presets(name: str, p50_prompt: int, p50_output: int) -> None:
     w = preset(name, n=4000)
     assert len(w) == 4000 and len(preset(name)) == 500
@@ -302,7 +337,9 @@ def test_azure_like_presets(name: str, p50_prompt: int, p50_output: int) -> None
 def test_every_preset_builds_and_unknown_lists_names() -> None:
     for name in PRESETS:
         assert len(preset(name)) >= 2
-    with pytest.raises(WorkloadError, match="unknown preset 'nope'; valid presets: padding-pair, first-finisher, chat-rag"):
+    with pytest.raises(
+        WorkloadError, match="unknown preset 'nope'; valid presets: padding-pair, first-finisher, chat-rag"
+    ):
         preset("nope")
 
 

@@ -13,6 +13,7 @@ For each HTML page (folders starting with `_`, the theme's assets, are not pages
 Chromium is driven through the DevTools protocol over `--remote-debugging-pipe` (fds 3
 and 4, NUL-separated JSON): no websocket client, no port, no selenium/playwright.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,19 +31,30 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # The flags the machine notes require: without the background-networking ones Chromium
 # keeps trying Google's hosts, which this closed network refuses.
 CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-extensions", "--disable-default-apps", "--no-default-browser-check",
-    "--hide-scrollbars", "--mute-audio", "--window-size=1280,900",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--disable-default-apps",
+    "--no-default-browser-check",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--window-size=1280,900",
 )
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 LOCAL_SCHEMES = {"data", "blob", "about", "chrome-error"}
@@ -71,7 +83,8 @@ def is_local(url: str) -> bool:
 def pages(html: Path) -> list[Path]:
     """Every built page; `_static`, `_sources`, `_images`... hold assets, not pages."""
     return sorted(
-        p for p in html.rglob("*.html")
+        p
+        for p in html.rglob("*.html")
         if not any(part.startswith("_") for part in p.relative_to(html).parts[:-1])
     )
 
@@ -99,12 +112,20 @@ class Browser:
             os.dup2(cw, 4)
 
         self.proc = subprocess.Popen(
-            [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-pipe",
-             "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                chromium,
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={profile}",
+                "--remote-debugging-pipe",
+                "about:blank",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             # close_fds would run after preexec_fn and close 3 and 4 again; Python's own
             # fds are close-on-exec anyway (PEP 446), so nothing else leaks.
-            close_fds=False, preexec_fn=child_fds,
+            close_fds=False,
+            preexec_fn=child_fds,
         )
         os.close(cr)
         os.close(cw)
@@ -146,8 +167,13 @@ class Browser:
             if until(msg):
                 return msg
 
-    def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None,
-             timeout: float = 30.0) -> dict[str, Any]:
+    def call(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        session: str | None = None,
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
         self._next_id += 1
         mid = self._next_id
         msg: dict[str, Any] = {"id": mid, "method": method, "params": params or {}}
@@ -178,6 +204,7 @@ class Browser:
 @dataclass
 class PageWatch:
     """What one page did: its requests and its errors."""
+
     session: str
     inflight: set[str] = field(default_factory=set)
     external: list[str] = field(default_factory=list)
@@ -268,12 +295,22 @@ def _is_redirect(path: Path) -> bool:
 
 
 def set_viewport(browser: Browser, session: str, height: int) -> None:
-    browser.call("Emulation.setDeviceMetricsOverride", {
-        "width": VIEW_W, "height": height, "deviceScaleFactor": 1, "mobile": False}, session)
+    browser.call(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": VIEW_W, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        session,
+    )
 
 
-def check_page(browser: Browser, session: str, base: str, html: Path, page: Path,
-               screens: Path | None, timeout: float = 20.0) -> PageResult:
+def check_page(
+    browser: Browser,
+    session: str,
+    base: str,
+    html: Path,
+    page: Path,
+    screens: Path | None,
+    timeout: float = 20.0,
+) -> PageResult:
     rel = page.relative_to(html).as_posix()
     res = PageResult(rel)
     t0 = time.monotonic()
@@ -287,8 +324,12 @@ def check_page(browser: Browser, session: str, base: str, html: Path, page: Path
     settle_end = time.monotonic() + 10
     while time.monotonic() < settle_end and (watch.inflight or time.monotonic() - watch.last_net < 0.3):
         browser.pump(lambda m: False, 0.1)
-    info = browser.call("Runtime.evaluate", {"expression": INSPECT_JS, "awaitPromise": True,
-                                             "returnByValue": True}, session, timeout=timeout)
+    info = browser.call(
+        "Runtime.evaluate",
+        {"expression": INSPECT_JS, "awaitPromise": True, "returnByValue": True},
+        session,
+        timeout=timeout,
+    )
     if "exceptionDetails" in info:
         res.problems.append(f"inspection script failed: {info['exceptionDetails'].get('text')}")
         info_v: dict[str, Any] = {}
@@ -327,7 +368,7 @@ def check_page(browser: Browser, session: str, base: str, html: Path, page: Path
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (stdlib name)
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
@@ -337,13 +378,15 @@ def check_site(html: Path, screens: Path | None = None, chromium: str | None = N
     chromium = chromium or find_chromium()
     if chromium is None:
         raise FileNotFoundError(
-            "no Chromium found: `make test` installs Debian's chromium; elsewhere set CHROMIUM=/path/to/chrome")
+            "no Chromium found: `make test` installs Debian's chromium; elsewhere set CHROMIUM=/path/to/chrome"
+        )
     if screens is not None:
         screens.mkdir(parents=True, exist_ok=True)
         for old in screens.glob("*.png"):
             old.unlink()
     server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(html)))
+        ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(html))
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
     results: list[PageResult] = []
@@ -351,8 +394,9 @@ def check_site(html: Path, screens: Path | None = None, chromium: str | None = N
         browser = Browser(chromium, Path(profile))
         try:
             target = browser.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-            session = browser.call("Target.attachToTarget",
-                                   {"targetId": target, "flatten": True})["sessionId"]
+            session = browser.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
+                "sessionId"
+            ]
             for domain in ("Page", "Runtime", "Log", "Network"):
                 browser.call(f"{domain}.enable", session=session)
             set_viewport(browser, session, VIEW_H)

@@ -14,6 +14,7 @@ both build the book the same way:
 Staging keeps the build away from `.venv`, caches and the executed copies away from the
 sources (executed notebooks never go to `data/` or back into `chapters/`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,8 @@ def stage_sources(src: Path, repo: Path = REPO) -> None:
     src.mkdir(parents=True)
     for name in ("_config.yml", "_toc.yml"):
         shutil.copy2(repo / name, src / name)
+    # The book's own CSS (glued values in normal weight), named in _config.yml.
+    shutil.copytree(repo / "_static", src / "_static")
     # The book's local Sphinx extension, at the same relative path as in the repository.
     (src / "tools").mkdir()
     shutil.copy2(repo / "tools" / "offline_book.py", src / "tools" / "offline_book.py")
@@ -88,8 +91,11 @@ def execute_all(
         try:
             execute_notebook(nb, out, parameters, kernel, repo)
         except Exception:
-            print(f"[book] FAILED {nb.relative_to(repo)} (executed copy with the error: {out})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[book] FAILED {nb.relative_to(repo)} (executed copy with the error: {out})",
+                file=sys.stderr,
+                flush=True,
+            )
             raise
         print(f"[book]   {nb.relative_to(repo)}: {time.perf_counter() - t0:.1f} s", flush=True)
 
@@ -98,11 +104,19 @@ def build_html(src: Path, build: Path) -> Path:
     """`jupyter-book build -W` of the staging tree; returns the HTML folder `<build>/html`."""
     jb_out = build / "jb"
     cmd = [
-        sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
-        "build", str(src), "--path-output", str(jb_out),
+        sys.executable,
+        "-c",
+        "from jupyter_book.cli.main import main; main()",
+        "build",
+        str(src),
+        "--path-output",
+        str(jb_out),
         # -W: a warning (broken reference, page missing from the toc) fails the build;
         # --keep-going lists all of them first; --all: no stale pages from an old build.
-        "-W", "--keep-going", "--all", "--quiet",
+        "-W",
+        "--keep-going",
+        "--all",
+        "--quiet",
     ]
     # Warnings go to stderr and show as they come; stdout is only Jupyter Book's banner,
     # which names the temporary jb/ folder, so it is shown only if the build fails.
@@ -133,10 +147,17 @@ def build_book(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--build-dir", type=Path, default=REPO / "_build",
-                    help="where src/ (staging) and html/ go (default: _build)")
-    ap.add_argument("--smoke", action="store_true",
-                    help="pass smoke=True to every notebook (tests only; the book uses full parameters)")
+    ap.add_argument(
+        "--build-dir",
+        type=Path,
+        default=REPO / "_build",
+        help="where src/ (staging) and html/ go (default: _build)",
+    )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="pass smoke=True to every notebook (tests only; the book uses full parameters)",
+    )
     ap.add_argument("--kernel", default="python3", help="Jupyter kernel name (default: python3)")
     args = ap.parse_args(argv)
 

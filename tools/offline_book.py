@@ -5,6 +5,7 @@ Binder), yet every page gets its inline config naming a CDN URL, and with Sphinx
 inline script is added twice, which throws "Identifier 'THEBE_JS_URL' has already been
 declared" in the browser. This drops sphinx-thebe's scripts from every page.
 """
+
 from __future__ import annotations
 
 from typing import Any

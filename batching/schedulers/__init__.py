@@ -1,4 +1,5 @@
 """The four schedulers of chapter 7, all torch-free (see ``base.py`` for the contract)."""
+
 from .base import Scheduler
 from .chunked import ChunkedPrefillScheduler
 from .continuous import ContinuousScheduler
@@ -12,13 +13,29 @@ SCHEDULERS = {
     "chunked": ChunkedPrefillScheduler,
 }
 
-__all__ = ["SCHEDULERS", "make_scheduler", "Scheduler", "StaticScheduler", "DynamicScheduler",
-           "ContinuousScheduler", "ChunkedPrefillScheduler"]
+__all__ = [
+    "SCHEDULERS",
+    "make_scheduler",
+    "Scheduler",
+    "StaticScheduler",
+    "DynamicScheduler",
+    "ContinuousScheduler",
+    "ChunkedPrefillScheduler",
+]
 
 
-def make_scheduler(name: str, *, max_context: int, slots: int = 32, timeout: float = 0.0,
-                   prefill_mode: str = "mixed", token_budget: int = 512, chunk_size: int | None = None,
-                   kv_capacity: float = float("inf"), kv_policy: str = "slab") -> Scheduler:
+def make_scheduler(
+    name: str,
+    *,
+    max_context: int,
+    slots: int = 32,
+    timeout: float = 0.0,
+    prefill_mode: str = "mixed",
+    token_budget: int = 512,
+    chunk_size: int | None = None,
+    kv_capacity: float = float("inf"),
+    kv_policy: str = "slab",
+) -> Scheduler:
     """Build a scheduler by name with the CLI's option names (``slots`` is the batch size
     for static and dynamic batching, ``timeout`` their collection timeout / max wait)."""
     kv = {"kv_capacity": kv_capacity, "kv_policy": kv_policy}
@@ -29,7 +46,9 @@ def make_scheduler(name: str, *, max_context: int, slots: int = 32, timeout: flo
     if name == "continuous":
         return ContinuousScheduler(slots, max_context, prefill_mode=prefill_mode, **kv)
     if name == "chunked":
-        return ChunkedPrefillScheduler(slots, max_context, token_budget=token_budget,
-                                       chunk_size=chunk_size, **kv)
+        return ChunkedPrefillScheduler(
+            slots, max_context, token_budget=token_budget, chunk_size=chunk_size, **kv
+        )
     from ..kv import ConfigError
+
     raise ConfigError(f"scheduler={name!r}: must be one of {', '.join(SCHEDULERS)}")

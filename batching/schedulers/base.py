@@ -5,12 +5,13 @@ A scheduler is torch-free: ``schedule(now)`` returns a :class:`~batching.plan.St
 executor carries it out, and ``commit`` applies the step's result. One engine loop drives
 every scheduler (``batching/engine.py``).
 """
+
 from __future__ import annotations
 
 import heapq
 import math
 from collections import deque
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..kv import ConfigError, KVCache
 from ..plan import StepPlan
@@ -24,7 +25,12 @@ def check_int(name: str, value: object, lo: int = 1) -> int:
 
 
 def check_time(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
         raise ConfigError(f"{name}={value!r}: must be a finite number of seconds >= 0")
     return float(value)
 
@@ -34,22 +40,26 @@ class Scheduler:
 
     name = "base"
 
-    def __init__(self, max_slots: int, max_context: int, kv_capacity: float = math.inf,
-                 kv_policy: str = "slab") -> None:
+    def __init__(
+        self, max_slots: int, max_context: int, kv_capacity: float = math.inf, kv_policy: str = "slab"
+    ) -> None:
         self.max_slots = check_int("max_slots", max_slots)
         self.kv = KVCache(kv_capacity, kv_policy, check_int("max_context", max_context))
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []          # holding a slot, in admission order
+        self.running: list[Request] = []  # holding a slot, in admission order
         self._free_slots = list(range(self.max_slots))  # a heap: the lowest free row first
         self.preemptions = 0
         self.num_finished = 0
 
     # ------------------------------------------------------------ config
     def config(self) -> dict:
-        return {"scheduler": self.name, "max_slots": self.max_slots,
-                "max_context": self.kv.max_context,
-                "kv_capacity": None if self.kv.capacity == math.inf else self.kv.capacity,  # None: unlimited
-                "kv_policy": self.kv.policy}
+        return {
+            "scheduler": self.name,
+            "max_slots": self.max_slots,
+            "max_context": self.kv.max_context,
+            "kv_capacity": None if self.kv.capacity == math.inf else self.kv.capacity,  # None: unlimited
+            "kv_policy": self.kv.policy,
+        }
 
     def validate(self, req: Request) -> None:
         """Refuse up front a request that could never run (never leave it waiting forever)."""
@@ -57,10 +67,12 @@ class Scheduler:
         if total > self.kv.max_context:
             raise RequestError(
                 f"request {req.rid}: prompt_len={req.prompt_len} + output_len={req.output_len} = {total} "
-                f"exceeds the model's max_context={self.kv.max_context} (cap the workload to the context)")
+                f"exceeds the model's max_context={self.kv.max_context} (cap the workload to the context)"
+            )
         if not self.kv.fits_alone(total):
             raise RequestError(
-                f"request {req.rid}: needs {total} KV tokens, more than the kv capacity={self.kv.capacity}")
+                f"request {req.rid}: needs {total} KV tokens, more than the kv capacity={self.kv.capacity}"
+            )
 
     # ------------------------------------------------------------ engine API
     def on_arrival(self, req: Request) -> None:

@@ -6,6 +6,7 @@ come first served: requests already part-way through their prefill, then new adm
 A chunk that completes a prefill emits the request's first token in that step, so a long
 new prompt no longer stalls everyone's next token.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,16 +19,23 @@ from .base import Scheduler, check_int
 class ChunkedPrefillScheduler(Scheduler):
     name = "chunked"
 
-    def __init__(self, max_slots: int, max_context: int, token_budget: int = 512,
-                 chunk_size: int | None = None, kv_capacity: float = math.inf,
-                 kv_policy: str = "slab") -> None:
+    def __init__(
+        self,
+        max_slots: int,
+        max_context: int,
+        token_budget: int = 512,
+        chunk_size: int | None = None,
+        kv_capacity: float = math.inf,
+        kv_policy: str = "slab",
+    ) -> None:
         super().__init__(max_slots, max_context, kv_capacity, kv_policy)
         self.token_budget = check_int("token_budget", token_budget)
         self.chunk_size = check_int("chunk_size", token_budget if chunk_size is None else chunk_size)
         if self.token_budget < self.max_slots:
             raise ConfigError(
                 f"token_budget={token_budget} < max_slots={max_slots}: the decodes alone could exceed "
-                f"the budget; use token_budget >= max_slots")
+                f"the budget; use token_budget >= max_slots"
+            )
 
     def config(self) -> dict:
         return {**super().config(), "token_budget": self.token_budget, "chunk_size": self.chunk_size}
@@ -82,5 +90,9 @@ class ChunkedPrefillScheduler(Scheduler):
         if chunks:
             return StepPlan(prefills=chunks, decodes=decodes, slots=self.max_slots)
         # After a preemption the freed KV may admit the queue head next step: not steady.
-        return StepPlan(decodes=decodes, slots=self.max_slots, steady=1 if preempted else self._steady(decodes),
-                        arrival_sensitive=not self.waiting and bool(self._free_slots))
+        return StepPlan(
+            decodes=decodes,
+            slots=self.max_slots,
+            steady=1 if preempted else self._steady(decodes),
+            arrival_sensitive=not self.waiting and bool(self._free_slots),
+        )

@@ -8,6 +8,7 @@ the KV capacity. A newly admitted request's whole prompt is prefilled in one ste
 - ``prefill_mode="separate"``: in a prefill-only step that pauses every decode, as early
   vLLM did (prefill first, whenever a request can be admitted).
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,14 @@ PREFILL_MODES = ("mixed", "separate")
 class ContinuousScheduler(Scheduler):
     name = "continuous"
 
-    def __init__(self, max_slots: int, max_context: int, prefill_mode: str = "mixed",
-                 kv_capacity: float = math.inf, kv_policy: str = "slab") -> None:
+    def __init__(
+        self,
+        max_slots: int,
+        max_context: int,
+        prefill_mode: str = "mixed",
+        kv_capacity: float = math.inf,
+        kv_policy: str = "slab",
+    ) -> None:
         super().__init__(max_slots, max_context, kv_capacity, kv_policy)
         if prefill_mode not in PREFILL_MODES:
             raise ConfigError(f"prefill_mode={prefill_mode!r}: must be one of {', '.join(PREFILL_MODES)}")
@@ -64,5 +71,9 @@ class ContinuousScheduler(Scheduler):
         if not decodes:
             return None
         # After a preemption the freed KV may admit the queue head next step: not steady.
-        return StepPlan(decodes=decodes, slots=self.max_slots, steady=1 if preempted else self._steady(decodes),
-                        arrival_sensitive=not self.waiting and bool(self._free_slots))
+        return StepPlan(
+            decodes=decodes,
+            slots=self.max_slots,
+            steady=1 if preempted else self._steady(decodes),
+            arrival_sensitive=not self.waiting and bool(self._free_slots),
+        )

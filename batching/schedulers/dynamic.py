@@ -5,6 +5,7 @@ wait or the oldest has waited ``max_wait``; requests that arrive while a batch f
 while the previous batch runs) join it. Once decoding starts it is a static batch: same
 padding, same first-finisher problem.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,14 @@ from .static import DenseBatchScheduler
 class DynamicScheduler(DenseBatchScheduler):
     name = "dynamic"
 
-    def __init__(self, batch_size: int, max_context: int, max_wait: float = 0.0,
-                 kv_capacity: float = math.inf, kv_policy: str = "slab") -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        max_context: int,
+        max_wait: float = 0.0,
+        kv_capacity: float = math.inf,
+        kv_policy: str = "slab",
+    ) -> None:
         super().__init__(batch_size, max_context, kv_capacity, kv_policy)
         self.max_wait = check_time("max_wait", max_wait)
 

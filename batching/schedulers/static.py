@@ -5,6 +5,7 @@ the dense batch keeps computing the rows of members that have already finished (
 tokens are thrown away) until its longest member ends. That is the first-finisher problem,
 and those rows are real work in the plan (``StepPlan.dead``).
 """
+
 from __future__ import annotations
 
 import math
@@ -22,14 +23,16 @@ class DenseBatchScheduler(Scheduler):
     Subclasses decide when a batch is formed (``_next_batch``).
     """
 
-    def __init__(self, batch_size: int, max_context: int, kv_capacity: float = math.inf,
-                 kv_policy: str = "slab") -> None:
+    def __init__(
+        self, batch_size: int, max_context: int, kv_capacity: float = math.inf, kv_policy: str = "slab"
+    ) -> None:
         super().__init__(check_int("batch_size", batch_size), max_context, kv_capacity, kv_policy)
         # The dense cache is [batch_size, max_context]: refuse a batch the KV budget can't hold.
         if batch_size * max_context > kv_capacity:
             raise ConfigError(
                 f"batch_size={batch_size} x max_context={max_context} = {batch_size * max_context} KV tokens "
-                f"exceeds kv capacity={kv_capacity}: a static batch reserves its dense cache up front")
+                f"exceeds kv capacity={kv_capacity}: a static batch reserves its dense cache up front"
+            )
         self.batch: list[Request] = []
 
     def config(self) -> dict:
@@ -52,8 +55,13 @@ class DenseBatchScheduler(Scheduler):
             dead = [r for r in self.batch if r.done]
             for r in live:  # capacity was checked for the whole dense batch at construction
                 self.kv.reserve(r, 1)
-            return StepPlan(decodes=live, dead=dead, slots=self.max_slots,
-                            steady=self._steady(live), arrival_sensitive=False)
+            return StepPlan(
+                decodes=live,
+                dead=dead,
+                slots=self.max_slots,
+                steady=self._steady(live),
+                arrival_sensitive=False,
+            )
         members = self._next_batch(now)
         if not members:
             return None
@@ -61,8 +69,11 @@ class DenseBatchScheduler(Scheduler):
         for r in members:
             self._admit(r, now, longest)
         self.batch = members
-        return StepPlan(prefills=[PrefillChunk(r, r.prefill_target, longest - r.prefill_target) for r in members],
-                        slots=self.max_slots, arrival_sensitive=False)
+        return StepPlan(
+            prefills=[PrefillChunk(r, r.prefill_target, longest - r.prefill_target) for r in members],
+            slots=self.max_slots,
+            arrival_sensitive=False,
+        )
 
     def _retire(self, emitted: list[Request]) -> None:
         # Finished members keep their row (and KV) until the whole batch is done.
@@ -84,8 +95,14 @@ class StaticScheduler(DenseBatchScheduler):
 
     name = "static"
 
-    def __init__(self, batch_size: int, max_context: int, timeout: float = 0.0,
-                 kv_capacity: float = math.inf, kv_policy: str = "slab") -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        max_context: int,
+        timeout: float = 0.0,
+        kv_capacity: float = math.inf,
+        kv_policy: str = "slab",
+    ) -> None:
         super().__init__(batch_size, max_context, kv_capacity, kv_policy)
         self.timeout = check_time("timeout", timeout)
         self.forming: list[Request] = []

@@ -33,10 +33,12 @@ so that no timed step pays a capture). On a CPU there is nothing to capture: wit
 ``capture=False`` the same fixed-shape step runs eagerly, which is how the tests check it
 against the eager path.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -87,7 +89,7 @@ def gqa_decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tenso
     ``sdpa``'s GQA): as G queries of head j they need no copy of K and V."""
     B, H, D = q.shape
     K = k.shape[1]
-    o = sdpa(q.view(B, K, H // K, D), k, v, mask)     # [B, K, G, D]
+    o = sdpa(q.view(B, K, H // K, D), k, v, mask)  # [B, K, G, D]
     return o.reshape(B, H, D)
 
 
@@ -102,7 +104,7 @@ class _Graph:
 
     inp: Tensor
     logits: Tensor | None
-    graph: Any   # torch.cuda.CUDAGraph (replay()), None where nothing is captured
+    graph: Any  # torch.cuda.CUDAGraph (replay()), None where nothing is captured
 
 
 class DecodeGraphs:
@@ -110,11 +112,11 @@ class DecodeGraphs:
 
     ``capture=False`` runs the same fixed-shape step eagerly (CPU, tests)."""
 
-    def __init__(self, runner: "ModelRunner", capture: bool) -> None:
+    def __init__(self, runner: ModelRunner, capture: bool) -> None:
         if capture and runner.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {runner.device}")
         self.r, self.capture = runner, capture
-        self.scratch = runner.slots               # the extra slab padding rows write into
+        self.scratch = runner.slots  # the extra slab padding rows write into
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self.captures = 0
@@ -132,26 +134,27 @@ class DecodeGraphs:
         """The fixed-shape step: inp [3, N] (ids, positions, slots) -> logits [N, V]."""
         r = self.r
         ids, pos, slot = inp[0], inp[1], inp[2]
-        slabs = r.k_cache.shape[1]                                        # S + 1 (the scratch slab)
+        slabs = r.k_cache.shape[1]  # S + 1 (the scratch slab)
         view = inp.shape[1] * GATHER_PASSES >= slabs
-        if view:   # every slab's query row: the batch's at its slot, position 0 elsewhere
-            pos = torch.zeros(slabs, dtype=pos.dtype, device=r.device).index_copy_(0, slot, pos)   # [S+1]
-        seen = torch.arange(length, device=r.device)[None, :] <= pos[:, None]         # [N, L]
+        if view:  # every slab's query row: the batch's at its slot, position 0 elsewhere
+            pos = torch.zeros(slabs, dtype=pos.dtype, device=r.device).index_copy_(0, slot, pos)  # [S+1]
+        seen = torch.arange(length, device=r.device)[None, :] <= pos[:, None]  # [N, L]
         # Additive, made once per step: a boolean mask is converted inside every layer's SDPA call.
-        mask = torch.zeros(seen.shape, dtype=r.dtype, device=r.device).masked_fill_(
-            ~seen, float("-inf"))[:, None, None, :]                                   # [N, 1, 1, L]
+        mask = torch.zeros(seen.shape, dtype=r.dtype, device=r.device).masked_fill_(~seen, float("-inf"))[
+            :, None, None, :
+        ]  # [N, 1, 1, L]
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            kc, vc = r._layers[layer]                                     # [S+1, K, max_len, D]
-            kc[slot, :, inp[1]] = k                                       # k [N, K, D]
+            kc, vc = r._layers[layer]  # [S+1, K, max_len, D]
+            kc[slot, :, inp[1]] = k  # k [N, K, D]
             vc[slot, :, inp[1]] = v
             if view:
-                qs = q.new_zeros((slabs,) + q.shape[1:]).index_copy_(0, slot, q)   # [S+1, H, D]
+                qs = q.new_zeros((slabs,) + q.shape[1:]).index_copy_(0, slot, q)  # [S+1, H, D]
                 o = gqa_decode_attention(qs, kc.narrow(2, 0, length), vc.narrow(2, 0, length), mask)
-                return o.index_select(0, slot)                            # [N, H, D]
-            ks = kc.narrow(2, 0, length).index_select(0, slot)           # [N, K, L, D]: a gather
+                return o.index_select(0, slot)  # [N, H, D]
+            ks = kc.narrow(2, 0, length).index_select(0, slot)  # [N, K, L, D]: a gather
             vs = vc.narrow(2, 0, length).index_select(0, slot)
-            return gqa_decode_attention(q, ks, vs, mask)                 # [N, H, D]
+            return gqa_decode_attention(q, ks, vs, mask)  # [N, H, D]
 
         return r.model(ids, inp[1], attend)
 
@@ -164,9 +167,10 @@ class DecodeGraphs:
             return _Graph(inp, None, None)
         try:
             g, logits = self._capture(lambda: self._step(inp, length))
-        except RuntimeError as e:   # an op that cannot be captured, or out of memory
-            raise GraphCaptureError(f"capturing the decode graph of {rows} rows x {length} positions "
-                                    f"failed: {e}") from e
+        except RuntimeError as e:  # an op that cannot be captured, or out of memory
+            raise GraphCaptureError(
+                f"capturing the decode graph of {rows} rows x {length} positions failed: {e}"
+            ) from e
         self.captures += 1
         return _Graph(inp, logits, g)
 
@@ -191,6 +195,7 @@ class DecodeGraphs:
     def _padding(self, rows: int, start: int = 0) -> Tensor:
         """[3, rows - start] of padding rows: PAD_ID at distinct positions of the scratch slab."""
         from .runner import PAD_ID
+
         n = rows - start
         out = np.empty((3, n), dtype=np.int64)
         out[0] = PAD_ID

@@ -1,10 +1,12 @@
 """7.2 Continuous batching: schedulers compared on real traffic, rate sweeps, how many
 iterations a short request lives through, and the first finisher's freed slot.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -16,8 +18,9 @@ from .common import at, flat, metrics, simulate
 
 
 # ------------------------------------------------------------------------------- 7.2
-def compare_schedulers(workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]]
-                       ) -> dict[str, dict[str, float]]:
+def compare_schedulers(
+    workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, float]]:
     """7.2: one run per named configuration on the same workload; returns :func:`metrics`
     per name. A config is ``{"scheduler": ..., "slots": ..., **options}`` (see :func:`simulate`)."""
     out = {}
@@ -27,8 +30,9 @@ def compare_schedulers(workload: Workload, cost: Any, configs: Mapping[str, Mapp
     return out
 
 
-def rate_sweep(workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]],
-               time_scales: Sequence[float]) -> dict[str, dict[str, np.ndarray]]:
+def rate_sweep(
+    workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], time_scales: Sequence[float]
+) -> dict[str, dict[str, np.ndarray]]:
     """7.2 / 7.3: every configuration at every arrival rate.
 
     The workload is replayed ``k`` times faster for each ``k`` in ``time_scales`` (the same
@@ -51,8 +55,12 @@ def rate_sweep(workload: Workload, cost: Any, configs: Mapping[str, Mapping[str,
     return {name: {k: np.asarray(v) for k, v in d.items()} for name, d in out.items()}
 
 
-def sweep_numbers(sweep: Mapping[str, Mapping[str, np.ndarray]], points: Mapping[str, float],
-                  keys: Sequence[str], key: str = "time_scale") -> dict[str, float]:
+def sweep_numbers(
+    sweep: Mapping[str, Mapping[str, np.ndarray]],
+    points: Mapping[str, float],
+    keys: Sequence[str],
+    key: str = "time_scale",
+) -> dict[str, float]:
     """7.2: glue-ready numbers of a :func:`rate_sweep`: ``<tag>_<config>_<metric>`` for each
     ``{tag: value of key}`` in ``points`` and each metric in ``keys``, plus
     ``sat_<config>_throughput_{req,tok}`` (:func:`saturation`)."""
@@ -68,8 +76,13 @@ def sweep_numbers(sweep: Mapping[str, Mapping[str, np.ndarray]], points: Mapping
 def saturation(sweep: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, dict[str, float]]:
     """7.2: the highest throughput each configuration reached over a rate sweep (its capacity,
     if the sweep went past it): ``throughput_req`` and ``throughput_tok``."""
-    return {name: {"throughput_req": float(d["throughput_req"].max()),
-                   "throughput_tok": float(d["throughput_tok"].max())} for name, d in sweep.items()}
+    return {
+        name: {
+            "throughput_req": float(d["throughput_req"].max()),
+            "throughput_tok": float(d["throughput_tok"].max()),
+        }
+        for name, d in sweep.items()
+    }
 
 
 def with_probes(workload: Workload, every: int = 10, output: int = 20) -> tuple[Workload, list[int]]:
@@ -83,13 +96,15 @@ def with_probes(workload: Workload, every: int = 10, output: int = 20) -> tuple[
     idx = np.arange(0, len(workload), every)
     outs[idx] = output
     info = {**workload.info, "probes": {"every": every, "output": output}}
-    w = Workload.from_arrays(workload.arrivals, workload.prompt_lens, outs, name=workload.name,
-                             info=info, rids=workload.rids)
+    w = Workload.from_arrays(
+        workload.arrivals, workload.prompt_lens, outs, name=workload.name, info=info, rids=workload.rids
+    )
     return w, [workload.rids[i] for i in idx]
 
 
-def probe_runs(workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]],
-               probes: Sequence[int]) -> dict[str, dict[str, np.ndarray]]:
+def probe_runs(
+    workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], probes: Sequence[int]
+) -> dict[str, dict[str, np.ndarray]]:
     """7.2: :func:`iterations` of the probe requests under each configuration
     (``{name: {"scheduler": ..., **options}}``, as :func:`compare_schedulers`)."""
     out = {}
@@ -109,7 +124,7 @@ def _steps_ended_by(result: RunResult, times: np.ndarray) -> np.ndarray:
     end = t0 + dur
     cum = np.concatenate([[0.0], np.cumsum(n)])
     eps = 1e-9 * max(1.0, float(end[-1]))
-    i = np.searchsorted(end, times + eps, side="right")          # rows fully ended
+    i = np.searchsorted(end, times + eps, side="right")  # rows fully ended
     out = cum[i].copy()
     inside = (i < len(end)) & (times > t0[np.minimum(i, len(end) - 1)] + eps)
     j = i[inside]
@@ -132,10 +147,12 @@ def iterations(result: RunResult, rids: Sequence[int] | None = None) -> dict[str
     arr = np.array([r.arrival for r in reqs], dtype=float)
     done = _steps_ended_by(result, fin)
     return {
-        "rid": np.array([r.rid for r in reqs]), "output_len": np.array([r.output_len for r in reqs]),
+        "rid": np.array([r.rid for r in reqs]),
+        "output_len": np.array([r.output_len for r in reqs]),
         "from_admission": done - _steps_ended_by(result, adm),
         "from_arrival": done - _steps_ended_by(result, arr),
-        "e2e": fin - arr, "service": fin - adm,
+        "e2e": fin - arr,
+        "service": fin - adm,
     }
 
 
@@ -148,10 +165,15 @@ def subset_latency(result: RunResult, rids: Sequence[int]) -> dict[str, float]:
         raise ValueError("subset_latency(): none of the rids is in the run")
     e2e = np.array([x["e2e"] for x in recs])
     start = min(r.arrival for r in result.requests)
-    return {"n": float(len(recs)), "ttft_mean": float(np.mean([x["ttft"] for x in recs])),
-            "e2e_mean": float(e2e.mean()), "e2e_p50": float(np.median(e2e)), "e2e_p99": float(np.percentile(e2e, 99)),
-            "queue_mean": float(np.mean([x["queue"] for x in recs])),
-            "last_finish": float(max(x["finish"] for x in recs) - start)}
+    return {
+        "n": float(len(recs)),
+        "ttft_mean": float(np.mean([x["ttft"] for x in recs])),
+        "e2e_mean": float(e2e.mean()),
+        "e2e_p50": float(np.median(e2e)),
+        "e2e_p99": float(np.percentile(e2e, 99)),
+        "queue_mean": float(np.mean([x["queue"] for x in recs])),
+        "last_finish": float(max(x["finish"] for x in recs) - start),
+    }
 
 
 def decode_compute_share(cost: Any, rows: int) -> float:
@@ -172,18 +194,30 @@ def first_finisher_queue(extra: int = 64, gap: float = 0.05, prompt: int = 128, 
     a = np.concatenate([base.arrivals, gap * np.arange(1, extra + 1)])
     p = np.concatenate([base.prompt_lens, np.full(extra, prompt)])
     o = np.concatenate([base.output_lens, np.full(extra, output)])
-    return Workload.from_arrays(a, p, o, name="first-finisher+queue",
-                                info={"source": "experiments.first_finisher_queue", "extra": extra, "gap": gap})
+    return Workload.from_arrays(
+        a,
+        p,
+        o,
+        name="first-finisher+queue",
+        info={"source": "experiments.first_finisher_queue", "extra": extra, "gap": gap},
+    )
 
 
 def probe_summary(its: Mapping[str, np.ndarray], probe: int) -> dict[str, float]:
     """7.2: how the probes' iterations and times are distributed (for the prose)."""
     fa, fr, sv = its["from_admission"], its["from_arrival"], its["service"]
-    return {"n": float(len(fa)), "exact_fraction": float(np.mean(fa == probe)),
-            "admission_p50": float(np.median(fa)), "admission_max": float(fa.max()),
-            "arrival_p50": float(np.median(fr)), "arrival_p99": float(np.percentile(fr, 99)),
-            "service_p50": float(np.median(sv)), "service_p99": float(np.percentile(sv, 99)),
-            "e2e_p50": float(np.median(its["e2e"])), "e2e_p99": float(np.percentile(its["e2e"], 99))}
+    return {
+        "n": float(len(fa)),
+        "exact_fraction": float(np.mean(fa == probe)),
+        "admission_p50": float(np.median(fa)),
+        "admission_max": float(fa.max()),
+        "arrival_p50": float(np.median(fr)),
+        "arrival_p99": float(np.percentile(fr, 99)),
+        "service_p50": float(np.median(sv)),
+        "service_p99": float(np.percentile(sv, 99)),
+        "e2e_p50": float(np.median(its["e2e"])),
+        "e2e_p99": float(np.percentile(its["e2e"], 99)),
+    }
 
 
 def dense_batches(result: RunResult) -> dict[str, float]:
@@ -195,12 +229,17 @@ def dense_batches(result: RunResult) -> dict[str, float]:
         raise ValueError(f"dense_batches(): {result.scheduler.get('scheduler')!r} does not run dense batches")
     adm = np.array([r.admit_time for r in result.requests], dtype=float)
     _, members = np.unique(adm, return_counts=True)
-    return {"n": float(len(members)), "mean": float(members.mean()), "p50": float(np.median(members)),
-            "full_share": float(np.mean(members == int(result.scheduler["max_slots"])))}
+    return {
+        "n": float(len(members)),
+        "mean": float(members.mean()),
+        "p50": float(np.median(members)),
+        "full_share": float(np.mean(members == int(result.scheduler["max_slots"]))),
+    }
 
 
-def batch_fill(workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]]
-               ) -> dict[str, dict[str, float]]:
+def batch_fill(
+    workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, float]]:
     """7.2: :func:`dense_batches` of every static or dynamic configuration (configs as
     :func:`compare_schedulers`; the others are skipped), each run once on ``workload``. Static
     configurations also get ``timeout_expect``: 1 + offered rate x timeout, the members a
@@ -218,8 +257,9 @@ def batch_fill(workload: Workload, cost: Any, configs: Mapping[str, Mapping[str,
     return out
 
 
-def metric_range(sweep: Mapping[str, Mapping[str, np.ndarray]], metric: str, value: float,
-                 key: str = "time_scale") -> dict[str, Any]:
+def metric_range(
+    sweep: Mapping[str, Mapping[str, np.ndarray]], metric: str, value: float, key: str = "time_scale"
+) -> dict[str, Any]:
     """7.2: the lowest and highest ``metric`` over the configurations of a :func:`rate_sweep`
     where ``sweep[key] == value``: ``lo``, ``hi`` and the configurations ``lo_name``, ``hi_name``."""
     vals = {name: at(d, key, value)[metric] for name, d in sweep.items()}
@@ -227,8 +267,9 @@ def metric_range(sweep: Mapping[str, Mapping[str, np.ndarray]], metric: str, val
     return {"lo": vals[lo], "hi": vals[hi], "lo_name": lo, "hi_name": hi}
 
 
-def hw_compute_text(hw: Mapping[str, float], static_batch: float, slots: int, timeout: float,
-                    tol: float = 0.10) -> str:
+def hw_compute_text(
+    hw: Mapping[str, float], static_batch: float, slots: int, timeout: float, tol: float = 0.10
+) -> str:
     """7.2, the verdict on hardware utilization: all-FLOP compute utilization of dynamic
     batching against continuous batching (``hw``: {"static", "dynamic", "continuous": share
     of peak} at one load), within ``tol`` (relative) said to be "about as busy", and where
@@ -240,14 +281,21 @@ def hw_compute_text(hw: Mapping[str, float], static_batch: float, slots: int, ti
         how = "about as busy as"
     else:
         how = "busier than" if dy > co else "less busy than"
-    text = (f"Counting every FLOP, dynamic batching keeps the device {how} continuous batching ({dy:.0%} "
-            f"against {co:.0%})")
-    text += (", because padding and dead rows are real FLOPs." if dy >= co * (1 - tol) else
-             ", even with its padding and dead rows counted as the real FLOPs they are.")
+    text = (
+        f"Counting every FLOP, dynamic batching keeps the device {how} continuous batching ({dy:.0%} "
+        f"against {co:.0%})"
+    )
+    text += (
+        ", because padding and dead rows are real FLOPs."
+        if dy >= co * (1 - tol)
+        else ", even with its padding and dead rows counted as the real FLOPs they are."
+    )
     if st < co * (1 - tol):
-        return text + (f" Static batching's {st:.0%} is lower because its batches are small: its {timeout:g} s "
-                       f"timeout seals them at {static_batch:.1f} requests on average, of {slots} slots, and a "
-                       f"decode step of few rows does few FLOPs.")
+        return text + (
+            f" Static batching's {st:.0%} is lower because its batches are small: its {timeout:g} s "
+            f"timeout seals them at {static_batch:.1f} requests on average, of {slots} slots, and a "
+            f"decode step of few rows does few FLOPs."
+        )
     return text + f" Static batching keeps it at {st:.0%}."
 
 
@@ -258,17 +306,22 @@ def slab_text(cost: Any, slots: int) -> str:
     whether that many slabs or the ``slots`` limit how many requests run at once."""
     cap, ctx = int(cost.kv_capacity()), int(cost.model.max_context)
     slabs = cap // ctx
-    limit = (f"{slabs} slabs, more than the {slots} slots, so memory never limits these runs"
-             if slabs >= slots else
-             f"only {slabs} slabs for {slots} slots, so memory, not the slots, limits how many requests run at once")
-    return (f"Each simulated request reserves its KV cache as one slab of the model's full context "
-            f"({ctx:,} tokens) when it is admitted (`kv_policy=\"slab\"`; the KV page compares it with "
-            f"exact reservations), out of the {cap:,} KV tokens that fit in the devices' memory after "
-            f"the weights and a {MEM_RESERVE:.0%} reserve: {limit}.")
+    limit = (
+        f"{slabs} slabs, more than the {slots} slots, so memory never limits these runs"
+        if slabs >= slots
+        else f"only {slabs} slabs for {slots} slots, so memory, not the slots, limits how many requests run at once"
+    )
+    return (
+        f"Each simulated request reserves its KV cache as one slab of the model's full context "
+        f'({ctx:,} tokens) when it is admitted (`kv_policy="slab"`; the KV page compares it with '
+        f"exact reservations), out of the {cap:,} KV tokens that fit in the devices' memory after "
+        f"the weights and a {MEM_RESERVE:.0%} reserve: {limit}."
+    )
 
 
-def bend_text(sweep: Mapping[str, Mapping[str, np.ndarray]], name: str, timeout: float,
-              metric: str = "e2e_p99") -> str:
+def bend_text(
+    sweep: Mapping[str, Mapping[str, np.ndarray]], name: str, timeout: float, metric: str = "e2e_p99"
+) -> str:
     """7.2: one sentence on whether configuration ``name`` of a :func:`rate_sweep` (a static
     batcher with ``timeout``) bends back on the throughput-latency plot: its ``metric``
     peaks at some replay speed and then falls while the load keeps rising."""
@@ -277,6 +330,8 @@ def bend_text(sweep: Mapping[str, Mapping[str, np.ndarray]], name: str, timeout:
     i = int(np.argmax(y))
     if i == len(y) - 1:
         return f"The {name} curve rises with the load over the whole sweep."
-    return (f"The {name} curve bends back: past {k[i]:g}x its latency falls as the load rises "
-            f"({y[i]:,.0f} s to {y[-1]:,.0f} s at {metric.split('_')[-1]} by {k[-1]:g}x), because faster "
-            f"arrivals fill more of each batch before its {timeout:g} s timeout seals it.")
+    return (
+        f"The {name} curve bends back: past {k[i]:g}x its latency falls as the load rises "
+        f"({y[i]:,.0f} s to {y[-1]:,.0f} s at {metric.split('_')[-1]} by {k[-1]:g}x), because faster "
+        f"arrivals fill more of each batch before its {timeout:g} s timeout seals it."
+    )

@@ -5,30 +5,37 @@ step's duration changes, from a cost model's prediction to a measurement (conven
 "Requests, steps and time"). Used by every section of chapter 7 that shows a real run
 (7.1 static padding, 7.2 continuous, 7.3 chunked) and by the "Why batching" CPU curves.
 """
+
 from __future__ import annotations
 
 import platform
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
+from ..costs import RooflineCost
+from ..devices import get_device
+from ..engine import RunResult, StepResult, run
+from ..models import ModelShape, get_model
+from ..plan import StepPlan
+from ..request import Request, RequestError
+from ..schedulers.base import Scheduler
+from ..workload import Workload
 from .checkpoint import load_hf_checkpoint, read_config
-from .costs import RooflineCost
-from .devices import get_device
-from .engine import RunResult, StepResult, run
 from .model import ModelConfig
-from .models import ModelShape, get_model
-from .plan import StepPlan
-from .request import Request, RequestError
 from .runner import ModelRunner, check_model_fits
-from .schedulers.base import Scheduler
-from .workload import Workload
 
-_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "float32": torch.float32,
-                                   "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-                                   "fp64": torch.float64, "float64": torch.float64}
+_DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp64": torch.float64,
+    "float64": torch.float64,
+}
 REGISTRY_DTYPE: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 # Substring of torch.cuda.get_device_name() -> registry device (datasheet numbers of the SXM parts).
 CUDA_NAMES: tuple[tuple[str, str], ...] = (("H200", "H200-SXM"), ("H100", "H100-SXM"), ("A100", "A100-SXM"))
@@ -110,8 +117,13 @@ class RealExecutor:
     predict its next steps, it has to run them.
     """
 
-    def __init__(self, runner: ModelRunner, device: str | torch.device | None = None,
-                 warmup: bool = True, warmup_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        device: str | torch.device | None = None,
+        warmup: bool = True,
+        warmup_tokens: int = 0,
+    ) -> None:
         if device is not None and resolve_device(device).type != runner.device.type:
             raise ValueError(f"device={device!r} but the runner's model is on {runner.device}")
         self.runner = runner
@@ -157,22 +169,42 @@ class RealExecutor:
         """What ran (model, dtype, device, torch, threads, matmul form): the results file's
         executor record for every real run of 7.1-7.3."""
         r = self.runner
-        return {"executor": "real", "model": r.cfg.name, "params": r.model.num_params(),
-                "dtype": str(r.dtype).removeprefix("torch."), "device": str(r.device),
-                "device_name": device_name(r.device), "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
-                "linear": r.model.linear_form,
-                "batch1_copy_bytes": r.model.batch1_bytes(),
-                "decode_graphs": r.graphs_info(),
-                "slots": r.slots, "max_len": r.max_len, "kv_cache_bytes": r.kv_bytes, "seed": r.seed,
-                "rope_theta": r.cfg.rope_theta, "warmup_s": self.warmup_s,
-                "hardware": None if self.cost is None else self.cost.device.name}
+        return {
+            "executor": "real",
+            "model": r.cfg.name,
+            "params": r.model.num_params(),
+            "dtype": str(r.dtype).removeprefix("torch."),
+            "device": str(r.device),
+            "device_name": device_name(r.device),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "linear": r.model.linear_form,
+            "batch1_copy_bytes": r.model.batch1_bytes(),
+            "decode_graphs": r.graphs_info(),
+            "slots": r.slots,
+            "max_len": r.max_len,
+            "kv_cache_bytes": r.kv_bytes,
+            "seed": r.seed,
+            "rope_theta": r.cfg.rope_theta,
+            "warmup_s": self.warmup_s,
+            "hardware": None if self.cost is None else self.cost.device.name,
+        }
 
 
-def run_real(workload_requests: Workload | Iterable[Request], scheduler: Scheduler, model_name: str | None,
-             device: str | torch.device = "auto", dtype: str | torch.dtype | None = None, seed: int = 0,
-             threads: int | None = None, max_len: int | None = None, checkpoint: str | Path | None = None,
-             runner: ModelRunner | None = None, graphs: bool | None = None, **run_kw: Any) -> RunResult:
+def run_real(
+    workload_requests: Workload | Iterable[Request],
+    scheduler: Scheduler,
+    model_name: str | None,
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype | None = None,
+    seed: int = 0,
+    threads: int | None = None,
+    max_len: int | None = None,
+    checkpoint: str | Path | None = None,
+    runner: ModelRunner | None = None,
+    graphs: bool | None = None,
+    **run_kw: Any,
+) -> RunResult:
     """Serve a workload with ``scheduler`` on a real model (7.1-7.3); ``run_kw`` go to ``engine.run``.
 
     Every request stops at its trace output length (EOS ignored, as vLLM's benchmark
@@ -188,15 +220,23 @@ def run_real(workload_requests: Workload | Iterable[Request], scheduler: Schedul
     """
     reqs = workload_requests.fresh() if isinstance(workload_requests, Workload) else list(workload_requests)
     if runner is not None:
-        if (checkpoint is not None or device != "auto" or dtype is not None or max_len is not None
-                or graphs is not None):
-            raise ValueError("run_real(runner=...) takes its model, device, dtype, max_len and graphs from the "
-                             "runner: pass none of checkpoint, device, dtype, max_len, graphs")
+        if (
+            checkpoint is not None
+            or device != "auto"
+            or dtype is not None
+            or max_len is not None
+            or graphs is not None
+        ):
+            raise ValueError(
+                "run_real(runner=...) takes its model, device, dtype, max_len and graphs from the "
+                "runner: pass none of checkpoint, device, dtype, max_len, graphs"
+            )
         if model_name is not None and model_name != runner.cfg.name:
             raise ValueError(f"model {model_name!r} but the runner holds {runner.cfg.name!r}")
         if runner.slots < scheduler.max_slots:
-            raise ValueError(f"the runner has slots={runner.slots} but the scheduler uses "
-                             f"max_slots={scheduler.max_slots}")
+            raise ValueError(
+                f"the runner has slots={runner.slots} but the scheduler uses max_slots={scheduler.max_slots}"
+            )
         shape: ModelShape = runner.cfg
     elif checkpoint is not None:
         shape: ModelShape = read_config(checkpoint)
@@ -213,16 +253,24 @@ def run_real(workload_requests: Workload | Iterable[Request], scheduler: Schedul
     limit = runner.max_len if runner is not None else shape.max_context if max_len is None else max_len
     for r in reqs:
         if r.prompt_len + r.output_len > limit:
-            raise RequestError(f"request {r.rid}: prompt_len={r.prompt_len} + output_len={r.output_len} "
-                               f"exceeds the runner's max_len={limit}")
+            raise RequestError(
+                f"request {r.rid}: prompt_len={r.prompt_len} + output_len={r.output_len} "
+                f"exceeds the runner's max_len={limit}"
+            )
     if runner is not None:
         runner.history.clear()
     elif checkpoint is None:
-        runner = ModelRunner.from_shape(shape, scheduler.max_slots, device=dev, dtype=dt, seed=seed,
-                                        max_len=max_len, graphs=graphs)
+        runner = ModelRunner.from_shape(
+            shape, scheduler.max_slots, device=dev, dtype=dt, seed=seed, max_len=max_len, graphs=graphs
+        )
     else:
-        check_model_fits(shape, scheduler.max_slots, dev, dt, max_len, graphs=graphs)   # before loading the weights
-        runner = ModelRunner(load_hf_checkpoint(checkpoint, dev, dt), scheduler.max_slots, max_len, seed,
-                             graphs=graphs)
+        check_model_fits(
+            shape, scheduler.max_slots, dev, dt, max_len, graphs=graphs
+        )  # before loading the weights
+        runner = ModelRunner(
+            load_hf_checkpoint(checkpoint, dev, dt), scheduler.max_slots, max_len, seed, graphs=graphs
+        )
     # The warm-up prefills the scheduler's largest step; the runner caps it at its slabs.
-    return run(reqs, scheduler, RealExecutor(runner, warmup_tokens=scheduler.max_step_prompt_tokens), **run_kw)
+    return run(
+        reqs, scheduler, RealExecutor(runner, warmup_tokens=scheduler.max_step_prompt_tokens), **run_kw
+    )

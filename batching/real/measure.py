@@ -10,6 +10,7 @@ Only torch and numpy are needed (the GPU machine has no jupyter). Decode sweeps 
 real prefills: the KV slab's contents do not change a step's cost, so rows simply sit at
 the context length being measured (conventions, "Practical notes").
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -18,16 +19,17 @@ import platform
 import socket
 import statistics
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from ..models import get_model
+from ..plan import PrefillChunk, StepPlan
+from ..request import Request
+from .executor import CUDA_NAMES, REGISTRY_DTYPE, device_name, resolve_device, resolve_dtype
 from .model import split_ways
-from .models import get_model
-from .real import device_name, resolve_device, resolve_dtype, CUDA_NAMES, REGISTRY_DTYPE
-from .plan import PrefillChunk, StepPlan
-from .request import Request
 from .runner import SPAN_PER_ROW, ModelRunner
 
 PROFILE_SCHEMA = 1
@@ -55,8 +57,14 @@ def time_fn(fn: Callable[[], Any], device: torch.device, reps: int, warmup: int 
 def stats(ts: list[float]) -> dict[str, float]:
     """Median and spread (min, quartiles, max) in milliseconds."""
     q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
-    return {"median_ms": statistics.median(ts) * 1e3, "min_ms": min(ts) * 1e3,
-            "p25_ms": q[0] * 1e3, "p75_ms": q[2] * 1e3, "max_ms": max(ts) * 1e3, "reps": len(ts)}
+    return {
+        "median_ms": statistics.median(ts) * 1e3,
+        "min_ms": min(ts) * 1e3,
+        "p25_ms": q[0] * 1e3,
+        "p75_ms": q[2] * 1e3,
+        "max_ms": max(ts) * 1e3,
+        "reps": len(ts),
+    }
 
 
 # ------------------------------------------------------------------ the device
@@ -70,19 +78,21 @@ def _matvecs(src: Tensor) -> dict[str, tuple[Callable[[], Any], int]]:
     same split one piece of the input dimension per thread, one ``bmm`` summed
     (``matvec_split``, CPU only: how a CPU model's one-token steps multiply, ``Llama.linear``)."""
     n, cols = src.numel(), MATVEC_COLS
-    w = src[: (n // cols) * cols].view(-1, cols)                      # [rows, 4096]
-    wt = w.view(cols, -1)                                              # the same bytes as [4096, rows]
+    w = src[: (n // cols) * cols].view(-1, cols)  # [rows, 4096]
+    wt = w.view(cols, -1)  # the same bytes as [4096, rows]
     x = torch.rand(cols, 1, dtype=src.dtype, device=src.device)
     xr = torch.rand(1, cols, dtype=src.dtype, device=src.device)
     out = {"matvec_wx": (lambda: w @ x, w.nbytes), "matvec_xwt": (lambda: xr @ wt, w.nbytes)}
-    if src.device.type == "cpu":             # a GPU kernel uses the whole device already
+    if src.device.type == "cpu":  # a GPU kernel uses the whole device already
         s = split_ways(cols, torch.get_num_threads())
-        xs, ws = xr.view(s, 1, cols // s), wt.view(s, cols // s, -1)   # [s, 1, 4096/s], [s, 4096/s, rows]
+        xs, ws = xr.view(s, 1, cols // s), wt.view(s, cols // s, -1)  # [s, 1, 4096/s], [s, 4096/s, rows]
         out["matvec_split"] = (lambda: torch.bmm(xs, ws).sum(0), w.nbytes)
     return out
 
 
-def matvec(device: torch.device, dtype: torch.dtype, nbytes: int, layout: str) -> tuple[Callable[[], Any], int]:
+def matvec(
+    device: torch.device, dtype: torch.dtype, nbytes: int, layout: str
+) -> tuple[Callable[[], Any], int]:
     """One matrix-vector product over ``nbytes`` of fresh weights in ``layout`` (a
     :func:`bandwidth` key) and the bytes it reads: the reference of decode efficiency."""
     n = nbytes // torch.empty(0, dtype=dtype).element_size()
@@ -101,7 +111,7 @@ def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int =
     latter split over the threads (``matvec_split``, CPU), on a 4096-column matrix; ``matvec``
     is the best of them, the reference that decode efficiency is judged against."""
     n = nbytes // torch.empty(0, dtype=dtype).element_size()
-    src = torch.empty(n, dtype=dtype, device=device).uniform_()    # no fp32 copy: 15 GB for an 8B's bytes
+    src = torch.empty(n, dtype=dtype, device=device).uniform_()  # no fp32 copy: 15 GB for an 8B's bytes
     dst = torch.empty_like(src)
     out: dict[str, Any] = {"bytes": nbytes}
     fns = [("copy", lambda: dst.copy_(src), 2 * src.nbytes), ("read", lambda: src.sum(), src.nbytes)]
@@ -109,7 +119,10 @@ def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int =
     for name, fn, moved in fns:
         ts = time_fn(fn, device, reps)
         out[name] = {"GBps_best": moved / min(ts) / 1e9, "GBps_median": moved / statistics.median(ts) / 1e9}
-    best = max((k for k in ("matvec_wx", "matvec_xwt", "matvec_split") if k in out), key=lambda k: out[k]["GBps_best"])
+    best = max(
+        (k for k in ("matvec_wx", "matvec_xwt", "matvec_split") if k in out),
+        key=lambda k: out[k]["GBps_best"],
+    )
     out["matvec"] = {**out[best], "layout": best}
     return out
 
@@ -120,7 +133,11 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, reps: int = 5)
     a = torch.rand(n, n, device=device).to(dtype)
     b = torch.rand(n, n, device=device).to(dtype)
     ts = time_fn(lambda: a @ b, device, reps)
-    return {"n": n, "TFLOPs_best": 2 * n**3 / min(ts) / 1e12, "TFLOPs_median": 2 * n**3 / statistics.median(ts) / 1e12}
+    return {
+        "n": n,
+        "TFLOPs_best": 2 * n**3 / min(ts) / 1e12,
+        "TFLOPs_median": 2 * n**3 / statistics.median(ts) / 1e12,
+    }
 
 
 # ------------------------------------------------------------------ the model
@@ -166,7 +183,9 @@ class StepTimer:
             for q in plan.decodes + [c.req for c in plan.prefills]:
                 self.r.history.pop(q.rid, None)
 
-    def decode(self, batch: int, ctx: int, uniform: bool = False, scattered: bool = False) -> dict[str, float]:
+    def decode(
+        self, batch: int, ctx: int, uniform: bool = False, scattered: bool = False
+    ) -> dict[str, float]:
         """``batch`` decode rows with ``ctx`` cached tokens on average.
 
         By default like a live batch: the rows' contexts differ (spread evenly over
@@ -187,11 +206,15 @@ class StepTimer:
             # read as a view: only a span wider than SPAN_PER_ROW slots per row is gathered.
             span = self.r.slots
             if span <= SPAN_PER_ROW * batch:
-                raise ValueError(f"scattered decode of {batch} rows needs a runner of more than "
-                                 f"{SPAN_PER_ROW * batch} slots; this one has {span}")
+                raise ValueError(
+                    f"scattered decode of {batch} rows needs a runner of more than "
+                    f"{SPAN_PER_ROW * batch} slots; this one has {span}"
+                )
             slots = [round(i * (span - 1) / (batch - 1)) for i in range(batch)]
-        return self._time(("decode", batch, ctx, uniform, scattered),
-                          StepPlan(decodes=[self._decoding(i, s, c) for i, (s, c) in enumerate(zip(slots, pos))]))
+        return self._time(
+            ("decode", batch, ctx, uniform, scattered),
+            StepPlan(decodes=[self._decoding(i, s, c) for i, (s, c) in enumerate(zip(slots, pos))]),
+        )
 
     def prefill(self, tokens: int) -> dict[str, float]:
         """One prompt of ``tokens`` tokens from an empty cache (slot 0), emitting its first token."""
@@ -219,9 +242,13 @@ class StepTimer:
         req = Request(rows, 0.0, tokens, 1)
         req.on_admit(hole, 0.0)
         slots = [s for s in range(rows + 1) if s != hole]
-        return self._time(("mixed", tokens, rows, ctx),
-                          StepPlan(prefills=[PrefillChunk(req, tokens)],
-                                   decodes=[self._decoding(i, s, ctx) for i, s in enumerate(slots)]))
+        return self._time(
+            ("mixed", tokens, rows, ctx),
+            StepPlan(
+                prefills=[PrefillChunk(req, tokens)],
+                decodes=[self._decoding(i, s, ctx) for i, s in enumerate(slots)],
+            ),
+        )
 
 
 def registry_device(device: torch.device) -> str:
@@ -232,22 +259,37 @@ def registry_device(device: torch.device) -> str:
     for key, reg in CUDA_NAMES:
         if key in name:
             return reg
-    raise ValueError(f"GPU {device_name(device)!r} is not in the device registry (batching/devices.py): add it first")
+    raise ValueError(
+        f"GPU {device_name(device)!r} is not in the device registry (batching/devices.py): add it first"
+    )
 
 
 def _progress(items: list, desc: str, enabled: bool) -> Iterable:
     if not enabled:
         return items
     from tqdm.auto import tqdm
+
     return tqdm(items, desc=desc, leave=False)
 
 
-def measure(model: str, device: str = "auto", dtype: str | None = None, *,
-            batches: list[int], ctxs: list[int], prefill_tokens: list[int],
-            mixed: list[tuple[int, int, int]], prefill_rows: list[tuple[int, int]] = (),
-            reps: int = 5, rounds: int = 1, seed: int = 0,
-            bandwidth_bytes: int | None = None, peak_n: int | None = None,
-            graphs: bool | None = None, progress: bool = False) -> dict[str, Any]:
+def measure(
+    model: str,
+    device: str = "auto",
+    dtype: str | None = None,
+    *,
+    batches: list[int],
+    ctxs: list[int],
+    prefill_tokens: list[int],
+    mixed: list[tuple[int, int, int]],
+    prefill_rows: list[tuple[int, int]] = (),
+    reps: int = 5,
+    rounds: int = 1,
+    seed: int = 0,
+    bandwidth_bytes: int | None = None,
+    peak_n: int | None = None,
+    graphs: bool | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Measure one model on one device; returns the profile document (schema 1).
 
     ``rounds`` sweeps the whole grid that many times, ``reps`` repetitions of each step per
@@ -274,8 +316,13 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
     for rows, tokens in prefill_rows:
         if not (isinstance(rows, int) and isinstance(tokens, int) and rows >= 2 and tokens >= 1):
             raise ValueError(f"prefill_rows ({rows!r}, {tokens!r}): need integers rows >= 2, tokens >= 1")
-    max_len = max([c * 3 // 2 + 2 for c in ctxs] + prefill_tokens + [t for t, _, _ in mixed]
-                  + [c + 1 for _, _, c in mixed] + [t for _, t in prefill_rows])
+    max_len = max(
+        [c * 3 // 2 + 2 for c in ctxs]
+        + prefill_tokens
+        + [t for t, _, _ in mixed]
+        + [c + 1 for _, _, c in mixed]
+        + [t for _, t in prefill_rows]
+    )
     if max_len > shape.max_context:
         raise ValueError(f"a measured length of {max_len} exceeds {model}'s max_context={shape.max_context}")
     slots = max(batches + [r + 1 for _, r, _ in mixed] + [r for r, _ in prefill_rows])
@@ -287,20 +334,24 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
     # and its slabs take the memory (an 8B profile's slabs fill most of an H200).
     bw = bandwidth(dev, tdt, bandwidth_bytes or weight_bytes)
     peak = matmul_peak(dev, tdt, peak_n or (2048 if dev.type == "cpu" else 8192))
-    runner = ModelRunner.from_shape(shape, slots, device=dev, dtype=tdt, seed=seed, max_len=max_len, graphs=graphs)
+    runner = ModelRunner.from_shape(
+        shape, slots, device=dev, dtype=tdt, seed=seed, max_len=max_len, graphs=graphs
+    )
     runner.warmup()
     timer = StepTimer(runner, reps, pool=True)
     grid: list[list[Any]] = [[None] * len(ctxs) for _ in batches]
     pre: list[Any] = [None] * len(prefill_tokens)
     mix: list[Any] = [None] * len(mixed)
     prows: list[Any] = [None] * len(prefill_rows)
-    points = ([("decode", i, j) for i in range(len(batches)) for j in range(len(ctxs))]
-              + [("prefill", i, 0) for i in range(len(prefill_tokens))]
-              + [("mixed", i, 0) for i in range(len(mixed))]
-              + [("prefill_rows", i, 0) for i in range(len(prefill_rows))])
+    points = (
+        [("decode", i, j) for i in range(len(batches)) for j in range(len(ctxs))]
+        + [("prefill", i, 0) for i in range(len(prefill_tokens))]
+        + [("mixed", i, 0) for i in range(len(mixed))]
+        + [("prefill_rows", i, 0) for i in range(len(prefill_rows))]
+    )
     for kind, i, j in _progress(points * rounds, f"{rounds} round(s)", progress):
         if kind == "decode":
-            grid[i][j] = timer.decode(batches[i], ctxs[j])      # pooled over the rounds so far
+            grid[i][j] = timer.decode(batches[i], ctxs[j])  # pooled over the rounds so far
         elif kind == "prefill":
             pre[i] = timer.prefill(prefill_tokens[i])
         elif kind == "prefill_rows":
@@ -310,28 +361,53 @@ def measure(model: str, device: str = "auto", dtype: str | None = None, *,
     doc = {
         "schema": PROFILE_SCHEMA,
         "meta": {
-            "device": registry_device(dev), "device_name": device_name(dev), "model": shape.name,
-            "dtype": REGISTRY_DTYPE[tdt], "element_bytes": elem, "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "device": registry_device(dev),
+            "device_name": device_name(dev),
+            "model": shape.name,
+            "dtype": REGISTRY_DTYPE[tdt],
+            "element_bytes": elem,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
             "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "host": socket.gethostname(),
-            "python": platform.python_version(), "params": shape.params, "weight_read_bytes": weight_bytes,
-            "reps": reps, "rounds": rounds, "seed": seed, "token_buckets": runner.model.token_buckets(),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": socket.gethostname(),
+            "python": platform.python_version(),
+            "params": shape.params,
+            "weight_read_bytes": weight_bytes,
+            "reps": reps,
+            "rounds": rounds,
+            "seed": seed,
+            "token_buckets": runner.model.token_buckets(),
             "decode_graphs": runner.graphs_info(),
-            "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+            "loadavg_before": load0,
+            "loadavg_after": os.getloadavg()[0],
             "wall_s": time.perf_counter() - t_start,
             "how": "python -m batching measure: synchronized wall clock around ModelRunner's packed forward "
-                   "pass; decode rows sit at the stated context in a zero-filled slab (no real prefill)",
+            "pass; decode rows sit at the stated context in a zero-filled slab (no real prefill)",
         },
         "device": {"bandwidth": bw, "matmul_peak": peak},
-        "decode": {"batch": batches, "ctx": ctxs, "ms": [[p["median_ms"] for p in row] for row in grid],
-                   "spread": grid},
+        "decode": {
+            "batch": batches,
+            "ctx": ctxs,
+            "ms": [[p["median_ms"] for p in row] for row in grid],
+            "spread": grid,
+        },
         "prefill": {"tokens": prefill_tokens, "ms": [p["median_ms"] for p in pre], "spread": pre},
-        "mixed": {"prefill_tokens": [t for t, _, _ in mixed], "decode_rows": [r for _, r, _ in mixed],
-                  "decode_ctx": [c for _, _, c in mixed], "ms": [p["median_ms"] for p in mix], "spread": mix},
+        "mixed": {
+            "prefill_tokens": [t for t, _, _ in mixed],
+            "decode_rows": [r for _, r, _ in mixed],
+            "decode_ctx": [c for _, _, c in mixed],
+            "ms": [p["median_ms"] for p in mix],
+            "spread": mix,
+        },
     }
     if prefill_rows:
-        doc["prefill_rows"] = {"rows": [r for r, _ in prefill_rows], "tokens": [t for _, t in prefill_rows],
-                               "ms": [p["median_ms"] for p in prows], "spread": prows}
+        doc["prefill_rows"] = {
+            "rows": [r for r, _ in prefill_rows],
+            "tokens": [t for _, t in prefill_rows],
+            "ms": [p["median_ms"] for p in prows],
+            "spread": prows,
+        }
     return doc

@@ -19,6 +19,7 @@ The workload only has lengths, so token ids are made up: a request's prompt is
 padding) and the runner keeps each request's history (prompt + generated ids), from which
 a recompute after preemption reads its prompt and generated tokens again.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,12 +30,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .costs import MEM_RESERVE
+from ..costs import MEM_RESERVE
+from ..models import ModelShape
+from ..plan import StepPlan
+from ..request import Request
 from .graphs import DecodeGraphs, GraphCaptureError
 from .model import Llama, ModelConfig, batch1_copy_params, default_dtype, sdpa
-from .models import ModelShape
-from .plan import StepPlan
-from .request import Request
 
 #: Token id of static batching's padding (7.1); prompts never contain it.
 PAD_ID = 0
@@ -79,12 +80,20 @@ def check_fits(needed: int, available: int | None, what: str, device: torch.devi
         raise DeviceMemoryError(
             f"{what} needs {needed / 1e9:.2f} GB (needed={needed:,} bytes) but {device} has "
             f"{available / 1e9:.2f} GB available (available={available:,} bytes, "
-            f"{1 - MEM_RESERVE:.0%} of it usable): use fewer slots, a smaller max_len or a smaller model")
+            f"{1 - MEM_RESERVE:.0%} of it usable): use fewer slots, a smaller max_len or a smaller model"
+        )
 
 
-def check_model_fits(shape: ModelShape, slots: int, device: torch.device, dtype: torch.dtype,
-                     max_len: int | None = None, mem_available: int | None = None, wx: bool | None = None,
-                     graphs: bool | None = None) -> int:
+def check_model_fits(
+    shape: ModelShape,
+    slots: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_len: int | None = None,
+    mem_available: int | None = None,
+    wx: bool | None = None,
+    graphs: bool | None = None,
+) -> int:
     """Refuse (:class:`DeviceMemoryError`) a model and its KV slabs that would not fit
     ``device`` together, before anything is allocated (7.1-7.3); returns the weights' bytes.
 
@@ -97,9 +106,14 @@ def check_model_fits(shape: ModelShape, slots: int, device: torch.device, dtype:
     slabs = slots + (1 if (device.type == "cuda" if graphs is None else graphs) else 0)
     kv = kv_cache_bytes(cfg, slabs, cfg.max_context if max_len is None else max_len, dtype)
     avail = available_bytes(device) if mem_available is None else mem_available
-    check_fits(weights + kv, avail, f"{shape.name} in {dtype}: {weights / 1e9:.2f} GB of weights"
-               f"{' (batch-1 copies included)' if copies else ''} + "
-               f"{kv / 1e9:.2f} GB of KV slabs ({slots} slots)", device)
+    check_fits(
+        weights + kv,
+        avail,
+        f"{shape.name} in {dtype}: {weights / 1e9:.2f} GB of weights"
+        f"{' (batch-1 copies included)' if copies else ''} + "
+        f"{kv / 1e9:.2f} GB of KV slabs ({slots} slots)",
+        device,
+    )
     return weights
 
 
@@ -163,8 +177,15 @@ class ChunkSpan:
 class ModelRunner:
     """A model plus its slab KV cache; :meth:`execute` runs one step plan (7.1, 7.2, 7.3)."""
 
-    def __init__(self, model: Llama, slots: int, max_len: int | None = None, seed: int = 0,
-                 mem_available: int | None = None, graphs: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: Llama,
+        slots: int,
+        max_len: int | None = None,
+        seed: int = 0,
+        mem_available: int | None = None,
+        graphs: bool | None = None,
+    ) -> None:
         """``mem_available`` overrides the free-memory figure (tests simulate a small device).
         ``graphs``: decode-only steps as CUDA graphs (``graphs.py``); default on CUDA. On a
         CPU, True runs the same fixed-shape step eagerly (tests)."""
@@ -173,19 +194,25 @@ class ModelRunner:
         if not (isinstance(slots, int) and slots >= 1):
             raise ValueError(f"slots={slots!r}: must be an integer >= 1")
         if not (isinstance(max_len, int) and 1 <= max_len <= cfg.max_context):
-            raise ValueError(f"max_len={max_len!r}: must be an integer in 1..{cfg.max_context} "
-                             f"({cfg.name}'s max_context; RoPE angles exist up to there)")
+            raise ValueError(
+                f"max_len={max_len!r}: must be an integer in 1..{cfg.max_context} "
+                f"({cfg.name}'s max_context; RoPE angles exist up to there)"
+            )
         self.model, self.cfg = model, cfg
         self.device, self.dtype = model.device, model.dtype
         self.slots, self.max_len, self.seed = slots, max_len, seed
-        self._warm_tokens = 0   # the largest prefill warmup() has run on this runner
+        self._warm_tokens = 0  # the largest prefill warmup() has run on this runner
         graphs = self.device.type == "cuda" if graphs is None else graphs
         # Decode graphs pad a batch with rows that write into a slab no request owns.
         slabs = slots + 1 if graphs else slots
         self.kv_bytes = kv_cache_bytes(cfg, slabs, max_len, self.dtype)
         shape = (cfg.layers, slabs, cfg.kv_heads, max_len, cfg.head_dim)
-        check_fits(self.kv_bytes, available_bytes(self.device) if mem_available is None else mem_available,
-                   f"KV cache {list(shape)} x 2 (K, V) in {self.dtype}", self.device)
+        check_fits(
+            self.kv_bytes,
+            available_bytes(self.device) if mem_available is None else mem_available,
+            f"KV cache {list(shape)} x 2 (K, V) in {self.dtype}",
+            self.device,
+        )
         # Zeros, not empty: a decode batch reads every row's slab up to the batch's longest
         # context and masks the rest; masked garbage that happened to be NaN would still
         # poison the output (0 x NaN), so every position must hold a finite value.
@@ -196,20 +223,30 @@ class ModelRunner:
         self._layers = list(zip(self.k_cache.unbind(0), self.v_cache.unbind(0)))
         self.history: dict[int, list[int]] = {}  # rid -> prompt ids + generated ids
         self.graphs = DecodeGraphs(self, capture=self.device.type == "cuda") if graphs else None
-        self.graphs_error: str | None = None   # why graphs were turned off, if a capture failed
+        self.graphs_error: str | None = None  # why graphs were turned off, if a capture failed
 
     @classmethod
-    def from_shape(cls, shape: ModelShape, slots: int, *, device: str | torch.device = "cpu",
-                   dtype: torch.dtype | None = None, seed: int = 0, max_len: int | None = None,
-                   mem_available: int | None = None, wx: bool | None = None,
-                   graphs: bool | None = None) -> "ModelRunner":
+    def from_shape(
+        cls,
+        shape: ModelShape,
+        slots: int,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        seed: int = 0,
+        max_len: int | None = None,
+        mem_available: int | None = None,
+        wx: bool | None = None,
+        graphs: bool | None = None,
+    ) -> ModelRunner:
         """Build the model of a registry shape and its cache, checking first that both fit (7.1-7.3)."""
         device = torch.device(device)
         dtype = dtype or default_dtype(device)
         weights = check_model_fits(shape, slots, device, dtype, max_len, mem_available, wx, graphs)
         model = Llama(ModelConfig.from_shape(shape), device, dtype, seed=seed, wx=wx)
-        return cls(model, slots, max_len, seed, None if mem_available is None else mem_available - weights,
-                   graphs)
+        return cls(
+            model, slots, max_len, seed, None if mem_available is None else mem_available - weights, graphs
+        )
 
     # ------------------------------------------------------------------ tokens
     def tokens(self, rid: int) -> list[int]:
@@ -223,16 +260,20 @@ class ModelRunner:
             self.history[req.rid] = prompt_ids(self.seed, req.rid, req.prompt_len, self.cfg.vocab)
         hist = self.history.get(req.rid)
         if hist is None or len(hist) < req.prefill_target:
-            raise RuntimeError(f"request {req.rid}: prefill to {req.prefill_target} tokens but the runner "
-                               f"holds {0 if hist is None else len(hist)} of its ids")
+            raise RuntimeError(
+                f"request {req.rid}: prefill to {req.prefill_target} tokens but the runner "
+                f"holds {0 if hist is None else len(hist)} of its ids"
+            )
         return hist
 
     def _history_for_decode(self, req: Request) -> list[int]:
         hist = self.history.get(req.rid)
         # While decoding, the cache holds every id but the newest, which this step computes.
         if hist is None or len(hist) != req.num_computed + 1:
-            raise RuntimeError(f"request {req.rid}: decode at position {req.num_computed} but the runner "
-                               f"holds {0 if hist is None else len(hist)} of its ids")
+            raise RuntimeError(
+                f"request {req.rid}: decode at position {req.num_computed} but the runner "
+                f"holds {0 if hist is None else len(hist)} of its ids"
+            )
         return hist
 
     # ------------------------------------------------------------------ the step
@@ -257,8 +298,9 @@ class ModelRunner:
         slot: list[int] = []
         # Decode rows sorted by slot: a batch whose slots form one range then reads its
         # slabs as a view instead of gathering a copy (see _decode_attention).
-        rows = sorted([(r, True) for r in plan.decodes] + [(r, False) for r in plan.dead],
-                      key=lambda x: x[0].slot)
+        rows = sorted(
+            [(r, True) for r in plan.decodes] + [(r, False) for r in plan.dead], key=lambda x: x[0].slot
+        )
         for r, _ in rows:
             hist = self._history_for_decode(r)
             ids.append(hist[r.num_computed])
@@ -274,7 +316,7 @@ class ModelRunner:
             chunks.append(ChunkSpan(len(ids), r.slot, start, m))
             # Right padding: pad tokens sit after the prompt, at positions the request's
             # decode steps will overwrite before any query attends to them.
-            ids += hist[start:start + c.n] + [PAD_ID] * c.pad
+            ids += hist[start : start + c.n] + [PAD_ID] * c.pad
             pos += range(start, start + m)
             slot += [r.slot] * m
             if c.completes:
@@ -283,16 +325,18 @@ class ModelRunner:
         if not ids:
             return StepOutput()
         if max(pos) >= self.max_len or min(slot) < 0 or max(slot) >= self.slots:
-            raise RuntimeError(f"plan exceeds the cache: positions up to {max(pos)} (max_len {self.max_len}), "
-                               f"slots {min(slot)}..{max(slot)} (slots {self.slots})")
+            raise RuntimeError(
+                f"plan exceeds the cache: positions up to {max(pos)} (max_len {self.max_len}), "
+                f"slots {min(slot)}..{max(slot)} (slots {self.slots})"
+            )
         logits = None
-        if self.graphs is not None and not chunks:     # decode-only: a fixed-shape step (graphs.py)
+        if self.graphs is not None and not chunks:  # decode-only: a fixed-shape step (graphs.py)
             try:
-                logits = self.graphs.run(ids, pos, slot)                              # [R, V]
+                logits = self.graphs.run(ids, pos, slot)  # [R, V]
             except GraphCaptureError as e:
                 self._drop_graphs(e)
         if logits is None:
-            logits = self._forward_packed(ids, pos, slot, len(rows), chunks, logit_rows)   # [R, V]
+            logits = self._forward_packed(ids, pos, slot, len(rows), chunks, logit_rows)  # [R, V]
         tokens = logits.argmax(dim=-1).tolist()
         out = StepOutput()
         for i, rid in enumerate(emit):
@@ -302,8 +346,15 @@ class ModelRunner:
                 self.history[rid].append(tokens[i])
         return out
 
-    def _forward_packed(self, ids: list[int], pos: list[int], slot: list[int], n_rows: int,
-                        chunks: list[ChunkSpan], logit_rows: list[int]) -> Tensor:
+    def _forward_packed(
+        self,
+        ids: list[int],
+        pos: list[int],
+        slot: list[int],
+        n_rows: int,
+        chunks: list[ChunkSpan],
+        logit_rows: list[int],
+    ) -> Tensor:
         """The model over packed tokens (7.1-7.3); decode rows first (``n_rows``), then ``chunks``."""
         dev = self.device
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
@@ -313,17 +364,17 @@ class ModelRunner:
         dec = self._decode_index(row_slots, row_pos) if n_rows else None
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            kc, vc = self._layers[layer]                         # [S, K, L, D]
+            kc, vc = self._layers[layer]  # [S, K, L, D]
             # One scatter writes every token's K/V (decode, prompt, padding) into its slab;
             # a plan holds each request once, so no (slot, position) is written twice.
-            kc[slot_t, :, pos_t] = k                             # k [T, K, D]
+            kc[slot_t, :, pos_t] = k  # k [T, K, D]
             vc[slot_t, :, pos_t] = v
             outs = []
             if dec is not None:
                 outs.append(self._decode_attention(q if n_rows == q.shape[0] else q[:n_rows], kc, vc, dec))
             for c in chunks:
-                outs.append(self._chunk_attention(q[c.offset:c.offset + c.length], kc, vc, c))
-            return outs[0] if len(outs) == 1 else torch.cat(outs)   # [T, H, D]
+                outs.append(self._chunk_attention(q[c.offset : c.offset + c.length], kc, vc, c))
+            return outs[0] if len(outs) == 1 else torch.cat(outs)  # [T, H, D]
 
         return self.model(ids_t, pos_t, attend, torch.tensor(logit_rows, dtype=torch.long, device=dev))
 
@@ -332,10 +383,10 @@ class ModelRunner:
         n, length = len(row_slots), max(row_pos) + 1
         lo, hi = row_slots[0], row_slots[-1]
         place = None
-        if hi - lo + 1 == n:                       # one range of slots: a view
+        if hi - lo + 1 == n:  # one range of slots: a view
             sel: slice | Tensor = slice(lo, hi + 1)
             pos = row_pos
-        elif hi - lo + 1 <= SPAN_PER_ROW * n:      # a range with holes: a view, holes read too
+        elif hi - lo + 1 <= SPAN_PER_ROW * n:  # a range with holes: a view, holes read too
             sel = slice(lo, hi + 1)
             place = torch.tensor([s - lo for s in row_slots], dtype=torch.long, device=self.device)
             # A hole's query (zeros) attends to its slab's position 0 alone, so that no
@@ -343,13 +394,15 @@ class ModelRunner:
             pos = [0] * (hi - lo + 1)
             for s_, p_ in zip(row_slots, row_pos):
                 pos[s_ - lo] = p_
-        else:                                      # scattered wide apart: gather the rows' slabs
+        else:  # scattered wide apart: gather the rows' slabs
             sel = torch.tensor(row_slots, dtype=torch.long, device=self.device)
             pos = row_pos
         mask = None
         if min(pos) != max(pos):
             p = torch.tensor(pos, device=self.device)
-            mask = (torch.arange(length, device=self.device)[None, :] <= p[:, None])[:, None, None, :]  # [N,1,1,L]
+            mask = (torch.arange(length, device=self.device)[None, :] <= p[:, None])[
+                :, None, None, :
+            ]  # [N,1,1,L]
         return DecodeIndex(sel, length, mask, place)
 
     @staticmethod
@@ -360,31 +413,31 @@ class ModelRunner:
         tail. With the slab layout that tail is wasted reading, the price of not paging.
         """
         sel, length = idx.sel, idx.length
-        if isinstance(sel, slice):   # narrow: a view, in fewer dispatches than kc[sel, :, :length]
-            k = kc.narrow(0, sel.start, sel.stop - sel.start).narrow(2, 0, length)   # [N, K, L, D]
+        if isinstance(sel, slice):  # narrow: a view, in fewer dispatches than kc[sel, :, :length]
+            k = kc.narrow(0, sel.start, sel.stop - sel.start).narrow(2, 0, length)  # [N, K, L, D]
             v = vc.narrow(0, sel.start, sel.stop - sel.start).narrow(2, 0, length)
         else:
-            k, v = kc[sel, :, :length], vc[sel, :, :length]       # a gather (copy), [R, K, L, D]
+            k, v = kc[sel, :, :length], vc[sel, :, :length]  # a gather (copy), [R, K, L, D]
         if idx.place is None:
-            return sdpa(q.unsqueeze(2), k, v, idx.mask).squeeze(2)      # [R, H, D]
-        qn = q.new_zeros((k.shape[0],) + q.shape[1:]).index_copy_(0, idx.place, q)   # [N, H, D]
-        return sdpa(qn.unsqueeze(2), k, v, idx.mask).squeeze(2).index_select(0, idx.place)   # [R, H, D]
+            return sdpa(q.unsqueeze(2), k, v, idx.mask).squeeze(2)  # [R, H, D]
+        qn = q.new_zeros((k.shape[0],) + q.shape[1:]).index_copy_(0, idx.place, q)  # [N, H, D]
+        return sdpa(qn.unsqueeze(2), k, v, idx.mask).squeeze(2).index_select(0, idx.place)  # [R, H, D]
 
     @staticmethod
     def _chunk_attention(q: Tensor, kc: Tensor, vc: Tensor, c: ChunkSpan) -> Tensor:
         """One prefill chunk (7.3): causal within the chunk, plus every cached position of
         its slot before it. q [m, H, D] -> [m, H, D]."""
         end = c.start + c.length
-        k = kc[c.slot:c.slot + 1, :, :end]                        # [1, K, end, D]
-        v = vc[c.slot:c.slot + 1, :, :end]
-        qh = q.transpose(0, 1)[None]                              # [1, H, m, D]
+        k = kc[c.slot : c.slot + 1, :, :end]  # [1, K, end, D]
+        v = vc[c.slot : c.slot + 1, :, :end]
+        qh = q.transpose(0, 1)[None]  # [1, H, m, D]
         if c.start == 0:
             o = sdpa(qh, k, v, causal=True)
         else:
             qpos = torch.arange(c.start, end, device=q.device)
-            mask = torch.arange(end, device=q.device)[None, :] <= qpos[:, None]   # [m, end]
+            mask = torch.arange(end, device=q.device)[None, :] <= qpos[:, None]  # [m, end]
             o = sdpa(qh, k, v, mask)
-        return o[0].transpose(0, 1)                               # [m, H, D]
+        return o[0].transpose(0, 1)  # [m, H, D]
 
     def graphs_info(self) -> dict | None:
         """What decode graphs did (results' executor record, profiles' meta): None when off,
@@ -393,8 +446,11 @@ class ModelRunner:
             return {"error": self.graphs_error}
         if self.graphs is None:
             return None
-        return {"captured": self.graphs.captures, "replayed_as_graphs": self.graphs.capture,
-                "buckets": [list(k) for k in self.graphs.keys]}
+        return {
+            "captured": self.graphs.captures,
+            "replayed_as_graphs": self.graphs.capture,
+            "buckets": [list(k) for k in self.graphs.keys],
+        }
 
     def _drop_graphs(self, e: GraphCaptureError) -> None:
         # Eager steps still give the right tokens; the runner records why it is slower
@@ -426,8 +482,9 @@ class ModelRunner:
         if self.slots == 1:  # no second slot for the decode row: the chunk alone
             self._forward_packed([1] * m, list(range(m)), [0] * m, 0, [ChunkSpan(0, 0, 0, m)], [m - 1])
         else:
-            self._forward_packed([1] * (m + 1), [0] + list(range(m)), [1] + [0] * m, 1,
-                                 [ChunkSpan(1, 0, 0, m)], [0, m])
+            self._forward_packed(
+                [1] * (m + 1), [0] + list(range(m)), [1] + [0] * m, 1, [ChunkSpan(1, 0, 0, m)], [0, m]
+            )
         n = min(int(tokens), WARMUP_TOKENS_MAX, self.slots * self.max_len)
         if n <= self._warm_tokens:
             return

@@ -2,10 +2,12 @@
 to a model's context, running a simulation and reducing it to metrics, and the small helpers
 that turn results into glue values.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +18,6 @@ from ..request import Request
 from ..schedulers import make_scheduler
 from ..traces import load_trace
 from ..workload import Workload
-
 
 #: What a batch row does during a step (the timelines of 7.1 and 7.2), in drawing order.
 KINDS = ("prefill", "padding", "decode", "dead", "idle")
@@ -45,12 +46,20 @@ def roofline_numbers(cost: Any) -> dict[str, float]:
     ``kv_kb_per_token``, ``kv_capacity`` (tokens), ``max_context`` and ``overhead_ms`` (the
     device's assumed fixed cost per step, ``DeviceSpec.step_overhead_s``)."""
     m = cost.model
-    return {"peak_tflops": cost.peak_flops / 1e12, "bandwidth_tbs": cost.bandwidth / 1e12,
-            "weight_gb": m.weight_bytes / 1e9, "weight_read_gb": m.weight_read_bytes / 1e9,
-            "params_b": m.params / 1e9, "bstar": float(cost.bstar()), "decode_ms": cost.decode_step(1, 1) * 1e3,
-            "tp": float(cost.tp), "kv_kb_per_token": m.kv_bytes_per_token / 1e3,
-            "kv_capacity": float(cost.kv_capacity()), "max_context": float(m.max_context),
-            "overhead_ms": cost.device.step_overhead_s * 1e3}
+    return {
+        "peak_tflops": cost.peak_flops / 1e12,
+        "bandwidth_tbs": cost.bandwidth / 1e12,
+        "weight_gb": m.weight_bytes / 1e9,
+        "weight_read_gb": m.weight_read_bytes / 1e9,
+        "params_b": m.params / 1e9,
+        "bstar": float(cost.bstar()),
+        "decode_ms": cost.decode_step(1, 1) * 1e3,
+        "tp": float(cost.tp),
+        "kv_kb_per_token": m.kv_bytes_per_token / 1e3,
+        "kv_capacity": float(cost.kv_capacity()),
+        "max_context": float(m.max_context),
+        "overhead_ms": cost.device.step_overhead_s * 1e3,
+    }
 
 
 def offered_rate(workload: Workload) -> float:
@@ -75,8 +84,13 @@ def capped_text(n_capped: int) -> str:
     return f"{n_capped:,} request{'s' if n_capped > 1 else ''} here"
 
 
-def trace_workload(name: str, limit: int | None = None, max_context: int = 8192,
-                   time_scale: float = 1.0, window: tuple[float, float] | None = None) -> Workload:
+def trace_workload(
+    name: str,
+    limit: int | None = None,
+    max_context: int = 8192,
+    time_scale: float = 1.0,
+    window: tuple[float, float] | None = None,
+) -> Workload:
     """The first ``limit`` requests of a named trace, capped to the context (see
     :func:`fit_context`) and replayed ``time_scale`` times faster (every section)."""
     w = load_trace(name, limit=limit, window=window)
@@ -84,9 +98,18 @@ def trace_workload(name: str, limit: int | None = None, max_context: int = 8192,
     return w.scale(time=time_scale) if time_scale != 1 else w
 
 
-def simulate(workload: Workload | Sequence[Request], cost: Any, scheduler: str, *, slots: int = 32,
-             kv_tokens: int | float | str | None = "device", kv_policy: str = "slab",
-             record_slots: bool = False, fast: bool = True, **options: Any) -> RunResult:
+def simulate(
+    workload: Workload | Sequence[Request],
+    cost: Any,
+    scheduler: str,
+    *,
+    slots: int = 32,
+    kv_tokens: int | float | str | None = "device",
+    kv_policy: str = "slab",
+    record_slots: bool = False,
+    fast: bool = True,
+    **options: Any,
+) -> RunResult:
     """One simulated run (every section).
 
     ``kv_tokens="device"`` takes the KV capacity the cost model's devices leave after the
@@ -101,8 +124,14 @@ def simulate(workload: Workload | Sequence[Request], cost: Any, scheduler: str, 
         kv = math.inf
     else:
         kv = kv_tokens  # type: ignore[assignment]
-    sched = make_scheduler(scheduler, max_context=cost.model.max_context, slots=slots,
-                           kv_capacity=kv, kv_policy=kv_policy, **options)
+    sched = make_scheduler(
+        scheduler,
+        max_context=cost.model.max_context,
+        slots=slots,
+        kv_capacity=kv,
+        kv_policy=kv_policy,
+        **options,
+    )
     reqs = workload.fresh() if isinstance(workload, Workload) else list(workload)
     return run(reqs, sched, SimExecutor(cost), record_slots=record_slots, fast=fast)
 
@@ -135,12 +164,19 @@ def metrics(result: RunResult) -> dict[str, float]:
     """
     s = summarize(result)
     out: dict[str, float] = {
-        "slot_util": s["slot_utilization"], "slot_util_tw": s["slot_utilization_time_weighted"],
-        "padding_fraction": s["padding_fraction"], "throughput_req": s["request_throughput"] or 0.0,
-        "throughput_tok": s["output_throughput"] or 0.0, "preemptions": float(s["preemptions"]),
-        "steps": float(s["steps"]), "busy_s": s["busy_s"], "duration_s": s["duration_s"],
-        "kv_reserved_peak": s["kv_reserved_peak"], "kv_used_peak": s["kv_used_peak"],
-        "kv_reserved_mean": s["kv_reserved_mean"], "kv_used_mean": s["kv_used_mean"],
+        "slot_util": s["slot_utilization"],
+        "slot_util_tw": s["slot_utilization_time_weighted"],
+        "padding_fraction": s["padding_fraction"],
+        "throughput_req": s["request_throughput"] or 0.0,
+        "throughput_tok": s["output_throughput"] or 0.0,
+        "preemptions": float(s["preemptions"]),
+        "steps": float(s["steps"]),
+        "busy_s": s["busy_s"],
+        "duration_s": s["duration_s"],
+        "kv_reserved_peak": s["kv_reserved_peak"],
+        "kv_used_peak": s["kv_used_peak"],
+        "kv_reserved_mean": s["kv_reserved_mean"],
+        "kv_used_mean": s["kv_used_mean"],
         "running_peak": float(max(result.log.cols["running"])),
     }
     for k in ("queue", "ttft", "e2e", "itl", "tpot"):
@@ -172,7 +208,7 @@ def at(sweep: Mapping[str, np.ndarray], key: str, value: float) -> dict[str, flo
 def flat(prefix: str, values: Mapping[str, Any], keys: Sequence[str] | None = None) -> dict[str, Any]:
     """``{f"{prefix}_{k}": v}`` for the chosen keys, numpy scalars made plain (glue keys)."""
     out = {}
-    for k in (keys if keys is not None else values.keys()):
+    for k in keys if keys is not None else values.keys():
         v = values[k]
         out[f"{prefix}_{k}"] = v.item() if isinstance(v, np.generic) else v
     return out

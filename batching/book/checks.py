@@ -1,11 +1,13 @@
 """The real-engine checks of chapter 7: the schedulers' cross-check on the torch model, and the
 simulator's measured error against it (every simulated figure's caption).
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +22,7 @@ from .continuous import iterations
 def real_available() -> bool:
     """Whether the real torch engine (``batching.real.run_real``) imports here."""
     try:
-        from ..real import run_real  # noqa: F401
+        from ..real.executor import run_real  # noqa: F401
     except Exception:
         return False
     return True
@@ -38,7 +40,7 @@ REAL_MODELS: dict[str, str] = {"cpu": "cpu-s", "cuda": "llama-1b"}
 def real_kind(device: str = "auto") -> str:
     """``"cuda"`` or ``"cpu"``: the kind of device a real run on ``device`` uses ("auto": the
     GPU if there is one), the key of each measured section's per-device sizes."""
-    from ..real import resolve_device
+    from ..real.executor import resolve_device
 
     return "cuda" if resolve_device(device).type == "cuda" else "cpu"
 
@@ -49,16 +51,21 @@ def real_model(model: str | None, device: str = "auto") -> str:
     return REAL_MODELS[real_kind(device)] if model is None else model
 
 
-def real_runner(model: str | None, device: str = "auto", slots: int = 1, max_len: int | None = None,
-                threads: int | None = None) -> Any:
+def real_runner(
+    model: str | None,
+    device: str = "auto",
+    slots: int = 1,
+    max_len: int | None = None,
+    threads: int | None = None,
+) -> Any:
     """7.1, 7.3: one model with its slab KV cache on ``device`` ("auto": the GPU if there is one),
     built once and served by several real runs in turn (``run_real(runner=...)``).
     ``model`` None takes :data:`REAL_MODELS` for the device."""
     import torch
 
     from ..models import get_model
-    from ..real import resolve_device
-    from ..runner import ModelRunner
+    from ..real.executor import resolve_device
+    from ..real.runner import ModelRunner
 
     dev = resolve_device(device)
     name = real_model(model, device)
@@ -70,7 +77,7 @@ def real_runner(model: str | None, device: str = "auto", slots: int = 1, max_len
 def serve_real(runner: Any, workload: Workload, scheduler: str, **options: Any) -> Any:
     """7.1, 7.3: one real run of ``workload`` on ``runner`` under ``scheduler`` with
     :func:`~batching.schedulers.make_scheduler`'s ``options``; returns the engine's RunResult."""
-    from ..real import run_real
+    from ..real.executor import run_real
 
     sched = make_scheduler(scheduler, max_context=runner.max_len, **options)
     return run_real(workload, sched, None, runner=runner)
@@ -81,8 +88,10 @@ def executor_text(ex: Mapping[str, Any]) -> str:
     device, threads, torch."""
     dev = ex.get("device_name", ex.get("device", "?"))
     threads = f", {ex['threads']} threads" if str(ex.get("device", "cpu")).startswith("cpu") else ""
-    return (f"{ex.get('model', '?')}, {ex.get('params', 0) / 1e6:,.1f}M parameters, {ex.get('dtype', '?')}, "
-            f"{dev}{threads}, torch {ex.get('torch', '?')}")
+    return (
+        f"{ex.get('model', '?')}, {ex.get('params', 0) / 1e6:,.1f}M parameters, {ex.get('dtype', '?')}, "
+        f"{dev}{threads}, torch {ex.get('torch', '?')}"
+    )
 
 
 #: Committed runs of ``benchmarks/bench_stall.py`` (7.1's padding, 7.3's stall), relative to the
@@ -109,8 +118,9 @@ def real_runs_label(doc: Mapping[str, Any]) -> str:
     return f"{doc['model']} {doc['dtype']} on {doc['device_name']}, measured {doc['date'][:10]}"
 
 
-def committed_text(docs: Sequence[Mapping[str, Any]], what: str, sentence: Callable[[Mapping[str, Any]], str]
-                   ) -> str:
+def committed_text(
+    docs: Sequence[Mapping[str, Any]], what: str, sentence: Callable[[Mapping[str, Any]], str]
+) -> str:
     """7.1, 7.3: a paragraph on committed real runs: ``sentence(doc)`` for each, after its
     :func:`real_runs_label` and file, and whether a GPU is among them; ``what`` names them."""
     if not docs:
@@ -121,9 +131,14 @@ def committed_text(docs: Sequence[Mapping[str, Any]], what: str, sentence: Calla
     return f"Committed measurements of {what}: " + "; ".join(parts) + "." + tail
 
 
-def real_crosscheck(workload: Workload, model: str = "tiny", schedulers: Sequence[str] = ("static", "continuous"),
-                    slots: int = 4, threads: int | None = None, probe_output: int | None = None
-                    ) -> dict[str, Any]:
+def real_crosscheck(
+    workload: Workload,
+    model: str = "tiny",
+    schedulers: Sequence[str] = ("static", "continuous"),
+    slots: int = 4,
+    threads: int | None = None,
+    probe_output: int | None = None,
+) -> dict[str, Any]:
     """7.2: run a small workload on the real engine and in the simulator, same schedulers.
 
     The scheduler decides which rows each step computes, so step counts and per-request
@@ -136,9 +151,10 @@ def real_crosscheck(workload: Workload, model: str = "tiny", schedulers: Sequenc
     description under ``executor``.
     """
     from ..costs import get_cost_model
+
     out: dict[str, Any] = {"available": False, "model": model, "slots": slots, "workload": workload.name}
     try:
-        from ..real import run_real
+        from ..real.executor import run_real
     except Exception as e:  # the real engine is optional (torch, work in progress)
         out["reason"] = f"batching.real does not import: {type(e).__name__}: {e}"
         return out
@@ -150,18 +166,29 @@ def real_crosscheck(workload: Workload, model: str = "tiny", schedulers: Sequenc
         for name in schedulers:
             sim = simulate(workload, cost, name, slots=slots, kv_tokens=None)
             sched = make_scheduler(name, max_context=cost.model.max_context, slots=slots)
-            max_len = int((workload.prompt_lens + workload.output_lens).max()) + int(workload.prompt_lens.max())
-            real = run_real(workload, sched, model, device="cpu", threads=threads,
-                            max_len=min(cost.model.max_context, max_len))
+            max_len = int((workload.prompt_lens + workload.output_lens).max()) + int(
+                workload.prompt_lens.max()
+            )
+            real = run_real(
+                workload,
+                sched,
+                model,
+                device="cpu",
+                threads=threads,
+                max_len=min(cost.model.max_context, max_len),
+            )
             ms, mr = metrics(sim), summarize(real)
             per[name] = {
-                "steps_sim": int(ms["steps"]), "steps_real": int(mr["steps"]),
-                "slot_util_sim": ms["slot_util"], "slot_util_real": float(mr["slot_utilization"]),
+                "steps_sim": int(ms["steps"]),
+                "steps_real": int(mr["steps"]),
+                "slot_util_sim": ms["slot_util"],
+                "slot_util_real": float(mr["slot_utilization"]),
                 "iters_sim": iterations(sim, probes)["from_admission"].tolist(),
                 "iters_real": iterations(real, probes)["from_admission"].tolist(),
                 "arrival_iters_sim": iterations(sim, probes)["from_arrival"].tolist(),
                 "arrival_iters_real": iterations(real, probes)["from_arrival"].tolist(),
-                "busy_sim_s": ms["busy_s"], "busy_real_s": float(mr["busy_s"]),
+                "busy_sim_s": ms["busy_s"],
+                "busy_real_s": float(mr["busy_s"]),
                 "tokens_real": int(sum(len(r.token_ids) for r in real.requests)),
             }
             out["executor"] = real.executor
@@ -179,8 +206,12 @@ def predicted_steps(result: Any, cost: Any) -> np.ndarray:
     from ..plan import StepWork
 
     L = result.log.arrays()
-    return np.array([cost.step_time(StepWork(int(p + pd), int(a), int(d + x), int(c))) for p, pd, a, d, x, c in
-                     zip(L["prefill"], L["pad"], L["attn"], L["decode"], L["dead"], L["ctx"])])
+    return np.array(
+        [
+            cost.step_time(StepWork(int(p + pd), int(a), int(d + x), int(c)))
+            for p, pd, a, d, x, c in zip(L["prefill"], L["pad"], L["attn"], L["decode"], L["dead"], L["ctx"])
+        ]
+    )
 
 
 def profile_measured_here(model: str, name: str, directory: str | None = None) -> str | None:
@@ -195,9 +226,14 @@ def profile_measured_here(model: str, name: str, directory: str | None = None) -
     return None
 
 
-def real_schedulers(workload: Workload, configs: Mapping[str, Mapping[str, Any]], model: str | None = None,
-                    device: str = "auto", threads: int | None = None, profile: str | None = "auto"
-                    ) -> dict[str, Any]:
+def real_schedulers(
+    workload: Workload,
+    configs: Mapping[str, Mapping[str, Any]],
+    model: str | None = None,
+    device: str = "auto",
+    threads: int | None = None,
+    profile: str | None = "auto",
+) -> dict[str, Any]:
     """7.2, measured: ``workload`` served on the real model under each ``{name: options}``
     (:func:`~batching.schedulers.make_scheduler`'s, ``scheduler`` among them), one model for
     all runs. Its slabs hold the model's whole context, the limit the simulator's schedulers
@@ -213,10 +249,15 @@ def real_schedulers(workload: Workload, configs: Mapping[str, Mapping[str, Any]]
 
     slots = max(int(o.get("slots", 32)) for o in configs.values())
     runner = real_runner(model, device, slots=slots, threads=threads)
-    out: dict[str, Any] = {"real": {}, "model": runner.cfg.name, "workload": workload.name,
-                           "requests": len(workload)}
+    out: dict[str, Any] = {
+        "real": {},
+        "model": runner.cfg.name,
+        "workload": workload.name,
+        "requests": len(workload),
+    }
     if profile == "auto":
-        from ..real import device_name
+        from ..real.executor import device_name
+
         profile = profile_measured_here(runner.cfg.name, device_name(runner.device))
     cost = None
     if profile is not None:
@@ -237,20 +278,29 @@ def real_schedulers(workload: Workload, configs: Mapping[str, Mapping[str, Any]]
             L, pred = res.log.arrays(), predicted_steps(res, cost)
             pre = L["prefill"] > 0
             out.setdefault("steps_pred_over_real", {})[name] = {
-                kind: float((pred[m] * L["n"][m]).sum() / (L["dur"][m] * L["n"][m]).sum()) if m.any() else None
-                for kind, m in (("prefill", pre), ("decode", ~pre))}
+                kind: float((pred[m] * L["n"][m]).sum() / (L["dur"][m] * L["n"][m]).sum())
+                if m.any()
+                else None
+                for kind, m in (("prefill", pre), ("decode", ~pre))
+            }
     return out
 
 
 #: The rows of 7.2's measured scheduler comparison: (label, metrics key, format).
 REAL_SCHEDULER_ROWS: tuple[tuple[str, str, str], ...] = (
-    ("slot utilization", "slot_util", "{:.0%}"), ("p50 end-to-end (s)", "e2e_p50", "{:.2f}"),
-    ("p99 end-to-end (s)", "e2e_p99", "{:.2f}"), ("p99 time to first token (s)", "ttft_p99", "{:.2f}"),
-    ("output tokens/s", "throughput_tok", "{:.0f}"), ("steps", "steps", "{:.0f}"), ("busy (s)", "busy_s", "{:.1f}"))
+    ("slot utilization", "slot_util", "{:.0%}"),
+    ("p50 end-to-end (s)", "e2e_p50", "{:.2f}"),
+    ("p99 end-to-end (s)", "e2e_p99", "{:.2f}"),
+    ("p99 time to first token (s)", "ttft_p99", "{:.2f}"),
+    ("output tokens/s", "throughput_tok", "{:.0f}"),
+    ("steps", "steps", "{:.0f}"),
+    ("busy (s)", "busy_s", "{:.1f}"),
+)
 
 
-def real_schedulers_rows(rs: Mapping[str, Any], rows_def: Sequence[tuple[str, str, str]] = REAL_SCHEDULER_ROWS
-                         ) -> tuple[list[str], list[list[Any]]]:
+def real_schedulers_rows(
+    rs: Mapping[str, Any], rows_def: Sequence[tuple[str, str, str]] = REAL_SCHEDULER_ROWS
+) -> tuple[list[str], list[list[Any]]]:
     """7.2 (and the closing section's KV budget): header and rows of a measured comparison
     (:func:`real_schedulers`), one row per ``(label, metrics key, format)`` of ``rows_def``;
     with a profile, each cell reads "measured (simulated)"."""
@@ -272,13 +322,17 @@ def real_schedulers_text(rs: Mapping[str, Any], a: str = "static", b: str = "con
     """7.2: what :func:`real_schedulers` measured, scheduler ``b`` against ``a``, and how the
     simulator did where there was a profile of this machine (MyST)."""
     ra, rb = rs["real"][a], rs["real"][b]
-    text = (f"{b.capitalize()} batching kept {rb['slot_util']:.0%} of its slot-steps producing kept tokens "
-            f"against {ra['slot_util']:.0%} for {a} batching, and cut p99 end-to-end latency from "
-            f"{ra['e2e_p99']:.1f} s to {rb['e2e_p99']:.1f} s while serving "
-            f"{rb['throughput_tok'] / ra['throughput_tok']:.1f}x the output tokens per second.")
+    text = (
+        f"{b.capitalize()} batching kept {rb['slot_util']:.0%} of its slot-steps producing kept tokens "
+        f"against {ra['slot_util']:.0%} for {a} batching, and cut p99 end-to-end latency from "
+        f"{ra['e2e_p99']:.1f} s to {rb['e2e_p99']:.1f} s while serving "
+        f"{rb['throughput_tok'] / ra['throughput_tok']:.1f}x the output tokens per second."
+    )
     if "sim" not in rs:
-        return text + (" No profile measured on this machine is committed, so no simulation is set beside "
-                       "these runs (a profile of another machine would not predict this one).")
+        return text + (
+            " No profile measured on this machine is committed, so no simulation is set beside "
+            "these runs (a profile of another machine would not predict this one)."
+        )
     rel = Path(rs["profile"]).resolve()
     try:
         rel = rel.relative_to(ROOT)
@@ -286,17 +340,22 @@ def real_schedulers_text(rs: Mapping[str, Any], a: str = "static", b: str = "con
         pass
     sa, sb = rs["sim"][a], rs["sim"][b]
     same = all(rs["sim"][n]["steps"] == rs["real"][n]["steps"] for n in rs["real"])
-    steps = ("it takes every step the real runs took" if same else
-             f"it takes {sa['steps']:,.0f} steps for {a} batching and {sb['steps']:,.0f} for {b}, where the real "
-             f"runs took {ra['steps']:,.0f} and {rb['steps']:,.0f}")
+    steps = (
+        "it takes every step the real runs took"
+        if same
+        else f"it takes {sa['steps']:,.0f} steps for {a} batching and {sb['steps']:,.0f} for {b}, where the real "
+        f"runs took {ra['steps']:,.0f} and {rb['steps']:,.0f}"
+    )
 
     def against(x: float) -> str:
         # A difference that rounds to 0% would print as "-0%": said as what it is.
         return "within 1% of" if abs(x) < 0.005 else f"{abs(x):.0%} {'below' if x < 0 else 'above'}"
 
-    text += (f" In parentheses, the simulator on the profile measured on this machine (`{rel}`): {steps}, and "
-             f"its busy time comes out {against(sb['busy_s'] / rb['busy_s'] - 1)} the measured one for {b} "
-             f"batching and {against(sa['busy_s'] / ra['busy_s'] - 1)} it for {a}.")
+    text += (
+        f" In parentheses, the simulator on the profile measured on this machine (`{rel}`): {steps}, and "
+        f"its busy time comes out {against(sb['busy_s'] / rb['busy_s'] - 1)} the measured one for {b} "
+        f"batching and {against(sa['busy_s'] / ra['busy_s'] - 1)} it for {a}."
+    )
     # The cost model's own error, free of schedule divergence: the real runs' own steps, each
     # priced by the profile, over their measured time.
     kinds = {n: [(k, r) for k, r in rs["steps_pred_over_real"][n].items() if r is not None] for n in (a, b)}
@@ -304,7 +363,8 @@ def real_schedulers_text(rs: Mapping[str, Any], a: str = "static", b: str = "con
         return text
     (k0, r0), *rest = kinds[a]
     first = f"{a}'s {k0} steps come to {r0:.0%} of their measured time" + "".join(
-        f" and its {k} steps {r:.0%}" for k, r in rest)
+        f" and its {k} steps {r:.0%}" for k, r in rest
+    )
     if [k for k, _ in kinds[b]] == [k for k, _ in kinds[a]]:
         second = f"{b}'s " + " and ".join(f"{r:.0%}" for _, r in kinds[b])
     else:
@@ -315,31 +375,52 @@ def real_schedulers_text(rs: Mapping[str, Any], a: str = "static", b: str = "con
 def crosscheck_text(cc: Mapping[str, Any]) -> str:
     """7.2: one paragraph (MyST) reporting :func:`real_crosscheck`, whether it ran or not."""
     if not cc.get("available"):
-        return (f"The real engine could not be used when this page was built ({cc.get('reason', 'unknown')}), "
-                "so this cross-check was skipped.")
+        return (
+            f"The real engine could not be used when this page was built ({cc.get('reason', 'unknown')}), "
+            "so this cross-check was skipped."
+        )
     per = cc["per"]
     agree = all(p["steps_sim"] == p["steps_real"] and p["iters_sim"] == p["iters_real"] for p in per.values())
     parts = []
     for name, p in per.items():
-        parts.append(f"{name}: {p['steps_real']} steps, slot utilization {p['slot_util_real']:.1%}, "
-                     f"{p['busy_real_s']:.2f} s measured")
-    verdict = ("The step counts and every probe's iteration count agree exactly with the simulator"
-               if agree else "The step counts or iteration counts DIFFER from the simulator")
-    return (f"On the real engine ({executor_text(cc.get('executor', {}))}): " + "; ".join(parts)
-            + f". {verdict}.")
+        parts.append(
+            f"{name}: {p['steps_real']} steps, slot utilization {p['slot_util_real']:.1%}, "
+            f"{p['busy_real_s']:.2f} s measured"
+        )
+    verdict = (
+        "The step counts and every probe's iteration count agree exactly with the simulator"
+        if agree
+        else "The step counts or iteration counts DIFFER from the simulator"
+    )
+    return (
+        f"On the real engine ({executor_text(cc.get('executor', {}))}): " + "; ".join(parts) + f". {verdict}."
+    )
 
 
 def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
     """7.2: header and rows of the real-vs-simulated table (no rows if it did not run).
     Pairs are "simulated / real"; iterations are the probes' (see :func:`real_crosscheck`)."""
-    header = ["scheduler", "steps sim/real", "slot util sim/real", "probe iters adm.",
-              "probe iters arr. (mean)", "busy s sim/real"]
+    header = [
+        "scheduler",
+        "steps sim/real",
+        "slot util sim/real",
+        "probe iters adm.",
+        "probe iters arr. (mean)",
+        "busy s sim/real",
+    ]
     rows: list[list[Any]] = []
     for name, p in (cc.get("per") or {}).items():
         its = sorted(set(int(x) for x in p["iters_real"]))
-        rows.append([name, f"{p['steps_sim']}/{p['steps_real']}",
-                     f"{p['slot_util_sim']:.3f}/{p['slot_util_real']:.3f}", "/".join(map(str, its)),
-                     f"{np.mean(p['arrival_iters_real']):.1f}", f"{p['busy_sim_s']:.2f}/{p['busy_real_s']:.2f}"])
+        rows.append(
+            [
+                name,
+                f"{p['steps_sim']}/{p['steps_real']}",
+                f"{p['slot_util_sim']:.3f}/{p['slot_util_real']:.3f}",
+                "/".join(map(str, its)),
+                f"{np.mean(p['arrival_iters_real']):.1f}",
+                f"{p['busy_sim_s']:.2f}/{p['busy_real_s']:.2f}",
+            ]
+        )
     return header, rows
 
 
@@ -358,17 +439,30 @@ def _fidelity_errors(doc: Mapping[str, Any], where: Any) -> dict[str, Any]:
     res = doc["results"]
     if not res:
         raise ValueError(f"{where}: no results")
-    worst = lambda k: max(float(r[k]) for r in res.values() if r.get(k) is not None)  # noqa: E731
+    worst = lambda k: max(float(r[k]) for r in res.values() if r.get(k) is not None)
     return {
-        "model": doc["model"], "requests": int(doc["workload"]["requests"]), "date": doc["date"][:10],
-        "schedulers": ", ".join(res), "tput_err": worst("throughput_rel_err"),
-        "e2e_err": worst("e2e_median_abs_rel_err"), "step_err": worst("step_median_abs_rel_err"),
-        "busy_err": (max(abs(float(r["busy_pred_over_real"]) - 1) for r in res.values())
-                     if all("busy_pred_over_real" in r for r in res.values()) else None),
-        "noise": (worst("real_vs_real_e2e_median_abs_rel_err")
-                  if all("real_vs_real_e2e_median_abs_rel_err" in r for r in res.values()) else None),
-        "e2e_vs_median": (worst("sim_vs_real_median_e2e_median_abs_rel_err")
-                          if all("sim_vs_real_median_e2e_median_abs_rel_err" in r for r in res.values()) else None),
+        "model": doc["model"],
+        "requests": int(doc["workload"]["requests"]),
+        "date": doc["date"][:10],
+        "schedulers": ", ".join(res),
+        "tput_err": worst("throughput_rel_err"),
+        "e2e_err": worst("e2e_median_abs_rel_err"),
+        "step_err": worst("step_median_abs_rel_err"),
+        "busy_err": (
+            max(abs(float(r["busy_pred_over_real"]) - 1) for r in res.values())
+            if all("busy_pred_over_real" in r for r in res.values())
+            else None
+        ),
+        "noise": (
+            worst("real_vs_real_e2e_median_abs_rel_err")
+            if all("real_vs_real_e2e_median_abs_rel_err" in r for r in res.values())
+            else None
+        ),
+        "e2e_vs_median": (
+            worst("sim_vs_real_median_e2e_median_abs_rel_err")
+            if all("sim_vs_real_median_e2e_median_abs_rel_err" in r for r in res.values())
+            else None
+        ),
     }
 
 
@@ -406,26 +500,38 @@ def fidelity_summary(path: str | None = None, root: str | None = None) -> dict[s
     f = Path(path) if path else base / FIDELITY_FILE
     out = _fidelity_errors(json.loads(f.read_text()), f)
     notes = ([] if out["noise"] is None else [f"two real runs differ by {out['noise']:.0%}"]) + (
-        [] if out["e2e_vs_median"] is None else
-        [f"against each request's median over the real runs, {out['e2e_vs_median']:.0%}"])
+        []
+        if out["e2e_vs_median"] is None
+        else [f"against each request's median over the real runs, {out['e2e_vs_median']:.0%}"]
+    )
     paren = f" ({'; '.join(notes)})" if notes else ""
     gpu = []
     for g in gpu_fidelity_files(root):
         doc = json.loads(g.read_text())
         e = _fidelity_errors(doc, g)
-        gpu.append(f"{doc['device']} ({e['model']}, {e['requests']} requests, {e['date']}): output throughput "
-                   f"within {e['tput_err']:.1%}, median per-request latency {e['e2e_err']:.0%}")
+        gpu.append(
+            f"{doc['device']} ({e['model']}, {e['requests']} requests, {e['date']}): output throughput "
+            f"within {e['tput_err']:.1%}, median per-request latency {e['e2e_err']:.0%}"
+        )
     out["gpu_checks"] = len(gpu)
-    out["gpu"] = ("The GPU figures are roofline predictions from datasheet constants, not yet checked "
-                  "against a GPU." if not gpu else
-                  "Checked the same way on a GPU with a profile measured there: " + "; ".join(gpu)
-                  + ". The GPU figures themselves use the roofline's datasheet constants, not that profile.")
-    busy = ("" if out["busy_err"] is None else
-            f"its steps summed to within {out['busy_err']:.0%} of the measured busy time (median step "
-            f"{out['step_err']:.0%}), ")
-    out["text"] = (f"Simulator checked on the book's CPU{'' if gpu else ' only'}: driven by a step profile "
-                   f"measured on that CPU and run on the real engine's workload ({out['model']}, "
-                   f"{out['requests']} Azure requests, {out['schedulers']}), {busy}median per-request latency "
-                   f"came within {out['e2e_err']:.0%}{paren}, and output throughput, which these arrivals "
-                   f"mostly set, within {out['tput_err']:.1%}. " + out["gpu"])
+    out["gpu"] = (
+        "The GPU figures are roofline predictions from datasheet constants, not yet checked against a GPU."
+        if not gpu
+        else "Checked the same way on a GPU with a profile measured there: "
+        + "; ".join(gpu)
+        + ". The GPU figures themselves use the roofline's datasheet constants, not that profile."
+    )
+    busy = (
+        ""
+        if out["busy_err"] is None
+        else f"its steps summed to within {out['busy_err']:.0%} of the measured busy time (median step "
+        f"{out['step_err']:.0%}), "
+    )
+    out["text"] = (
+        f"Simulator checked on the book's CPU{'' if gpu else ' only'}: driven by a step profile "
+        f"measured on that CPU and run on the real engine's workload ({out['model']}, "
+        f"{out['requests']} Azure requests, {out['schedulers']}), {busy}median per-request latency "
+        f"came within {out['e2e_err']:.0%}{paren}, and output throughput, which these arrivals "
+        f"mostly set, within {out['tput_err']:.1%}. " + out["gpu"]
+    )
     return out

@@ -1,10 +1,12 @@
 """7.3 Chunked prefill: a long prompt arriving among running decodes, the inter-token stalls it
 causes, and the chunk size's trade-off.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -15,17 +17,31 @@ from .common import at, flat, metrics, simulate
 
 
 # ------------------------------------------------------------------------------- 7.3
-def long_prompt_among_decodes(running: int = 30, prompt: int = 4000, at: float = 0.5,
-                              running_prompt: int = 128, running_output: int = 400,
-                              output: int = 50) -> Workload:
+def long_prompt_among_decodes(
+    running: int = 30,
+    prompt: int = 4000,
+    at: float = 0.5,
+    running_prompt: int = 128,
+    running_output: int = 400,
+    output: int = 50,
+) -> Workload:
     """7.3: ``running`` requests start at t=0 and decode ``running_output`` tokens; at time
     ``at`` one request with a ``prompt``-token prompt arrives (its rid is ``running``)."""
     a = np.concatenate([np.zeros(running), [at]])
     p = np.concatenate([np.full(running, running_prompt), [prompt]])
     o = np.concatenate([np.full(running, running_output), [output]])
-    return Workload.from_arrays(a, p, o, name=f"{prompt}-token prompt among {running} decodes",
-                                info={"source": "experiments.long_prompt_among_decodes", "running": running,
-                                      "prompt": prompt, "at": at})
+    return Workload.from_arrays(
+        a,
+        p,
+        o,
+        name=f"{prompt}-token prompt among {running} decodes",
+        info={
+            "source": "experiments.long_prompt_among_decodes",
+            "running": running,
+            "prompt": prompt,
+            "at": at,
+        },
+    )
 
 
 def itl_series(result: RunResult, rids: Sequence[int]) -> dict[str, np.ndarray]:
@@ -70,17 +86,22 @@ def spike_summary(result: RunResult, running: Sequence[int], newcomer: int) -> d
     med = float(np.median(step_itl))
     slow = step_itl > 2 * med
     during = (step_t > new.arrival) & (step_t <= new.token_times[0])
-    return {"itl_max_ms": float(itl.max()) * 1e3, "itl_p50_ms": med * 1e3, "stall": float(itl.max() / med),
-            "steps_over_2x": float(np.sum(slow)),
-            "steps_over_2x_before": float(np.sum(slow & (step_t <= new.arrival))),
-            "steps_over_2x_during": float(np.sum(slow & during)),
-            "steps_over_2x_after": float(np.sum(slow & (step_t > new.token_times[0]))),
-            "prefill_itl_p50_ms": float(np.median(step_itl[during])) * 1e3 if during.any() else math.nan,
-            "ttft_ms": float(new.token_times[0] - new.arrival) * 1e3}
+    return {
+        "itl_max_ms": float(itl.max()) * 1e3,
+        "itl_p50_ms": med * 1e3,
+        "stall": float(itl.max() / med),
+        "steps_over_2x": float(np.sum(slow)),
+        "steps_over_2x_before": float(np.sum(slow & (step_t <= new.arrival))),
+        "steps_over_2x_during": float(np.sum(slow & during)),
+        "steps_over_2x_after": float(np.sum(slow & (step_t > new.token_times[0]))),
+        "prefill_itl_p50_ms": float(np.median(step_itl[during])) * 1e3 if during.any() else math.nan,
+        "ttft_ms": float(new.token_times[0] - new.arrival) * 1e3,
+    }
 
 
-def stall_summary(runs: Mapping[str, tuple[str, RunResult]], running: Sequence[int], newcomer: int
-                  ) -> dict[str, Any]:
+def stall_summary(
+    runs: Mapping[str, tuple[str, RunResult]], running: Sequence[int], newcomer: int
+) -> dict[str, Any]:
     """7.3: ``{tag: (label, result)}`` of the long-prompt workload, reduced to ``series``
     ({label: :func:`itl_series` of the running requests}), ``first_token`` ({label: the
     newcomer's first-token time, s}) and ``numbers`` (each run's :func:`spike_summary`,
@@ -95,12 +116,20 @@ def stall_summary(runs: Mapping[str, tuple[str, RunResult]], running: Sequence[i
     return {"series": series, "first_token": first, "numbers": numbers}
 
 
-def stall_runs(workload: Workload, cost: Any, configs: Mapping[str, tuple[str, str, Mapping[str, Any]]],
-               running: Sequence[int], newcomer: int, slots: int = 32) -> dict[str, Any]:
+def stall_runs(
+    workload: Workload,
+    cost: Any,
+    configs: Mapping[str, tuple[str, str, Mapping[str, Any]]],
+    running: Sequence[int],
+    newcomer: int,
+    slots: int = 32,
+) -> dict[str, Any]:
     """7.3: simulate the long-prompt workload under each ``{tag: (label, scheduler, options)}``;
     returns :func:`stall_summary`."""
-    runs = {tag: (label, simulate(workload, cost, sched, slots=slots, **opts))
-            for tag, (label, sched, opts) in configs.items()}
+    runs = {
+        tag: (label, simulate(workload, cost, sched, slots=slots, **opts))
+        for tag, (label, sched, opts) in configs.items()
+    }
     return stall_summary(runs, running, newcomer)
 
 
@@ -128,23 +157,38 @@ def stall_overlaps(result: RunResult, running: Sequence[int], newcomer: int) -> 
     return all(r.token_times[-1] > first for r in result.requests if r.rid in ids)
 
 
-REAL_STALL: dict[str, dict[str, int]] = {"cpu": {"running": 8, "prompt": 1536, "chunk": 128},
-                                         "cuda": {"running": 30, "prompt": 4000, "chunk": 512}}
+REAL_STALL: dict[str, dict[str, int]] = {
+    "cpu": {"running": 8, "prompt": 1536, "chunk": 128},
+    "cuda": {"running": 30, "prompt": 4000, "chunk": 512},
+}
 
 
 def stall_configs(chunk: int, slots: int) -> dict[str, tuple[str, str, dict[str, Any]]]:
     """7.3: the three ways of serving the long prompt that the page compares, as
     ``{tag: (label, scheduler, options)}``: mixed and separate prefill under continuous
     batching, and chunked prefill with ``chunk``-token chunks (budget chunk + slots)."""
-    return {"mix": ("continuous, mixed prefill", "continuous", {}),
-            "sep": ("continuous, separate prefill", "continuous", {"prefill_mode": "separate"}),
-            "chk": (f"chunked, {chunk}-token chunks", "chunked",
-                    {"token_budget": chunk + slots, "chunk_size": chunk})}
+    return {
+        "mix": ("continuous, mixed prefill", "continuous", {}),
+        "sep": ("continuous, separate prefill", "continuous", {"prefill_mode": "separate"}),
+        "chk": (
+            f"chunked, {chunk}-token chunks",
+            "chunked",
+            {"token_budget": chunk + slots, "chunk_size": chunk},
+        ),
+    }
 
 
-def real_stall(model: str | None = None, device: str = "auto", running: int | None = None,
-               prompt: int | None = None, chunk: int | None = None, lead_steps: int = 10, tail_steps: int = 30,
-               running_prompt: int = 128, threads: int | None = None) -> dict[str, Any]:
+def real_stall(
+    model: str | None = None,
+    device: str = "auto",
+    running: int | None = None,
+    prompt: int | None = None,
+    chunk: int | None = None,
+    lead_steps: int = 10,
+    tail_steps: int = 30,
+    running_prompt: int = 128,
+    threads: int | None = None,
+) -> dict[str, Any]:
     """7.3, measured: the long prompt among running decodes on the real model.
 
     ``running`` requests (``running_prompt``-token prompts) start at t = 0; a short
@@ -165,9 +209,14 @@ def real_stall(model: str | None = None, device: str = "auto", running: int | No
     running = d["running"] if running is None else running
     prompt = d["prompt"] if prompt is None else prompt
     chunk = d["chunk"] if chunk is None else chunk
-    for name, v, lo in (("running", running, 1), ("prompt", prompt, 1), ("chunk", chunk, 1),
-                        ("lead_steps", lead_steps, 1), ("tail_steps", tail_steps, 1),
-                        ("running_prompt", running_prompt, 1)):
+    for name, v, lo in (
+        ("running", running, 1),
+        ("prompt", prompt, 1),
+        ("chunk", chunk, 1),
+        ("lead_steps", lead_steps, 1),
+        ("tail_steps", tail_steps, 1),
+        ("running_prompt", running_prompt, 1),
+    ):
         if isinstance(v, bool) or not (isinstance(v, int) and v >= lo):
             raise ValueError(f"{name}={v!r}: must be an integer >= {lo}")
     # Twice the lead: a fresh model's first steps run slow (the calibration's median can
@@ -175,24 +224,35 @@ def real_stall(model: str | None = None, device: str = "auto", running: int | No
     # the very stall it is here to show.
     output = 2 * lead_steps + math.ceil(prompt / chunk) + tail_steps
     slots = running + 1
-    runner = real_runner(model, device, slots=slots, max_len=max(prompt + 8, running_prompt + output),
-                         threads=threads)
+    runner = real_runner(
+        model, device, slots=slots, max_len=max(prompt + 8, running_prompt + output), threads=threads
+    )
     configs = stall_configs(chunk, slots)
     # Calibrate under chunked prefill, the slowest to prefill the running prompts, so that
     # in every configuration they are all decoding when the long prompt arrives.
     _, sched, opts = configs["chk"]
-    calib = Workload.from_arrays(np.zeros(running), np.full(running, running_prompt), np.full(running, 16),
-                                 name="decode-step calibration")
-    for attempt in range(STALL_ATTEMPTS):
+    calib = Workload.from_arrays(
+        np.zeros(running),
+        np.full(running, running_prompt),
+        np.full(running, 16),
+        name="decode-step calibration",
+    )
+    for _attempt in range(STALL_ATTEMPTS):
         cal = serve_real(runner, calib, sched, slots=slots, **opts)
         L = cal.log.cols
         dec = np.asarray(L["dur"])[np.asarray(L["prefill"]) == 0]
         if dec.size < 2:
             raise RuntimeError("the calibration run had fewer than two decode-only steps")
-        step = float(np.median(dec[dec.size // 2:]))   # the later half: past the first steps' warm-up
+        step = float(np.median(dec[dec.size // 2 :]))  # the later half: past the first steps' warm-up
         at = max(r.token_times[0] for r in cal.requests) + lead_steps * step
-        w = long_prompt_among_decodes(running=running, prompt=prompt, at=at, running_prompt=running_prompt,
-                                      running_output=output, output=8)
+        w = long_prompt_among_decodes(
+            running=running,
+            prompt=prompt,
+            at=at,
+            running_prompt=running_prompt,
+            running_output=output,
+            output=8,
+        )
         runs = {}
         for tag, (label, sched, opts_t) in configs.items():
             runs[tag] = (label, serve_real(runner, w, sched, slots=slots, **opts_t))
@@ -203,21 +263,34 @@ def real_stall(model: str | None = None, device: str = "auto", running: int | No
         # A machine whose speed changed several-fold between calibration and run (a busy
         # shared CPU, a tiny model's sub-millisecond steps): say so rather than report a
         # stall that no running request saw.
-        raise RuntimeError(f"after {STALL_ATTEMPTS} calibrations the running requests had finished before the "
-                           f"long prompt's first token in {', '.join(missed)}: the decode step measured "
-                           f"{step * 1e3:.2f} ms in calibration and ran much faster in the runs")
+        raise RuntimeError(
+            f"after {STALL_ATTEMPTS} calibrations the running requests had finished before the "
+            f"long prompt's first token in {', '.join(missed)}: the decode step measured "
+            f"{step * 1e3:.2f} ms in calibration and ran much faster in the runs"
+        )
     out = stall_summary(runs, range(running), running)
-    res = runs[next(reversed(runs))][1]        # the last configuration's run names the executor
-    out.update(at_s=at, decode_ms=step * 1e3, lead_steps=lead_steps, running=running, prompt=prompt, chunk=chunk,
-               chunks=math.ceil(prompt / chunk), running_prompt=running_prompt, budget=chunk + slots,
-               labels={t: c[0] for t, c in configs.items()},
-               results={t: r for t, (_, r) in runs.items()}, model=res.executor["model"],
-               executor=res.executor)
+    res = runs[next(reversed(runs))][1]  # the last configuration's run names the executor
+    out.update(
+        at_s=at,
+        decode_ms=step * 1e3,
+        lead_steps=lead_steps,
+        running=running,
+        prompt=prompt,
+        chunk=chunk,
+        chunks=math.ceil(prompt / chunk),
+        running_prompt=running_prompt,
+        budget=chunk + slots,
+        labels={t: c[0] for t, c in configs.items()},
+        results={t: r for t, (_, r) in runs.items()},
+        model=res.executor["model"],
+        executor=res.executor,
+    )
     return out
 
 
-def stall_numbers(cost: Any, chunk: int, prompt: int, decodes: int = 30, ctx: int = 300,
-                  reference: Sequence[int] = ()) -> dict[str, float]:
+def stall_numbers(
+    cost: Any, chunk: int, prompt: int, decodes: int = 30, ctx: int = 300, reference: Sequence[int] = ()
+) -> dict[str, float]:
     """7.3: roofline times (ms) of a decode-only step of ``decodes`` rows, of the same step
     carrying a ``chunk``-token chunk, and carrying a whole ``prompt``; ``stall`` = the last
     over the first, ``chunks`` = how many chunks the prompt takes. With ``reference``
@@ -230,24 +303,38 @@ def stall_numbers(cost: Any, chunk: int, prompt: int, decodes: int = 30, ctx: in
     (that at peak) and ``overhead_ms`` (the step overhead the roofline adds)."""
     d = chunk_step_times(cost, [chunk, prompt], decodes=decodes, ctx=ctx)
     m = cost.model
-    long_flops = m.flops(StepWork(prefill_tokens=prompt, prefill_attn=prompt * (prompt + 1) // 2,
-                                  decode_rows=decodes, decode_ctx=decodes * ctx))
-    out = {"decode_ms": d["decode_s"] * 1e3, "chunk_ms": float(d["step_s"][0]) * 1e3,
-           "long_ms": float(d["step_s"][1]) * 1e3, "stall": float(d["step_s"][1] / d["decode_s"]),
-           "chunks": float(math.ceil(prompt / chunk)),
-           "layer_params_b": m.layers * m.layer_matmul_params / 1e9,
-           "tok_gflop": 2 * m.layers * m.layer_matmul_params / 1e9,
-           "attn_tflop": m.attn_flops_per_pair * prompt * (prompt + 1) / 2 / 1e12,
-           "long_tflop": long_flops / 1e12, "long_compute_ms": long_flops / cost.peak_flops * 1e3,
-           "overhead_ms": float(cost.device.step_overhead_s) * 1e3}
+    long_flops = m.flops(
+        StepWork(
+            prefill_tokens=prompt,
+            prefill_attn=prompt * (prompt + 1) // 2,
+            decode_rows=decodes,
+            decode_ctx=decodes * ctx,
+        )
+    )
+    out = {
+        "decode_ms": d["decode_s"] * 1e3,
+        "chunk_ms": float(d["step_s"][0]) * 1e3,
+        "long_ms": float(d["step_s"][1]) * 1e3,
+        "stall": float(d["step_s"][1] / d["decode_s"]),
+        "chunks": float(math.ceil(prompt / chunk)),
+        "layer_params_b": m.layers * m.layer_matmul_params / 1e9,
+        "tok_gflop": 2 * m.layers * m.layer_matmul_params / 1e9,
+        "attn_tflop": m.attn_flops_per_pair * prompt * (prompt + 1) / 2 / 1e12,
+        "long_tflop": long_flops / 1e12,
+        "long_compute_ms": long_flops / cost.peak_flops * 1e3,
+        "overhead_ms": float(cost.device.step_overhead_s) * 1e3,
+    }
     if reference:
-        best = chunk_step_times(cost, list(reference) + [chunk], decodes=decodes, ctx=ctx)["prefill_tps"].max()
+        best = chunk_step_times(cost, list(reference) + [chunk], decodes=decodes, ctx=ctx)[
+            "prefill_tps"
+        ].max()
         out["chunk_share"] = float(d["prefill_tps"][0] / best)
     return out
 
 
-def tradeoff_numbers(sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Mapping[str, int],
-                     loads: Mapping[str, float]) -> dict[str, Any]:
+def tradeoff_numbers(
+    sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Mapping[str, int], loads: Mapping[str, float]
+) -> dict[str, Any]:
     """7.3: glue-ready numbers of a :func:`chunk_sweep`: for each ``loads`` tag and each
     ``chunks`` tag, ``<load><chunk>_{itl_p99_ms,itl_p50_ms,ttft_p99,ttft_p50}``, and for
     continuous batching without chunks ``<load>_continuous_{itl_p99_ms,itl_p50_ms,ttft_p99,ttft_p50}``;
@@ -255,14 +342,24 @@ def tradeoff_numbers(sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Ma
     out: dict[str, Any] = {"loads_text": ", ".join(f"{k:g}" for k in sweep)}
     for lt, load in loads.items():
         d = sweep[float(load)]
-        out.update({f"{lt}_continuous_itl_p99_ms": float(d["continuous_itl_p99"][0]) * 1e3,
-                    f"{lt}_continuous_itl_p50_ms": float(d["continuous_itl_p50"][0]) * 1e3,
-                    f"{lt}_continuous_ttft_p99": float(d["continuous_ttft_p99"][0]),
-                    f"{lt}_continuous_ttft_p50": float(d["continuous_ttft_p50"][0])})
+        out.update(
+            {
+                f"{lt}_continuous_itl_p99_ms": float(d["continuous_itl_p99"][0]) * 1e3,
+                f"{lt}_continuous_itl_p50_ms": float(d["continuous_itl_p50"][0]) * 1e3,
+                f"{lt}_continuous_ttft_p99": float(d["continuous_ttft_p99"][0]),
+                f"{lt}_continuous_ttft_p50": float(d["continuous_ttft_p50"][0]),
+            }
+        )
         for ct, c in chunks.items():
             v = at(d, "chunk", c)
-            out.update({f"{lt}{ct}_itl_p99_ms": v["itl_p99"] * 1e3, f"{lt}{ct}_itl_p50_ms": v["itl_p50"] * 1e3,
-                        f"{lt}{ct}_ttft_p99": v["ttft_p99"], f"{lt}{ct}_ttft_p50": v["ttft_p50"]})
+            out.update(
+                {
+                    f"{lt}{ct}_itl_p99_ms": v["itl_p99"] * 1e3,
+                    f"{lt}{ct}_itl_p50_ms": v["itl_p50"] * 1e3,
+                    f"{lt}{ct}_ttft_p99": v["ttft_p99"],
+                    f"{lt}{ct}_ttft_p50": v["ttft_p50"],
+                }
+            )
     return out
 
 
@@ -270,14 +367,18 @@ def nochunk_text(sweep: Mapping[float, Mapping[str, np.ndarray]]) -> str:
     """7.3: where continuous batching without chunks sits among a :func:`chunk_sweep`'s
     chunk sizes: at which loads its p99 ITL is the worst, and at which some chunk sizes beat
     it on p99 TTFT as well (then no chunk size trades against it: it is off the curve)."""
+
     def listed(xs: Sequence[str]) -> str:
         return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
 
     worst = [f"{k:g}x" for k, d in sweep.items() if d["continuous_itl_p99"][0] >= d["itl_p99"].max()]
     where = "every load" if len(worst) == len(sweep) else listed(worst) if worst else ""
-    text = (f"Without chunks, continuous batching has the worst p99 ITL at {where}" if worst
-            else "Without chunks, continuous batching never has the worst p99 ITL here")
-    beaten: dict[float, list[str]] = {}      # smallest chunk that beats it on TTFT -> loads
+    text = (
+        f"Without chunks, continuous batching has the worst p99 ITL at {where}"
+        if worst
+        else "Without chunks, continuous batching never has the worst p99 ITL here"
+    )
+    beaten: dict[float, list[str]] = {}  # smallest chunk that beats it on TTFT -> loads
     last = None
     for k, d in sweep.items():
         better = d["chunk"][d["ttft_p99"] < d["continuous_ttft_p99"][0]]
@@ -288,12 +389,19 @@ def nochunk_text(sweep: Mapping[float, Mapping[str, np.ndarray]]) -> str:
     if last is None:
         return text + ", and the best p99 TTFT: the far end of the curve."
     biggest = max(float(d["chunk"].max()) for d in sweep.values())
-    groups = [(f"chunks of {c:,.0f} tokens" if c == biggest else f"{c:,.0f}-token chunks and larger")
-              + f" ({listed(loads)})" for c, loads in beaten.items()]
+    groups = [
+        (f"chunks of {c:,.0f} tokens" if c == biggest else f"{c:,.0f}-token chunks and larger")
+        + f" ({listed(loads)})"
+        for c, loads in beaten.items()
+    ]
     k, t_chunk, c_big, t_none = last
-    return (text + ", and it does not buy the best TTFT either: " + "; ".join(groups)
-            + f" have a lower p99 TTFT (at {k:g}x, {t_chunk:.2f} s with {c_big:,.0f}-token chunks against "
-            f"{t_none:.2f} s). Whole long prompts arriving in bursts hold up the newcomers behind them too.")
+    return (
+        text
+        + ", and it does not buy the best TTFT either: "
+        + "; ".join(groups)
+        + f" have a lower p99 TTFT (at {k:g}x, {t_chunk:.2f} s with {c_big:,.0f}-token chunks against "
+        f"{t_none:.2f} s). Whole long prompts arriving in bursts hold up the newcomers behind them too."
+    )
 
 
 def chunk_step_times(cost: Any, chunks: Sequence[int], decodes: int = 30, ctx: int = 256) -> dict[str, Any]:
@@ -304,11 +412,27 @@ def chunk_step_times(cost: Any, chunks: Sequence[int], decodes: int = 30, ctx: i
     second of step time, array) and ``bstar``.
     """
     ch = np.asarray(chunks, dtype=float)
-    steps = np.array([cost.step_time(StepWork(prefill_tokens=int(c), prefill_attn=int(c) * (int(c) + 1) // 2,
-                                              decode_rows=decodes, decode_ctx=decodes * ctx)) for c in chunks])
+    steps = np.array(
+        [
+            cost.step_time(
+                StepWork(
+                    prefill_tokens=int(c),
+                    prefill_attn=int(c) * (int(c) + 1) // 2,
+                    decode_rows=decodes,
+                    decode_ctx=decodes * ctx,
+                )
+            )
+            for c in chunks
+        ]
+    )
     dec = cost.step_time(StepWork(decode_rows=decodes, decode_ctx=decodes * ctx))
-    return {"chunk": ch, "step_s": steps, "decode_s": float(dec), "prefill_tps": ch / steps,
-            "bstar": float(cost.bstar())}
+    return {
+        "chunk": ch,
+        "step_s": steps,
+        "decode_s": float(dec),
+        "prefill_tps": ch / steps,
+        "bstar": float(cost.bstar()),
+    }
 
 
 def committed_stall_text(docs: Sequence[Mapping[str, Any]]) -> str:
@@ -321,12 +445,14 @@ def committed_stall_text(docs: Sequence[Mapping[str, Any]]) -> str:
         # The stall is a multiple of the run's median ITL, not of the calibration's step:
         # both are quoted, each named, so that neither is divided by the other's number.
         med = n["mix_itl_max_ms"] / n["mix_stall"]
-        return (f"with {s['running']} requests decoding at a median inter-token latency of {med:.1f} ms (a "
-                f"calibration run had timed their decode-only step at {s['decode_ms']:.1f} ms), a "
-                f"{s['prompt']:,}-token prompt prefilled whole held their next token for "
-                f"{n['mix_itl_max_ms']:.0f} ms ({n['mix_stall']:.0f}x that median), in {s['chunk']}-token chunks "
-                f"for at most {n['chk_itl_max_ms']:.0f} ms; its own first token came after "
-                f"{n['mix_ttft_ms']:.0f} and {n['chk_ttft_ms']:.0f} ms")
+        return (
+            f"with {s['running']} requests decoding at a median inter-token latency of {med:.1f} ms (a "
+            f"calibration run had timed their decode-only step at {s['decode_ms']:.1f} ms), a "
+            f"{s['prompt']:,}-token prompt prefilled whole held their next token for "
+            f"{n['mix_itl_max_ms']:.0f} ms ({n['mix_stall']:.0f}x that median), in {s['chunk']}-token chunks "
+            f"for at most {n['chk_itl_max_ms']:.0f} ms; its own first token came after "
+            f"{n['mix_ttft_ms']:.0f} and {n['chk_ttft_ms']:.0f} ms"
+        )
 
     return committed_text(docs, "the same experiment", sentence)
 
@@ -363,9 +489,23 @@ def profile_chunk_steps(profiles: Sequence[Mapping[str, Any]], decodes: int = 8)
         dec = float(p["ms"][int(np.flatnonzero(b == decodes)[0]), int(np.flatnonzero(cs == ctx)[0])])
         tps = chunk / (ms / 1e3)
         short = f"{p['meta']['model']} {p['shape'].dtype} on {p['meta'].get('device_name') or p['device']}"
-        out.append({"label": p["label"], "short": short, "device": p["device"], "ctx": ctx, "chunk": chunk, "step_ms": ms,
-                    "decode_ms": dec, "over_decode": ms / dec, "prefill_tps": tps, "share": tps / tps.max(),
-                    "bstar": float(p["bstar"]), "date": p["meta"]["date"][:10], "decodes": decodes})
+        out.append(
+            {
+                "label": p["label"],
+                "short": short,
+                "device": p["device"],
+                "ctx": ctx,
+                "chunk": chunk,
+                "step_ms": ms,
+                "decode_ms": dec,
+                "over_decode": ms / dec,
+                "prefill_tps": tps,
+                "share": tps / tps.max(),
+                "bstar": float(p["bstar"]),
+                "date": p["meta"]["date"][:10],
+                "decodes": decodes,
+            }
+        )
     return out
 
 
@@ -378,14 +518,23 @@ def profile_chunk_text(curves: Sequence[Mapping[str, Any]], chunks: Sequence[int
     parts = []
     for c in curves:
         ch = np.asarray(c["chunk"])
-        at = [f"a {n}-token chunk makes it {c['step_ms'][i]:.1f} ms ({c['over_decode'][i]:.1f}x) at "
-              f"{c['share'][i]:.0%} of the best prefill throughput measured"
-              for n in chunks for i in np.flatnonzero(ch == n)]
+        at = [
+            f"a {n}-token chunk makes it {c['step_ms'][i]:.1f} ms ({c['over_decode'][i]:.1f}x) at "
+            f"{c['share'][i]:.0%} of the best prefill throughput measured"
+            for n in chunks
+            for i in np.flatnonzero(ch == n)
+        ]
         reach = ch[np.asarray(c["share"]) >= 0.8]
-        tail = (f"; reaching 80% of it takes {reach[0]:.0f}-token chunks, {reach[0] / c['bstar']:.0f} times B* "
-                f"(= {c['bstar']:.0f})" if reach.size else "")
-        parts.append(f"On {c['label']}, the decode-only step of {c['decodes']} rows at {c['ctx']:.0f} tokens "
-                     f"each takes {c['decode_ms']:.1f} ms; " + "; ".join(at) + tail + ".")
+        tail = (
+            f"; reaching 80% of it takes {reach[0]:.0f}-token chunks, {reach[0] / c['bstar']:.0f} times B* "
+            f"(= {c['bstar']:.0f})"
+            if reach.size
+            else ""
+        )
+        parts.append(
+            f"On {c['label']}, the decode-only step of {c['decodes']} rows at {c['ctx']:.0f} tokens "
+            f"each takes {c['decode_ms']:.1f} ms; " + "; ".join(at) + tail + "."
+        )
     return " ".join(parts)
 
 
@@ -400,24 +549,33 @@ def real_chunk_text(curves: Sequence[Mapping[str, Any]], rs: Mapping[str, Any]) 
     chunk, n = int(rs["chunk"]), rs["numbers"]
     curve = next((c for c in curves if c["device"] == hw), None)
     if curve is None:
-        return (f"No committed profile of this device ({hw}) measures mixed steps, so its B* and how "
-                f"much prefill throughput a {chunk}-token chunk gives up are not known here.")
+        return (
+            f"No committed profile of this device ({hw}) measures mixed steps, so its B* and how "
+            f"much prefill throughput a {chunk}-token chunk gives up are not known here."
+        )
     bstar = float(curve["bstar"])
     stall = float(n["chk_prefill_itl_p50_ms"] / n["chk_itl_p50_ms"])
-    verdict = ("so each chunk step is compute-bound and the running requests still wait "
-               f"{stall:.1f}x their median inter-token latency on it (the median chunk step): here chunks "
-               f"spread the stall over the prompt's {rs['chunks']} chunks rather than remove it" if stall > 2 else
-               f"and the median chunk step holds the running requests for only {stall:.1f}x their median "
-               "inter-token latency")
-    out = (f"A {chunk}-token chunk is {chunk / bstar:.0f} times this machine's B* (= {bstar:.0f}, from its "
-           f"profile), {verdict}.")
+    verdict = (
+        "so each chunk step is compute-bound and the running requests still wait "
+        f"{stall:.1f}x their median inter-token latency on it (the median chunk step): here chunks "
+        f"spread the stall over the prompt's {rs['chunks']} chunks rather than remove it"
+        if stall > 2
+        else f"and the median chunk step holds the running requests for only {stall:.1f}x their median "
+        "inter-token latency"
+    )
+    out = (
+        f"A {chunk}-token chunk is {chunk / bstar:.0f} times this machine's B* (= {bstar:.0f}, from its "
+        f"profile), {verdict}."
+    )
     ch, share = np.asarray(curve["chunk"]), np.asarray(curve["share"])
     if chunk in ch:
         reach = ch[share >= 0.8]
-        out += (f" Smaller chunks would shorten those steps but waste prefill throughput: in the profile a "
-                f"{chunk}-token chunk already runs at {share[ch == chunk][0]:.0%} of the best prefill "
-                f"throughput measured" + (f", and reaching 80% of it takes {reach[0]:.0f}-token chunks."
-                                          if reach.size else "."))
+        out += (
+            f" Smaller chunks would shorten those steps but waste prefill throughput: in the profile a "
+            f"{chunk}-token chunk already runs at {share[ch == chunk][0]:.0%} of the best prefill "
+            f"throughput measured"
+            + (f", and reaching 80% of it takes {reach[0]:.0f}-token chunks." if reach.size else ".")
+        )
     return out
 
 
@@ -429,18 +587,25 @@ def calibration_text(rs: Mapping[str, Any], tol: float = 0.10) -> str:
     both are given, each named, and the page says which one the ratios use."""
     dec, n = float(rs["decode_ms"]), rs["numbers"]
     meds = [float(n[f"{t}_itl_p50_ms"]) for t in ("mix", "sep", "chk") if f"{t}_itl_p50_ms" in n]
-    head = (f"A calibration run first times the running batch's decode-only step, {dec:.1f} ms here (the "
-            f"median of its later steps), only to place the long prompt: it arrives {rs['lead_steps']} such steps "
-            f"after their prefill ends, at t = {rs['at_s']:.2f} s.")
+    head = (
+        f"A calibration run first times the running batch's decode-only step, {dec:.1f} ms here (the "
+        f"median of its later steps), only to place the long prompt: it arrives {rs['lead_steps']} such steps "
+        f"after their prefill ends, at t = {rs['at_s']:.2f} s."
+    )
     if not meds:
         return head
     lo, hi = min(meds), max(meds)
     span = f"{lo:.1f} ms" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f} to {hi:.1f} ms"
     if all(abs(m / dec - 1) <= tol for m in meds):
-        return head + f" In the runs themselves the running requests' median inter-token latency was {span}, close to it."
-    return head + (f" In the runs themselves the running requests' median inter-token latency was {span}, not "
-                   f"the calibration's {dec:.1f} ms: the table quotes the runs' own median, and every stall below "
-                   f"is a multiple of it.")
+        return (
+            head
+            + f" In the runs themselves the running requests' median inter-token latency was {span}, close to it."
+        )
+    return head + (
+        f" In the runs themselves the running requests' median inter-token latency was {span}, not "
+        f"the calibration's {dec:.1f} ms: the table quotes the runs' own median, and every stall below "
+        f"is a multiple of it."
+    )
 
 
 def slow_steps_text(rs: Mapping[str, Any], tag: str = "chk") -> str:
@@ -450,15 +615,21 @@ def slow_steps_text(rs: Mapping[str, Any], tag: str = "chk") -> str:
     expected there: any is noise on the machine)."""
     n = rs["numbers"]
     before, during, after = (int(n[f"{tag}_steps_over_2x_{k}"]) for k in ("before", "during", "after"))
-    parts = [f"{during} came while the long prompt was prefilled (it takes {rs['chunks']} chunks of "
-             f"{rs['chunk']} tokens)"]
+    parts = [
+        f"{during} came while the long prompt was prefilled (it takes {rs['chunks']} chunks of "
+        f"{rs['chunk']} tokens)"
+    ]
     if before:
-        parts.append(f"{before} came before it arrived: the running requests' own {rs['running_prompt']}-token prompts "
-                     f"also went through the {rs['budget']}-token budget in chunks, slowing the steps of the "
-                     "requests admitted first, which were already decoding")
+        parts.append(
+            f"{before} came before it arrived: the running requests' own {rs['running_prompt']}-token prompts "
+            f"also went through the {rs['budget']}-token budget in chunks, slowing the steps of the "
+            "requests admitted first, which were already decoding"
+        )
     if after:
-        parts.append(f"{after} came after its first token, with nothing left to prefill: run-to-run noise on this "
-                     "machine")
+        parts.append(
+            f"{after} came after its first token, with nothing left to prefill: run-to-run noise on this "
+            "machine"
+        )
     total = before + during + after
     if total == 0:
         return "No step took more than twice the median."
@@ -471,14 +642,19 @@ def ttft_cost_text(numbers: Mapping[str, float], margin: float = 0.05) -> str:
     the unchunked TTFT is reported as none (run-to-run noise on a shared machine is larger)."""
     chk, mix = float(numbers["chk_ttft_ms"]), float(numbers["mix_ttft_ms"])
     if chk > mix * (1 + margin):
-        return (f"The newcomer paid for the chunks: its first token came {chk:,.0f} ms after arrival instead of "
-                f"{mix:,.0f} ms, {chk / mix - 1:.0%} later.")
-    return (f"The newcomer's first token came {chk:,.0f} ms after arrival, against {mix:,.0f} ms unchunked: "
-            f"in this run its chunks did not delay it measurably.")
+        return (
+            f"The newcomer paid for the chunks: its first token came {chk:,.0f} ms after arrival instead of "
+            f"{mix:,.0f} ms, {chk / mix - 1:.0%} later."
+        )
+    return (
+        f"The newcomer's first token came {chk:,.0f} ms after arrival, against {mix:,.0f} ms unchunked: "
+        f"in this run its chunks did not delay it measurably."
+    )
 
 
-def chunk_for_itl(cost: Any, factor: float = 2.0, decodes: int = 30, ctx: int = 300,
-                  reference: Sequence[int] = ()) -> dict[str, float]:
+def chunk_for_itl(
+    cost: Any, factor: float = 2.0, decodes: int = 30, ctx: int = 300, reference: Sequence[int] = ()
+) -> dict[str, float]:
     """7.3 (exercise): the largest chunk whose step, carrying ``decodes`` decodes of ``ctx``
     KV tokens, stays within ``factor`` x the decode-only step on the roofline. Returns
     ``chunk`` (tokens), ``step_ms``, ``decode_ms`` and ``share``: its prefill throughput
@@ -486,7 +662,7 @@ def chunk_for_itl(cost: Any, factor: float = 2.0, decodes: int = 30, ctx: int = 
     base = chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["decode_s"]
     if chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["step_s"][0] > factor * base:
         raise ValueError(f"factor={factor}: even a 1-token chunk exceeds it")
-    lo, hi = 1, 1 << 20   # step time grows with the chunk: bisect on the largest that fits
+    lo, hi = 1, 1 << 20  # step time grows with the chunk: bisect on the largest that fits
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if chunk_step_times(cost, [mid], decodes=decodes, ctx=ctx)["step_s"][0] <= factor * base:
@@ -494,8 +670,12 @@ def chunk_for_itl(cost: Any, factor: float = 2.0, decodes: int = 30, ctx: int = 
         else:
             hi = mid
     d = chunk_step_times(cost, [lo] + list(reference), decodes=decodes, ctx=ctx)
-    return {"chunk": float(lo), "step_ms": float(d["step_s"][0]) * 1e3, "decode_ms": base * 1e3,
-            "share": float(d["prefill_tps"][0] / d["prefill_tps"].max())}
+    return {
+        "chunk": float(lo),
+        "step_ms": float(d["step_s"][0]) * 1e3,
+        "decode_ms": base * 1e3,
+        "share": float(d["prefill_tps"][0] / d["prefill_tps"].max()),
+    }
 
 
 def trace_contrast(workload: Workload, other: Workload) -> dict[str, float]:
@@ -508,13 +688,24 @@ def trace_contrast(workload: Workload, other: Workload) -> dict[str, float]:
         raise ValueError("trace_contrast() needs two non-empty workloads")
     p, o = float(np.mean(workload.prompt_lens)), float(np.mean(workload.output_lens))
     po, oo = float(np.mean(other.prompt_lens)), float(np.mean(other.output_lens))
-    return {"prompt_mean": p, "output_mean": o, "other_prompt_mean": po, "other_output_mean": oo,
-            "prompt_ratio": p / po, "output_shorter": oo / o}
+    return {
+        "prompt_mean": p,
+        "output_mean": o,
+        "other_prompt_mean": po,
+        "other_output_mean": oo,
+        "prompt_ratio": p / po,
+        "output_shorter": oo / o,
+    }
 
 
-def chunk_sweep(workload: Workload, cost: Any, chunk_sizes: Sequence[int], slots: int = 32,
-                time_scales: Sequence[float] = (1.0,), kv_tokens: int | str | None = "device"
-                ) -> dict[float, dict[str, np.ndarray]]:
+def chunk_sweep(
+    workload: Workload,
+    cost: Any,
+    chunk_sizes: Sequence[int],
+    slots: int = 32,
+    time_scales: Sequence[float] = (1.0,),
+    kv_tokens: int | str | None = "device",
+) -> dict[float, dict[str, np.ndarray]]:
     """7.3: chunked prefill at every chunk size, with token budget = chunk + slots.
 
     Per time scale: arrays over ``chunk`` of ``ttft_p99``, ``ttft_p50``, ``itl_p99``, ``itl_p50``,
@@ -522,18 +713,40 @@ def chunk_sweep(workload: Workload, cost: Any, chunk_sizes: Sequence[int], slots
     unchunked reference (continuous batching, whole prompts mixed into the decode step)
     under the key ``"continuous"`` as one-element arrays.
     """
-    keys = ("ttft_p99", "ttft_p50", "itl_p99", "itl_p50", "itl_max", "tpot_p99", "e2e_p99", "throughput_tok", "steps")
+    keys = (
+        "ttft_p99",
+        "ttft_p50",
+        "itl_p99",
+        "itl_p50",
+        "itl_max",
+        "tpot_p99",
+        "e2e_p99",
+        "throughput_tok",
+        "steps",
+    )
     out: dict[float, dict[str, np.ndarray]] = {}
     for k in time_scales:
         w = workload.scale(time=float(k)) if k != 1 else workload
         acc: dict[str, list[float]] = {key: [] for key in keys}
         for c in chunk_sizes:
-            m = metrics(simulate(w, cost, "chunked", slots=slots, kv_tokens=kv_tokens,
-                                 token_budget=int(c) + slots, chunk_size=int(c)))
+            m = metrics(
+                simulate(
+                    w,
+                    cost,
+                    "chunked",
+                    slots=slots,
+                    kv_tokens=kv_tokens,
+                    token_budget=int(c) + slots,
+                    chunk_size=int(c),
+                )
+            )
             for key in keys:
                 acc[key].append(m[key])
         ref = metrics(simulate(w, cost, "continuous", slots=slots, kv_tokens=kv_tokens))
-        res = {"chunk": np.asarray(chunk_sizes, dtype=float), **{key: np.asarray(v) for key, v in acc.items()}}
+        res = {
+            "chunk": np.asarray(chunk_sizes, dtype=float),
+            **{key: np.asarray(v) for key, v in acc.items()},
+        }
         for key in keys:
             res[f"continuous_{key}"] = np.asarray([ref[key]])
         out[float(k)] = res

@@ -9,11 +9,15 @@ SVG under ``_build/figures/`` by :func:`publish`, which also glues them for the 
 Plot functions take the tidy dicts of :mod:`batching.experiments`; they draw and return
 the figure, they compute nothing beyond unit conversions.
 """
+
 from __future__ import annotations
 
+import html
 import math
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -23,30 +27,38 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from .experiments import KINDS, Segment
+from .common import KINDS
+from .static import Segment
 
 #: What a batch row does in a step. Colour-blind safe (Okabe-Ito), the same in every chapter.
 PHASE_COLORS: dict[str, str] = {
-    "prefill": "#0072B2",   # blue
-    "decode": "#009E73",    # green
-    "padding": "#E69F00",   # orange
-    "dead": "#D55E00",      # vermilion: a finished row the dense batch still computes
-    "idle": "#E6E6E6",      # light grey: nothing scheduled in the slot
+    "prefill": "#0072B2",  # blue
+    "decode": "#009E73",  # green
+    "padding": "#E69F00",  # orange
+    "dead": "#D55E00",  # vermilion: a finished row the dense batch still computes
+    "idle": "#E6E6E6",  # light grey: nothing scheduled in the slot
 }
 PHASE_LABELS: dict[str, str] = {
-    "prefill": "prefill", "decode": "decode", "padding": "padding",
-    "dead": "dead row (finished, still computed)", "idle": "idle (free slot)",
+    "prefill": "prefill",
+    "decode": "decode",
+    "padding": "padding",
+    "dead": "dead row (finished, still computed)",
+    "idle": "idle (free slot)",
 }
 SCHEDULER_COLORS: dict[str, str] = {
-    "static": "#8C564B",      # brown
-    "dynamic": "#CC79A7",     # pink
+    "static": "#8C564B",  # brown
+    "dynamic": "#CC79A7",  # pink
     "continuous": "#222222",  # near black
-    "chunked": "#56B4E9",     # sky blue
+    "chunked": "#56B4E9",  # sky blue
 }
 POLICY_COLORS: dict[str, str] = {"slab": "#8C564B", "exact": "#0072B2"}
 #: One (colour, marker) per load of a sweep (7.3's trade-off): distinct hues, not shades.
-LOAD_STYLES: tuple[tuple[str, str], ...] = (("#56B4E9", "o"), ("#E69F00", "s"), ("#0072B2", "^"),
-                                            ("#CC79A7", "v"))
+LOAD_STYLES: tuple[tuple[str, str], ...] = (
+    ("#56B4E9", "o"),
+    ("#E69F00", "s"),
+    ("#0072B2", "^"),
+    ("#CC79A7", "v"),
+)
 #: Book text column width (inches) and the resolution of saved PNGs.
 WIDTH = 7.0
 DPI = 150
@@ -56,13 +68,26 @@ FIGURE_DIR = Path("_build") / "figures"
 
 def style() -> None:
     """Matplotlib defaults for the book: readable at column width, light grid, no top/right spines."""
-    plt.rcParams.update({
-        "figure.dpi": DPI, "savefig.dpi": DPI, "font.size": 9.5, "axes.titlesize": 10,
-        "axes.labelsize": 9.5, "legend.fontsize": 8.5, "xtick.labelsize": 8.5, "ytick.labelsize": 8.5,
-        "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-        "grid.color": "#dddddd", "grid.linewidth": 0.6, "legend.frameon": False,
-        "figure.constrained_layout.use": True, "svg.fonttype": "none",
-    })
+    plt.rcParams.update(
+        {
+            "figure.dpi": DPI,
+            "savefig.dpi": DPI,
+            "font.size": 9.5,
+            "axes.titlesize": 10,
+            "axes.labelsize": 9.5,
+            "legend.fontsize": 8.5,
+            "xtick.labelsize": 8.5,
+            "ytick.labelsize": 8.5,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "axes.grid": True,
+            "grid.color": "#dddddd",
+            "grid.linewidth": 0.6,
+            "legend.frameon": False,
+            "figure.constrained_layout.use": True,
+            "svg.fonttype": "none",
+        }
+    )
 
 
 def figure_dir(smoke: bool = False) -> Path:
@@ -130,7 +155,7 @@ def _log_y(ax: Any, series: list, headroom: float) -> None:
 def _log_ticks(ax: Any, lo: float, hi: float, axis: str = "x") -> None:
     """Readable major ticks (1-2-5 per decade) on a log axis, and no minor tick labels."""
     for mantissas in ((1, 2, 5), (1, 3), (1,)):
-        ticks = [m * 10.0 ** e for e in range(-4, 7) for m in mantissas if lo <= m * 10.0 ** e <= hi]
+        ticks = [m * 10.0**e for e in range(-4, 7) for m in mantissas if lo <= m * 10.0**e <= hi]
         if len(ticks) <= 7:
             break
     ticks = ticks or [lo, hi]
@@ -149,11 +174,17 @@ def _pct(ax: Any, axis: str = "y") -> None:
 def padding_figure(pc: Mapping[str, float]) -> Figure:
     """7.1 (a): prefill tokens computed and roofline prefill time, padded vs not."""
     short, long = int(pc["short"]), int(pc["long"])
-    labels = [f"{short}-token prompt\nalone", f"{short}-token prompt\npadded to {long:,}",
-              "batch of both,\nno padding", "batch of both,\npadded (static)"]
+    labels = [
+        f"{short}-token prompt\nalone",
+        f"{short}-token prompt\npadded to {long:,}",
+        "batch of both,\nno padding",
+        "batch of both,\npadded (static)",
+    ]
     useful = np.array([short, short, short + long, short + long], dtype=float)
     padding = np.array([0, long - short, 0, long - short], dtype=float)
-    times = np.array([pc["t_short"], pc["t_short_padded"], pc["t_batch_unpadded"], pc["t_batch_padded"]]) * 1e3
+    times = (
+        np.array([pc["t_short"], pc["t_short_padded"], pc["t_batch_unpadded"], pc["t_batch_padded"]]) * 1e3
+    )
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.9), sharey=True)
     y = np.arange(len(labels))[::-1]
     ax = axes[0]
@@ -173,25 +204,37 @@ def padding_figure(pc: Mapping[str, float]) -> Figure:
     return fig
 
 
-def timeline_figure(panels: Sequence[tuple[str, Sequence[Segment]]], kinds: Sequence[str] = KINDS,
-                    height_per_panel: float = 2.3, time_unit: str = "s",
-                    marks: Sequence[Sequence[tuple[float, str]]] | None = None,
-                    sharex: bool = False) -> Figure:
+def timeline_figure(
+    panels: Sequence[tuple[str, Sequence[Segment]]],
+    kinds: Sequence[str] = KINDS,
+    height_per_panel: float = 2.3,
+    time_unit: str = "s",
+    marks: Sequence[Sequence[tuple[float, str]]] | None = None,
+    sharex: bool = False,
+) -> Figure:
     """Per-slot timelines (7.1 (b), 7.2): one panel per (title, segments); rows are slots,
     time runs left to right, colour is what the row does (:data:`PHASE_COLORS`).
     ``marks[i]`` lists (time in s, label) pairs drawn as dotted lines on panel i.
     ``sharex``: every panel spans the longest one's time, so panels compare by eye (7.2)."""
     scale = {"s": 1.0, "ms": 1e3}[time_unit]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(WIDTH, height_per_panel * len(panels) + 0.5),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(WIDTH, height_per_panel * len(panels) + 0.5), squeeze=False
+    )
     used: set[str] = set()
     for pi, (ax, (title, segs)) in enumerate(zip(axes[:, 0], panels)):
         nslots = max(s.slot for s in segs) + 1
-        for t, label in (marks[pi] if marks else ()):
+        for t, label in marks[pi] if marks else ():
             ax.axvline(t * scale, color="black", ls=":", lw=1, zorder=5)
-            ax.annotate(label, (t * scale, 0.5), xycoords=("data", "axes fraction"), xytext=(4, 0),
-                        textcoords="offset points", fontsize=8, zorder=6,
-                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85})
+            ax.annotate(
+                label,
+                (t * scale, 0.5),
+                xycoords=("data", "axes fraction"),
+                xytext=(4, 0),
+                textcoords="offset points",
+                fontsize=8,
+                zorder=6,
+                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85},
+            )
         for kind in kinds:
             bars: dict[int, list[tuple[float, float]]] = {}
             for s in segs:
@@ -212,8 +255,9 @@ def timeline_figure(panels: Sequence[tuple[str, Sequence[Segment]]], kinds: Sequ
         step = max(1, nslots // 4)
         ax.set_yticks(range(0, nslots, step))
     axes[-1, 0].set_xlabel(f"time ({time_unit})")
-    fig.legend(handles=_legend_patches([k for k in kinds if k in used]), loc="outside lower center",
-               ncol=len(used))
+    fig.legend(
+        handles=_legend_patches([k for k in kinds if k in used]), loc="outside lower center", ncol=len(used)
+    )
     return fig
 
 
@@ -224,8 +268,15 @@ def batch_sweep_figure(sweep: Mapping[str, np.ndarray]) -> Figure:
     ax = axes[0]
     ax.plot(b, sweep["analytic"], "-", color="#999999", lw=2.5, label="analytic: Σ outputs / (B · Σ longest)")
     ax.plot(b, sweep["slot_util"], "o", color=SCHEDULER_COLORS["static"], label="simulated (per step)")
-    ax.plot(b, sweep["slot_util_tw"], "s--", color=SCHEDULER_COLORS["static"], mfc="white", ms=4,
-            label="simulated (time-weighted)")
+    ax.plot(
+        b,
+        sweep["slot_util_tw"],
+        "s--",
+        color=SCHEDULER_COLORS["static"],
+        mfc="white",
+        ms=4,
+        label="simulated (time-weighted)",
+    )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("static batch size B")
     ax.set_ylabel("slot utilization")
@@ -233,10 +284,11 @@ def batch_sweep_figure(sweep: Mapping[str, np.ndarray]) -> Figure:
     _pct(ax)
     ax.legend(loc="lower left")
     ax = axes[1]
-    ax.plot(b, sweep["padding_fraction"], "o-", color=PHASE_COLORS["padding"], label="padding / prefill tokens")
+    ax.plot(
+        b, sweep["padding_fraction"], "o-", color=PHASE_COLORS["padding"], label="padding / prefill tokens"
+    )
     ax.plot(b, sweep["hw_compute"], "^-", color="#555555", label="hardware compute util. (all FLOPs)")
-    ax.plot(b, sweep["useful_compute"], "v--", color="#555555", mfc="white",
-            label="same, useful FLOPs only")
+    ax.plot(b, sweep["useful_compute"], "v--", color="#555555", mfc="white", label="same, useful FLOPs only")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("static batch size B")
     ax.set_ylabel("fraction")
@@ -258,8 +310,13 @@ def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | 
     for name, d in sweep.items():
         q = np.maximum(d["queue_mean"], 1e-3)
         qs.append(q)
-        ax.plot(q, d["slot_util"], "o-", color=SCHEDULER_COLORS[name],
-                label=f"{name} ({'timeout' if name == 'static' else 'max_wait'} T, s)")
+        ax.plot(
+            q,
+            d["slot_util"],
+            "o-",
+            color=SCHEDULER_COLORS[name],
+            label=f"{name} ({'timeout' if name == 'static' else 'max_wait'} T, s)",
+        )
         # Points that bunch up (small T) share one label listing every T of the bunch,
         # written below it, where the curves leave room; a lone point keeps its own label.
         groups: list[list[int]] = []
@@ -276,19 +333,36 @@ def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | 
                 off, ha, va = (2, -9), "left", "top"
             elif name == "static" and y > 0.08 * top:
                 off, ha, va = (4, -10), "left", "baseline"
-            elif name == "static":          # near the axis: above, not cut off below it
+            elif name == "static":  # near the axis: above, not cut off below it
                 off, ha, va = (4, 5), "left", "baseline"
             else:
                 off, ha, va = (-4, 5), "right", "baseline"
-            labels.append(ax.annotate(text, (x, y), textcoords="offset points", xytext=off, ha=ha, va=va,
-                                      fontsize=7.5, color=SCHEDULER_COLORS[name]))
+            labels.append(
+                ax.annotate(
+                    text,
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=off,
+                    ha=ha,
+                    va=va,
+                    fontsize=7.5,
+                    color=SCHEDULER_COLORS[name],
+                )
+            )
     if ceiling is not None:
         ax.axhline(ceiling, color="#999999", ls="--", lw=1.2)
-        ax.annotate("full batches of B (first-finisher ceiling)", (0.99, ceiling),
-                    xycoords=("axes fraction", "data"), ha="right", va="bottom", fontsize=8, color="#666666")
+        ax.annotate(
+            "full batches of B (first-finisher ceiling)",
+            (0.99, ceiling),
+            xycoords=("axes fraction", "data"),
+            ha="right",
+            va="bottom",
+            fontsize=8,
+            color="#666666",
+        )
     ax.set_xscale("log")
     allq = np.concatenate(qs) if qs else np.array([1.0])
-    ax.set_xlim(allq.min() / 1.6, allq.max() * 1.8)     # room for the labels at both ends
+    ax.set_xlim(allq.min() / 1.6, allq.max() * 1.8)  # room for the labels at both ends
     ax.set_xlabel("mean queueing delay, arrival to admission (s, log scale)")
     ax.set_ylabel("slot utilization")
     ax.set_ylim(0, top)
@@ -310,18 +384,23 @@ def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | 
 
 
 # ------------------------------------------------------------------------------ 7.2
-def rate_util_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], trace_rate: float | None = None) -> Figure:
+def rate_util_figure(
+    sweep: Mapping[str, Mapping[str, np.ndarray]], trace_rate: float | None = None
+) -> Figure:
     """7.2: slot utilization, hardware compute and bandwidth utilization vs offered rate."""
     fig, axes = plt.subplots(1, 3, figsize=(WIDTH, 2.8), sharex=True)
     for name, d in sweep.items():
-        c = SCHEDULER_COLORS[name.split()[0]] if name.split()[0] in SCHEDULER_COLORS else None
+        c = SCHEDULER_COLORS.get(name.split()[0])
         x = d["offered_rate"]
         axes[0].plot(x, d["slot_util"], "o-", color=c, ms=3.5, label=name)
         axes[1].plot(x, d["hw_compute"], "o-", color=c, ms=3.5)
         axes[1].plot(x, d["useful_compute"], "o--", color=c, ms=3.5, mfc="white")
         axes[2].plot(x, d["hw_bandwidth"], "o-", color=c, ms=3.5)
-    titles = ["slot utilization", "hardware compute utilization\n(solid: all FLOPs, dashed: useful)",
-              "hardware bandwidth\nutilization"]
+    titles = [
+        "slot utilization",
+        "hardware compute utilization\n(solid: all FLOPs, dashed: useful)",
+        "hardware bandwidth\nutilization",
+    ]
     xs = np.concatenate([d["offered_rate"] for d in sweep.values()])
     for ax, t in zip(axes, titles):
         ax.set_title(t, fontsize=9)
@@ -336,8 +415,9 @@ def rate_util_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], trace_rate: 
     return fig
 
 
-def latency_throughput_figure(sweep: Mapping[str, Mapping[str, np.ndarray]],
-                              label_scales: Sequence[float] = ()) -> Figure:
+def latency_throughput_figure(
+    sweep: Mapping[str, Mapping[str, np.ndarray]], label_scales: Sequence[float] = ()
+) -> Figure:
     """7.2: p50 and p99 end-to-end latency vs achieved throughput in requests/s (the unit of
     the page's table), one point per rate; points whose replay speed is in ``label_scales``
     are labelled with it ("0.75x"), so a curve that bends back can be followed."""
@@ -353,14 +433,25 @@ def latency_throughput_figure(sweep: Mapping[str, Mapping[str, np.ndarray]],
             ax.plot(d["throughput_req"], d[key], "o-", color=c, ms=3.5, label=name)
             for x, y, k in zip(d["throughput_req"], d[key], d["time_scale"]):
                 if any(math.isclose(k, s) for s in label_scales):
-                    labels.append(ax.annotate(f"{k:g}x", (x, y), xytext=offset, textcoords="offset points",
-                                              ha=ha, fontsize=7, color=c))
+                    labels.append(
+                        ax.annotate(
+                            f"{k:g}x",
+                            (x, y),
+                            xytext=offset,
+                            textcoords="offset points",
+                            ha=ha,
+                            fontsize=7,
+                            color=c,
+                        )
+                    )
     for ax, t in zip(axes, ("p50 end-to-end latency", "p99 end-to-end latency")):
         ax.set_yscale("log")
         ax.set_xlabel("achieved throughput (requests/s)")
         ax.set_title(t, fontsize=9)
     axes[0].set_ylabel("seconds (log scale)")
-    ys = np.concatenate([np.asarray(d[k], dtype=float) for d in sweep.values() for k in ("e2e_p50", "e2e_p99")])
+    ys = np.concatenate(
+        [np.asarray(d[k], dtype=float) for d in sweep.values() for k in ("e2e_p50", "e2e_p99")]
+    )
     xs = np.concatenate([np.asarray(d["throughput_req"], dtype=float) for d in sweep.values()])
     axes[0].set_ylim(ys.min() / 3, ys.max() * 2.2)  # room for the labels around the curves
     for ax in axes:
@@ -371,8 +462,13 @@ def latency_throughput_figure(sweep: Mapping[str, Mapping[str, np.ndarray]],
     return fig
 
 
-def _drop_overlapping(fig: Figure, texts: Sequence[Any], pad: float = 2.0,
-                      avoid: Sequence[tuple[Any, Any, Any]] = (), marker_px: float = 4.0) -> None:
+def _drop_overlapping(
+    fig: Figure,
+    texts: Sequence[Any],
+    pad: float = 2.0,
+    avoid: Sequence[tuple[Any, Any, Any]] = (),
+    marker_px: float = 4.0,
+) -> None:
     """Remove every text whose box (grown by ``pad`` pixels) overlaps one kept before it, a
     marker of ``avoid`` ((axes, xs, ys) in data coordinates, each point ``marker_px`` pixels
     either side), or leaves its axes: point labels stay readable however the curves fall.
@@ -388,7 +484,9 @@ def _drop_overlapping(fig: Figure, texts: Sequence[Any], pad: float = 2.0,
     for t in texts:
         raw = t.get_window_extent(renderer)
         box = raw.padded(pad)
-        inside = t.axes is None or t.axes.bbox.contains(raw.x0, raw.y0) and t.axes.bbox.contains(raw.x1, raw.y1)
+        inside = (
+            t.axes is None or t.axes.bbox.contains(raw.x0, raw.y0) and t.axes.bbox.contains(raw.x1, raw.y1)
+        )
         if not inside or any(box.overlaps(k) for k in kept):
             t.remove()
         else:
@@ -405,8 +503,15 @@ def iterations_figure(its: Mapping[str, Mapping[str, np.ndarray]], probe: int) -
             y = np.arange(1, len(x) + 1) / len(x)
             ax.step(x, y, where="post", color=c, label=name)
     axes[0].axvline(probe, color="#999999", ls="--", lw=1)
-    axes[0].annotate(f"{probe} iterations", (probe, 0.55), xytext=(5, 0), textcoords="offset points",
-                     fontsize=8, color="#666666", bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none"})
+    axes[0].annotate(
+        f"{probe} iterations",
+        (probe, 0.55),
+        xytext=(5, 0),
+        textcoords="offset points",
+        fontsize=8,
+        color="#666666",
+        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none"},
+    )
     axes[0].set_xscale("log")
     axes[0].set_xlim(left=probe / 2)
     axes[0].set_xlabel("engine iterations from arrival to last token (log)")
@@ -429,8 +534,12 @@ def _config_style(name: str) -> dict[str, Any]:
     return {"color": SCHEDULER_COLORS["continuous"], "ls": "-"}
 
 
-def itl_figure(series: Mapping[str, Mapping[str, np.ndarray]], arrival: float,
-               first_tokens: Mapping[str, float] | None = None, window: tuple[float, float] | None = None) -> Figure:
+def itl_figure(
+    series: Mapping[str, Mapping[str, np.ndarray]],
+    arrival: float,
+    first_tokens: Mapping[str, float] | None = None,
+    window: tuple[float, float] | None = None,
+) -> Figure:
     """7.3: the inter-token latency the running requests see, per configuration; triangles
     on the time axis mark the newcomer's first token."""
     fig, ax = plt.subplots(figsize=(WIDTH, 2.9))
@@ -442,14 +551,31 @@ def itl_figure(series: Mapping[str, Mapping[str, np.ndarray]], arrival: float,
         ax.step(u, g[idx], where="pre", lw=1.5, label=name, **_config_style(name))
         top = max(top, float(g.max(initial=0.0)))
     ax.axvline(arrival, color="#999999", ls=":", lw=1)
-    note = ax.annotate("long prompt arrives", (arrival, 0.93), xycoords=("data", "axes fraction"), xytext=(-4, 0),
-                       textcoords="offset points", ha="right", fontsize=8, color="#666666")
+    note = ax.annotate(
+        "long prompt arrives",
+        (arrival, 0.93),
+        xycoords=("data", "axes fraction"),
+        xytext=(-4, 0),
+        textcoords="offset points",
+        ha="right",
+        fontsize=8,
+        color="#666666",
+    )
     if first_tokens:
         # Stacked a little apart on the time axis: first tokens a few ms apart would otherwise
         # hide one another behind a single triangle.
         for k, (name, tf) in enumerate(first_tokens.items()):
-            ax.plot([tf], [0.035 * k], marker="v", ms=8, clip_on=False, zorder=6, mec="white",
-                    color=_config_style(name)["color"], transform=ax.get_xaxis_transform())
+            ax.plot(
+                [tf],
+                [0.035 * k],
+                marker="v",
+                ms=8,
+                clip_on=False,
+                zorder=6,
+                mec="white",
+                color=_config_style(name)["color"],
+                transform=ax.get_xaxis_transform(),
+            )
     if window:
         ax.set_xlim(*window)
     ax.set_xlabel("time (s)")
@@ -473,8 +599,17 @@ def chunk_roofline_figure(chunks: np.ndarray, step_s: np.ndarray, decode_s: floa
     ax = axes[0]
     ax.plot(chunks, step_s * 1e3, "o-", color=SCHEDULER_COLORS["chunked"], ms=3.5)
     ax.axhline(decode_s * 1e3, color=PHASE_COLORS["decode"], ls="--", lw=1)
-    ax.annotate("decode-only step", (1.0, decode_s * 1e3), xycoords=("axes fraction", "data"), xytext=(0, 3),
-                textcoords="offset points", ha="right", va="bottom", fontsize=8, color=PHASE_COLORS["decode"])
+    ax.annotate(
+        "decode-only step",
+        (1.0, decode_s * 1e3),
+        xycoords=("axes fraction", "data"),
+        xytext=(0, 3),
+        textcoords="offset points",
+        ha="right",
+        va="bottom",
+        fontsize=8,
+        color=PHASE_COLORS["decode"],
+    )
     ax.set_yscale("log")
     _log_ticks(ax, float(min(step_s.min(), decode_s)) * 1e3 * 0.9, float(step_s.max()) * 1e3 * 1.1, axis="y")
     ax.set_ylabel("step time = decodes' ITL (ms)")
@@ -490,8 +625,15 @@ def chunk_roofline_figure(chunks: np.ndarray, step_s: np.ndarray, decode_s: floa
         a.set_xlabel("prefill chunk (tokens)")
         a.axvline(bstar, color="#999999", ls=":", lw=1)
         # At the top: the decode-only step's line runs along the bottom of the left panel.
-        a.annotate("B*", (bstar, 0.9), xycoords=("data", "axes fraction"), xytext=(3, 0),
-                   textcoords="offset points", fontsize=8, color="#666666")
+        a.annotate(
+            "B*",
+            (bstar, 0.9),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, 0),
+            textcoords="offset points",
+            fontsize=8,
+            color="#666666",
+        )
     return fig
 
 
@@ -510,10 +652,19 @@ def chunk_profile_figure(curves: Sequence[Mapping[str, Any]]) -> Figure:
         ticks.update(float(x) for x in c["chunk"])
         for a in axes:
             a.axvline(c["bstar"], color=col, ls=":", lw=1)
-        axes[1].annotate("B*", (c["bstar"], 0.9), xycoords=("data", "axes fraction"), xytext=(3, 0),
-                         textcoords="offset points", fontsize=8, color=col)
+        axes[1].annotate(
+            "B*",
+            (c["bstar"], 0.9),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, 0),
+            textcoords="offset points",
+            fontsize=8,
+            color=col,
+        )
     if not curves:
-        axes[0].text(0.5, 0.5, "no measured mixed steps", ha="center", va="center", transform=axes[0].transAxes)
+        axes[0].text(
+            0.5, 0.5, "no measured mixed steps", ha="center", va="center", transform=axes[0].transAxes
+        )
     axes[0].set_yscale("log")
     if curves:  # 1x, 2x, 5x... : a multiplier reads better than 10^0, 10^1
         over = np.concatenate([np.asarray(c["over_decode"], dtype=float) for c in curves])
@@ -544,18 +695,29 @@ def chunk_tradeoff_figure(sweeps: Mapping[str, Mapping[str, np.ndarray]]) -> Fig
     points: list[tuple[Any, Any, Any]] = []
     for i, (label, d) in enumerate(sweeps.items()):
         c, mk = LOAD_STYLES[i % len(LOAD_STYLES)]
-        points += [(ax, d["itl_p99"] * 1e3, d["ttft_p99"]),
-                   (ax, d["continuous_itl_p99"] * 1e3, d["continuous_ttft_p99"])]
+        points += [
+            (ax, d["itl_p99"] * 1e3, d["ttft_p99"]),
+            (ax, d["continuous_itl_p99"] * 1e3, d["continuous_ttft_p99"]),
+        ]
         ax.plot(d["itl_p99"] * 1e3, d["ttft_p99"], "-", marker=mk, color=c, ms=5, label=f"chunked, {label}")
         first = int(np.argmin(d["chunk"]))
         for j, (x, y, ch) in enumerate(zip(d["itl_p99"] * 1e3, d["ttft_p99"], d["chunk"])):
             # The smallest chunks of every load sit at about the same ITL, where each curve
             # drops in from above: label those to the left of the point, the others below it.
             xy, ha = ((-6, -3), "right") if j == first else ((0, -13), "center")
-            t = ax.annotate(f"{int(ch)}", (x, y), textcoords="offset points", xytext=xy, ha=ha, fontsize=7.5, color=c)
+            t = ax.annotate(
+                f"{int(ch)}", (x, y), textcoords="offset points", xytext=xy, ha=ha, fontsize=7.5, color=c
+            )
             labels.insert(0, t) if j == first else labels.append(t)  # the smallest chunks' labels win
-        ax.plot(d["continuous_itl_p99"] * 1e3, d["continuous_ttft_p99"], "D", mfc="white", color=c, ms=6,
-                label=f"no chunking, {label}")
+        ax.plot(
+            d["continuous_itl_p99"] * 1e3,
+            d["continuous_ttft_p99"],
+            "D",
+            mfc="white",
+            color=c,
+            ms=6,
+            label=f"no chunking, {label}",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     xs = np.concatenate([np.r_[d["itl_p99"], d["continuous_itl_p99"]] for d in sweeps.values()]) * 1e3
@@ -581,8 +743,16 @@ def kv_time_figure(series: Mapping[str, Mapping[str, np.ndarray]], capacity: flo
         axes[0].step(d["t"], d["used"] / 1e3, where="pre", color=c, lw=1.0, ls=":", label=f"{pol}: written")
         axes[1].step(d["t"], d["running"], where="pre", color=c, lw=1.2, label=pol)
     axes[0].axhline(capacity / 1e3, color="#999999", ls="--", lw=1)
-    axes[0].annotate("KV capacity", (0.0, capacity / 1e3), xycoords=("axes fraction", "data"), xytext=(2, 2),
-                     textcoords="offset points", va="bottom", fontsize=8, color="#666666")
+    axes[0].annotate(
+        "KV capacity",
+        (0.0, capacity / 1e3),
+        xycoords=("axes fraction", "data"),
+        xytext=(2, 2),
+        textcoords="offset points",
+        va="bottom",
+        fontsize=8,
+        color="#666666",
+    )
     axes[0].set_ylim(0, capacity / 1e3 * 1.4)
     axes[0].set_ylabel("KV cache (k tokens)")
     axes[0].legend(loc="upper right", ncol=4, fontsize=7.5)
@@ -592,7 +762,9 @@ def kv_time_figure(series: Mapping[str, Mapping[str, np.ndarray]], capacity: flo
     return fig
 
 
-def kv_fit_figure(lengths: np.ndarray, fit: Mapping[str, float], measured_peak: Mapping[str, float]) -> Figure:
+def kv_fit_figure(
+    lengths: np.ndarray, fit: Mapping[str, float], measured_peak: Mapping[str, float]
+) -> Figure:
     """What chapter 7 sets up: request lengths against the slab, and sequences that fit."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.8))
     ax = axes[0]
@@ -602,8 +774,15 @@ def kv_fit_figure(lengths: np.ndarray, fit: Mapping[str, float], measured_peak: 
     top = float(np.max(counts)) if len(counts) else 1.0
     ax.set_ylim(0, top * 1.25)
     ax.axvline(fit["max_context"], color=POLICY_COLORS["slab"], lw=2)
-    ax.text(fit["max_context"], top * 1.12, "slab ", color=POLICY_COLORS["slab"], fontsize=8.5, ha="right",
-            va="center")
+    ax.text(
+        fit["max_context"],
+        top * 1.12,
+        "slab ",
+        color=POLICY_COLORS["slab"],
+        fontsize=8.5,
+        ha="right",
+        va="center",
+    )
     ax.axvline(fit["mean_final"], color=POLICY_COLORS["exact"], lw=1.5, ls="--")
     ax.text(fit["mean_final"], top * 1.12, " mean", color=POLICY_COLORS["exact"], fontsize=8.5, va="center")
     ax.set_xlabel("request length, prompt + output (tokens)")
@@ -638,34 +817,73 @@ def kv_budget_figure(sweep: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
         axes[1].plot(d["budget"] / 1e3, d["running_peak"], style, color=c, label=label)
         if d["preemptions"].max() > 0:
             for x, y, p in zip(d["budget"] / 1e3, d["throughput_tok"], d["preemptions"]):
-                axes[0].annotate(f"{int(p)}", (x, y), textcoords="offset points", xytext=(3, -11),
-                                 fontsize=7.5, color=c)
+                axes[0].annotate(
+                    f"{int(p)}", (x, y), textcoords="offset points", xytext=(3, -11), fontsize=7.5, color=c
+                )
     axes[0].set_xlabel("KV budget (k tokens)")
     axes[0].set_ylabel("output throughput (tokens/s)")
     axes[0].set_ylim(bottom=0)
     # Above the panels: inside, any corner of the left panel holds one of the curves.
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside upper center", ncol=3, fontsize=7.5, frameon=False,
-               title="numbers beside points: preemptions", title_fontsize=7.5)
+    fig.legend(
+        handles,
+        labels,
+        loc="outside upper center",
+        ncol=3,
+        fontsize=7.5,
+        frameon=False,
+        title="numbers beside points: preemptions",
+        title_fontsize=7.5,
+    )
     axes[1].set_xlabel("KV budget (k tokens)")
     axes[1].set_ylabel("peak running requests")
     axes[1].set_ylim(bottom=0)
     return fig
 
 
-def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
-    """A plain-text table for notebook output (the real-engine cross-check)."""
-    cells = [[str(h) for h in header]] + [[str(c) for c in r] for r in rows]
-    w = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    line = lambda r: "  ".join(c.rjust(w[i]) for i, c in enumerate(r))  # noqa: E731
-    return "\n".join([line(cells[0]), "  ".join("-" * x for x in w), *map(line, cells[1:])])
+class Table:
+    """A table for a page: rendered as an HTML table in the book (``_repr_html_``, numbers
+    right-aligned by ``_static/book.css``) and as aligned plain text by ``str()``."""
+
+    def __init__(self, rows: Sequence[Sequence[Any]], header: Sequence[str]) -> None:
+        self.header = [str(h) for h in header]
+        self.rows = [[c for c in r] for r in rows]
+        for r in self.rows:
+            if len(r) != len(self.header):
+                raise ValueError(f"table row {r!r}: {len(r)} cells for {len(self.header)} columns")
+
+    def __str__(self) -> str:
+        cells = [self.header] + [[str(c) for c in r] for r in self.rows]
+        w = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
+        line = lambda r: "  ".join(c.rjust(w[i]) for i, c in enumerate(r))
+        return "\n".join([line(cells[0]), "  ".join("-" * x for x in w), *map(line, cells[1:])])
+
+    def _repr_html_(self) -> str:
+        def cell(tag: str, c: Any) -> str:
+            num = isinstance(c, (int, float, np.number)) or bool(
+                re.fullmatch(r"[-+]?[\d.,]+\s*[%x]?", str(c))
+            )
+            cls = ' class="num"' if num else ""
+            return f"<{tag}{cls}>{html.escape(str(c))}</{tag}>"
+
+        head = "".join(cell("th", h) for h in self.header)
+        body = "".join("<tr>" + "".join(cell("td", c) for c in r) + "</tr>" for r in self.rows)
+        return f'<table class="book-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> Table:
+    """A table for notebook output: an HTML table on the page, aligned text when printed."""
+    return Table(rows, header)
 
 
 # ------------------------------------------------------------------ why batching
 #: "Why batching": the two measured decode paths (a uniform batch in contiguous slots; a
 #: live batch with mixed contexts whose slabs are gathered) and the roofline's lines.
-PATH_COLORS: dict[str, str] = {"uniform": PHASE_COLORS["decode"], "mixed": "#56B4E9",
-                               "gathered": POLICY_COLORS["slab"]}
+PATH_COLORS: dict[str, str] = {
+    "uniform": PHASE_COLORS["decode"],
+    "mixed": "#56B4E9",
+    "gathered": POLICY_COLORS["slab"],
+}
 PATH_LABELS: dict[str, str] = {
     "uniform": "measured, uniform: equal contexts, contiguous slots",
     "mixed": "measured, mixed: mixed contexts, contiguous slots",
@@ -677,8 +895,12 @@ ROOF_STYLE: dict[str, dict[str, Any]] = {
     "memory": {"color": "#0072B2", "ls": "--", "lw": 1.1},
     "compute": {"color": "#E69F00", "ls": ":", "lw": 1.5},
 }
-DEVICE_COLORS: dict[str, str] = {"H100-SXM": "#0072B2", "H200-SXM": "#CC79A7", "A100-SXM": "#999999",
-                                 "cpu-here": PHASE_COLORS["decode"]}
+DEVICE_COLORS: dict[str, str] = {
+    "H100-SXM": "#0072B2",
+    "H200-SXM": "#CC79A7",
+    "A100-SXM": "#999999",
+    "cpu-here": PHASE_COLORS["decode"],
+}
 
 
 SOURCE_COLORS: tuple[str, ...] = ("#8C564B", "#CC79A7", "#0072B2", "#E69F00", "#56B4E9", "#000000")
@@ -687,7 +909,7 @@ SOURCE_COLORS: tuple[str, ...] = ("#8C564B", "#CC79A7", "#0072B2", "#E69F00", "#
 def _pow2_axis(ax: Any, lo: float, hi: float) -> None:
     """Log-2 batch axis with plain labels at the powers of two (every other one if crowded)."""
     ax.set_xscale("log", base=2)
-    ticks = [2.0 ** i for i in range(0, 14) if lo <= 2.0 ** i <= hi]
+    ticks = [2.0**i for i in range(0, 14) if lo <= 2.0**i <= hi]
     if len(ticks) > 9:
         ticks = ticks[::2]
     ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
@@ -695,12 +917,22 @@ def _pow2_axis(ax: Any, lo: float, hi: float) -> None:
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
-def _bstar_line(ax: Any, bstar: float, color: str = "#666666", label: str = "B*", y: float = 0.96,
-                left: bool = False) -> None:
+def _bstar_line(
+    ax: Any, bstar: float, color: str = "#666666", label: str = "B*", y: float = 0.96, left: bool = False
+) -> None:
     ax.axvline(bstar, color=color, ls="-.", lw=1)
-    ax.annotate(f"{label} = {bstar:.0f}", (bstar, y), xycoords=("data", "axes fraction"), xytext=(-3 if left else 3, 0),
-                textcoords="offset points", va="top", ha="right" if left else "left", fontsize=7.5, color=color,
-                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+    ax.annotate(
+        f"{label} = {bstar:.0f}",
+        (bstar, y),
+        xycoords=("data", "axes fraction"),
+        xytext=(-3 if left else 3, 0),
+        textcoords="offset points",
+        va="top",
+        ha="right" if left else "left",
+        fontsize=7.5,
+        color=color,
+        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+    )
 
 
 def gpu_roofline_figure(gr: Mapping[str, Any]) -> Figure:
@@ -722,21 +954,38 @@ def gpu_roofline_figure(gr: Mapping[str, Any]) -> Figure:
         ax.plot(b, cur["time_s"] * 1e3, "-", color=col, lw=2.2, alpha=0.8)
         ax.plot(b, cur["memory_s"] * 1e3, "--", color=col, lw=1)
         ax.plot(b, cur["compute_s"] * 1e3, ":", color=col, lw=1.4)
-        _bstar_line(ax, d["bstar"], col, f"B* {dev.split('-')[0]}", y=0.97 - 0.09 * i,
-                    left=d["bstar"] < max(x["bstar"] for x in gr["devices"].values()))
+        _bstar_line(
+            ax,
+            d["bstar"],
+            col,
+            f"B* {dev.split('-')[0]}",
+            y=0.97 - 0.09 * i,
+            left=d["bstar"] < max(x["bstar"] for x in gr["devices"].values()),
+        )
         for ls, c in zip(styles, ctxs):
             cur = d["ctx"][c]
             ok = cur["fits"] > 0
-            axes[1].plot(cur["batch"][ok], cur["tokens_per_s"][ok] / 1e3, ls, color=col, marker="o", ms=2.5,
-                         label=f"{dev}, {c:,} tokens/row")
+            axes[1].plot(
+                cur["batch"][ok],
+                cur["tokens_per_s"][ok] / 1e3,
+                ls,
+                color=col,
+                marker="o",
+                ms=2.5,
+                label=f"{dev}, {c:,} tokens/row",
+            )
     ax = axes[0]
     ax.set_ylim(0, top * 1.05)
     ax.set_ylabel("decode step (ms)")
     ax.set_title(f"step time, {c0:,} KV tokens per row", fontsize=9)
-    handles = [Line2D([], [], color=DEVICE_COLORS.get(dev, "#444444"), lw=2, label=f"{dev}: roofline")
-               for dev in gr["devices"]]
-    handles += [Line2D([], [], color="#666666", ls="--", lw=1, label="memory: bytes / bandwidth"),
-                Line2D([], [], color="#666666", ls=":", lw=1.4, label="compute: FLOPs / peak")]
+    handles = [
+        Line2D([], [], color=DEVICE_COLORS.get(dev, "#444444"), lw=2, label=f"{dev}: roofline")
+        for dev in gr["devices"]
+    ]
+    handles += [
+        Line2D([], [], color="#666666", ls="--", lw=1, label="memory: bytes / bandwidth"),
+        Line2D([], [], color="#666666", ls=":", lw=1.4, label="compute: FLOPs / peak"),
+    ]
     # Mid-height on the left: the top of the panel holds the B* labels, the bottom the curves.
     ax.legend(handles=handles, loc="center left", bbox_to_anchor=(0.0, 0.6), fontsize=7.5)
     axes[1].set_ylabel("output tokens/s (thousands)")
@@ -749,8 +998,9 @@ def gpu_roofline_figure(gr: Mapping[str, Any]) -> Figure:
     return fig
 
 
-def live_decode_figure(sweep: Mapping[str, Any], numbers: Mapping[str, float],
-                       roof: Mapping[str, np.ndarray]) -> Figure:
+def live_decode_figure(
+    sweep: Mapping[str, Any], numbers: Mapping[str, float], roof: Mapping[str, np.ndarray]
+) -> Figure:
     """Why batching: the live sweep (:func:`batching.experiments.live_decode_sweep`) against
     the roofline from the same run's bandwidth and peak (``roof``, a dense
     :func:`batching.experiments.roofline_curve`). Left: step time of every measured path
@@ -768,25 +1018,52 @@ def live_decode_figure(sweep: Mapping[str, Any], numbers: Mapping[str, float],
         y = np.asarray(sweep[f"{path}_ms"])
         ys.append(y)
         err = np.vstack([y - np.asarray(sweep[f"{path}_p25_ms"]), np.asarray(sweep[f"{path}_p75_ms"]) - y])
-        ax.errorbar(b, y, yerr=np.maximum(err, 0), fmt=PATH_MARKERS[path] + "-", color=PATH_COLORS[path], ms=4,
-                    lw=1.2, capsize=2, label=PATH_LABELS[path], zorder=4)
+        ax.errorbar(
+            b,
+            y,
+            yerr=np.maximum(err, 0),
+            fmt=PATH_MARKERS[path] + "-",
+            color=PATH_COLORS[path],
+            ms=4,
+            lw=1.2,
+            capsize=2,
+            label=PATH_LABELS[path],
+            zorder=4,
+        )
     t1 = float(np.asarray(sweep["uniform_ms"])[0])
     for f in (1.25, 2.0):
         ax.axhline(f * t1, color="#bbbbbb", lw=0.8, zorder=1)
-        ax.annotate(f"{f:g}x batch 1", (1.0, f * t1), xycoords=("axes fraction", "data"), xytext=(-2, 1),
-                    textcoords="offset points", ha="right", va="bottom", fontsize=7, color="#888888",
-                    bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+        ax.annotate(
+            f"{f:g}x batch 1",
+            (1.0, f * t1),
+            xycoords=("axes fraction", "data"),
+            xytext=(-2, 1),
+            textcoords="offset points",
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color="#888888",
+            bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
+        )
     k = numbers["knee2"]
     ky = float(np.asarray(sweep["uniform_ms"])[list(b).index(k)])
     ax.plot([k], [ky], "o", ms=11, mfc="none", mec="black", mew=1.2, zorder=5)
     # Far below the circle (a factor 3.5 on the log axis), with a leader line: the 1.25x and
     # 2x lines and their labels run above the knee (it sits at most 2x above batch 1), and
     # the measured points and the roofline close under it.
-    first = k <= b.min()     # a knee at the first batch has no room on its left
-    ax.annotate(f"2x knee: {k:.0f}", (k, ky), xytext=(k, ky / 3.5), textcoords="data",
-                ha="left" if first else "right", va="top",
-                fontsize=7.5, zorder=6, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
-                arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.7, "shrinkB": 6})
+    first = k <= b.min()  # a knee at the first batch has no room on its left
+    ax.annotate(
+        f"2x knee: {k:.0f}",
+        (k, ky),
+        xytext=(k, ky / 3.5),
+        textcoords="data",
+        ha="left" if first else "right",
+        va="top",
+        fontsize=7.5,
+        zorder=6,
+        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+        arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.7, "shrinkB": 6},
+    )
     _bstar_line(ax, numbers["bstar"], y=0.97)
     _log_y(ax, ys, headroom=1.6)
     ax.set_ylabel("decode step (ms, log)")
@@ -810,8 +1087,12 @@ def live_decode_figure(sweep: Mapping[str, Any], numbers: Mapping[str, float],
     return fig
 
 
-def profiles_figure(profiles: Sequence[Mapping[str, Any]], roofs: Sequence[Mapping[str, np.ndarray]],
-                    live: Mapping[str, Any] | None = None, gpu: Mapping[str, Any] | None = None) -> Figure:
+def profiles_figure(
+    profiles: Sequence[Mapping[str, Any]],
+    roofs: Sequence[Mapping[str, np.ndarray]],
+    live: Mapping[str, Any] | None = None,
+    gpu: Mapping[str, Any] | None = None,
+) -> Figure:
     """Why batching: every committed profile (:func:`batching.experiments.load_profiles`)
     beside this build's live sweep (its uniform path) and, as predictions, the GPU
     rooflines (:func:`batching.experiments.gpu_rooflines`, shortest context).
@@ -825,14 +1106,27 @@ def profiles_figure(profiles: Sequence[Mapping[str, Any]], roofs: Sequence[Mappi
     series: list[tuple[str, np.ndarray, np.ndarray, str, Mapping[str, np.ndarray] | None]] = []
     if live is not None:
         m = live["meta"]
-        series.append((f"this build: {m['model']} {m['dtype']} on {m['device']}, {live['ctx']} tok/row",
-                       np.asarray(live["batch"], dtype=float), np.asarray(live["uniform_ms"], dtype=float),
-                       PATH_COLORS["uniform"], None))
+        series.append(
+            (
+                f"this build: {m['model']} {m['dtype']} on {m['device']}, {live['ctx']} tok/row",
+                np.asarray(live["batch"], dtype=float),
+                np.asarray(live["uniform_ms"], dtype=float),
+                PATH_COLORS["uniform"],
+                None,
+            )
+        )
     for i, (p, roof) in enumerate(zip(profiles, roofs)):
         m = p["meta"]
-        series.append((f"profile: {m['model']} {p['shape'].dtype} on {p['device']}, {m['date'][:10]}, "
-                       f"{p['ref_ctx']:,.0f} tok/row", np.asarray(p["batch"], dtype=float),
-                       np.asarray(p["ref_ms"], dtype=float), SOURCE_COLORS[i % len(SOURCE_COLORS)], roof))
+        series.append(
+            (
+                f"profile: {m['model']} {p['shape'].dtype} on {p['device']}, {m['date'][:10]}, "
+                f"{p['ref_ctx']:,.0f} tok/row",
+                np.asarray(p["batch"], dtype=float),
+                np.asarray(p["ref_ms"], dtype=float),
+                SOURCE_COLORS[i % len(SOURCE_COLORS)],
+                roof,
+            )
+        )
     lo, hi = math.inf, 0.0
     for label, b, ms, col, roof in series:
         lo, hi = min(lo, b.min()), max(hi, b.max())
@@ -843,19 +1137,35 @@ def profiles_figure(profiles: Sequence[Mapping[str, Any]], roofs: Sequence[Mappi
     if gpu is not None:
         # Below B* both GPUs' relative costs are the same ratio of bytes, so their lines lie
         # on top of each other: distinct markers (open vs filled) keep both visible.
-        for (dev, d), (ls, gc, mk, mfc) in zip(gpu["devices"].items(),
-                                               (("--", "#888888", "s", "none"), (":", "#222222", "^", "#222222"),
-                                                ("-.", "#555555", "D", "none"))):
+        for (dev, d), (ls, gc, mk, mfc) in zip(
+            gpu["devices"].items(),
+            (
+                ("--", "#888888", "s", "none"),
+                (":", "#222222", "^", "#222222"),
+                ("-.", "#555555", "D", "none"),
+            ),
+        ):
             cur = d["ctx"][min(d["ctx"])]
             ok = (cur["batch"] >= lo) & (cur["batch"] <= hi)
-            axes[1].plot(cur["batch"][ok], (cur["time_s"] / cur["time_s"][0])[ok], ls, color=gc, lw=1.3,
-                         marker=mk, ms=5 if mfc == "none" else 3, mfc=mfc, mec=gc,
-                         label=f"roofline prediction: {gpu['model']} {gpu['dtype']} on {dev}, "
-                               f"{min(d['ctx']):,} tok/row")
+            axes[1].plot(
+                cur["batch"][ok],
+                (cur["time_s"] / cur["time_s"][0])[ok],
+                ls,
+                color=gc,
+                lw=1.3,
+                marker=mk,
+                ms=5 if mfc == "none" else 3,
+                mfc=mfc,
+                mec=gc,
+                label=f"roofline prediction: {gpu['model']} {gpu['dtype']} on {dev}, "
+                f"{min(d['ctx']):,} tok/row",
+            )
     for f in (1.25, 2.0):
         axes[1].axhline(f, color="#bbbbbb", lw=0.8, zorder=1)
     if not series:
-        axes[0].text(0.5, 0.5, "no measurement to show", ha="center", va="center", transform=axes[0].transAxes)
+        axes[0].text(
+            0.5, 0.5, "no measurement to show", ha="center", va="center", transform=axes[0].transAxes
+        )
     axes[0].set_yscale("log")
     axes[0].set_ylabel("decode step (ms, log)\nsolid: measured, dashed: roofline")
     axes[0].set_title("step time", fontsize=9)

@@ -1,10 +1,12 @@
 """7.1 Static batching: the cost of padding, the timelines of a static batch, its utilization
 against batch size, and what a timeout (dynamic batching) changes.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -42,14 +44,20 @@ def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000, output: 
 
     pad = long - short
     out = {
-        "short": float(short), "long": float(long),
-        "pad_tokens": float(L["pad"][0]), "prefill_needed": float(L["prefill"][0]),
+        "short": float(short),
+        "long": float(long),
+        "pad_tokens": float(L["pad"][0]),
+        "prefill_needed": float(L["prefill"][0]),
         "prefill_computed": float(L["prefill"][0] + L["pad"][0]),
-        "padding_fraction": s["padding_fraction"], "token_ratio": long / short,
+        "padding_fraction": s["padding_fraction"],
+        "token_ratio": long / short,
         "flop_ratio": cost.flops(work(long)) / cost.flops(work(short)),
-        "t_short": cost.step_time(work(short)), "t_short_padded": cost.step_time(work(long)),
-        "t_long": cost.step_time(work(long)), "t_batch_unpadded": cost.step_time(work(short, long)),
-        "t_batch_padded": cost.step_time(work(long, long)), "t_batch_sim": float(L["dur"][0]),
+        "t_short": cost.step_time(work(short)),
+        "t_short_padded": cost.step_time(work(long)),
+        "t_long": cost.step_time(work(long)),
+        "t_batch_unpadded": cost.step_time(work(short, long)),
+        "t_batch_padded": cost.step_time(work(long, long)),
+        "t_batch_sim": float(L["dur"][0]),
     }
     assert out["pad_tokens"] == pad, (out["pad_tokens"], pad)
     for k in ("t_short", "t_short_padded", "t_long", "t_batch_unpadded", "t_batch_padded", "t_batch_sim"):
@@ -66,8 +74,14 @@ def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000, output: 
 REAL_PADDING_LONG: dict[str, int] = {"cpu": 2000, "cuda": 4000}
 
 
-def real_padding(model: str | None = None, device: str = "auto", short: int = 50, long: int | None = None,
-                 reps: int = 3, threads: int | None = None) -> dict[str, Any]:
+def real_padding(
+    model: str | None = None,
+    device: str = "auto",
+    short: int = 50,
+    long: int | None = None,
+    reps: int = 3,
+    threads: int | None = None,
+) -> dict[str, Any]:
     """7.1 (a), measured: what padding a ``short`` prompt to a ``long`` one costs on the real model.
 
     Four workloads, each request wanting one token so that a run is its prefill step: the
@@ -94,29 +108,41 @@ def real_padding(model: str | None = None, device: str = "auto", short: int = 50
         raise ValueError(f"reps={reps!r}: must be an integer >= 1")
     runner = real_runner(model, device, slots=2, max_len=long + 1, threads=threads)
     pair = Workload.from_arrays([0.0, 0.0], [short, long], [1, 1], name="padding-pair, one token each")
-    alone = {n: Workload.from_arrays([0.0], [p], [1], name=f"{n} prompt alone") for n, p in
-             (("short", short), ("long", long))}
-    runs = {"padded": (pair, "static", {"slots": 2}), "packed": (pair, "continuous", {"slots": 2}),
-            "short": (alone["short"], "continuous", {"slots": 1}),
-            "long": (alone["long"], "continuous", {"slots": 1})}
+    alone = {
+        n: Workload.from_arrays([0.0], [p], [1], name=f"{n} prompt alone")
+        for n, p in (("short", short), ("long", long))
+    }
+    runs = {
+        "padded": (pair, "static", {"slots": 2}),
+        "packed": (pair, "continuous", {"slots": 2}),
+        "short": (alone["short"], "continuous", {"slots": 1}),
+        "long": (alone["long"], "continuous", {"slots": 1}),
+    }
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(reps):
         for key, (w, sched, opts) in runs.items():
             res = serve_real(runner, w, sched, **opts)
             L = res.log.cols
-            if len(L["dur"]) != 1:   # one token each: the prefill step is the whole run
+            if len(L["dur"]) != 1:  # one token each: the prefill step is the whole run
                 raise RuntimeError(f"{key}: expected one step, the engine ran {len(L['dur'])}")
             times[key].append(float(L["dur"][0]))
             if key == "padded":
                 pad, needed = float(L["pad"][0]), float(L["prefill"][0])
                 executor = res.executor
     out: dict[str, Any] = {f"{k}_ms": float(np.median(v)) * 1e3 for k, v in times.items()}
-    out.update(short=float(short), long=float(long), token_ratio=long / short, pad_tokens=pad,
-               positions_ratio=2 * long / (short + long),
-               padding_fraction=pad / (needed + pad), reps=float(reps),
-               time_ratio_short=out["long_ms"] / out["short_ms"],
-               time_ratio_batch=out["padded_ms"] / out["packed_ms"],
-               model=executor["model"], executor=executor)
+    out.update(
+        short=float(short),
+        long=float(long),
+        token_ratio=long / short,
+        pad_tokens=pad,
+        positions_ratio=2 * long / (short + long),
+        padding_fraction=pad / (needed + pad),
+        reps=float(reps),
+        time_ratio_short=out["long_ms"] / out["short_ms"],
+        time_ratio_batch=out["padded_ms"] / out["packed_ms"],
+        model=executor["model"],
+        executor=executor,
+    )
     return out
 
 
@@ -124,10 +150,12 @@ def real_padding_rows(rp: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]
     """7.1: header and rows of the measured padding table (:func:`real_padding`)."""
     s, lg = int(rp["short"]), int(rp["long"])
     header = ["prefill step", "positions computed", "measured (ms)"]
-    rows = [[f"{s}-token prompt alone", f"{s:,}", f"{rp['short_ms']:.1f}"],
-            [f"{lg:,}-token prompt alone (= the short one padded)", f"{lg:,}", f"{rp['long_ms']:.1f}"],
-            ["both, packed (continuous batching)", f"{s + lg:,}", f"{rp['packed_ms']:.1f}"],
-            ["both, padded (static batching, B = 2)", f"{2 * lg:,}", f"{rp['padded_ms']:.1f}"]]
+    rows = [
+        [f"{s}-token prompt alone", f"{s:,}", f"{rp['short_ms']:.1f}"],
+        [f"{lg:,}-token prompt alone (= the short one padded)", f"{lg:,}", f"{rp['long_ms']:.1f}"],
+        ["both, packed (continuous batching)", f"{s + lg:,}", f"{rp['packed_ms']:.1f}"],
+        ["both, padded (static batching, B = 2)", f"{2 * lg:,}", f"{rp['padded_ms']:.1f}"],
+    ]
     return header, rows
 
 
@@ -138,10 +166,12 @@ def committed_padding_text(docs: Sequence[Mapping[str, Any]]) -> str:
 
     def sentence(d: Mapping[str, Any]) -> str:
         p = d["padding"]
-        return (f"padded to {p['long']:,.0f} tokens, the {p['short']:.0f}-token prompt's prefill took "
-                f"{p['time_ratio_short']:.0f}x its own time ({p['short_ms']:.1f} vs {p['long_ms']:.1f} ms) for "
-                f"{p['token_ratio']:.0f}x the positions, and the padded pair {p['time_ratio_batch']:.1f}x the "
-                f"packed one")
+        return (
+            f"padded to {p['long']:,.0f} tokens, the {p['short']:.0f}-token prompt's prefill took "
+            f"{p['time_ratio_short']:.0f}x its own time ({p['short_ms']:.1f} vs {p['long_ms']:.1f} ms) for "
+            f"{p['token_ratio']:.0f}x the positions, and the padded pair {p['time_ratio_batch']:.1f}x the "
+            f"packed one"
+        )
 
     return committed_text(docs, "the same runs", sentence)
 
@@ -183,7 +213,9 @@ def timeline(result: RunResult) -> list[Segment]:
         segs = rows.setdefault(slot, [])
         if segs:
             last = segs[-1]
-            if (last.rid, last.kind) == (rid, kind) and math.isclose(last.t1, t0, rel_tol=1e-12, abs_tol=1e-12):
+            if (last.rid, last.kind) == (rid, kind) and math.isclose(
+                last.t1, t0, rel_tol=1e-12, abs_tol=1e-12
+            ):
                 segs[-1] = last._replace(t1=t1, steps=last.steps + steps)
                 return
         segs.append(Segment(slot, rid, kind, t0, t1, steps))
@@ -193,7 +225,7 @@ def timeline(result: RunResult) -> list[Segment]:
         t0, dur, n = C["t"][i], C["dur"][i], int(C["n"][i])
         t1 = t0 + dur
         if t0 > prev_end and not math.isclose(t0, prev_end, rel_tol=1e-12, abs_tol=1e-12):
-            for s in range(nslots):   # the engine waited for an arrival: every slot idle
+            for s in range(nslots):  # the engine waited for an arrival: every slot idle
                 add(s, None, "idle", prev_end, t0, 0)
         busy = set()
         for slot, rid, k, tokens, pad in log.occupancy[i]:
@@ -231,8 +263,9 @@ def slot_steps(result: RunResult) -> dict[str, int]:
     return out
 
 
-def static_batch_sizes(prompts: Sequence[int] | np.ndarray, outputs: Sequence[int] | np.ndarray, batch: int,
-                       max_context: int) -> list[int]:
+def static_batch_sizes(
+    prompts: Sequence[int] | np.ndarray, outputs: Sequence[int] | np.ndarray, batch: int, max_context: int
+) -> list[int]:
     """7.1 (c): sizes of the consecutive batches the static scheduler forms from a queue
     that holds every request at once.
 
@@ -242,8 +275,10 @@ def static_batch_sizes(prompts: Sequence[int] | np.ndarray, outputs: Sequence[in
     """
     p, o = np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
     if batch < 1 or p.shape != o.shape or p.size == 0:
-        raise ValueError(f"batch={batch}, {p.size} prompts, {o.size} outputs: need batch >= 1 and "
-                         "as many prompts as outputs, at least one")
+        raise ValueError(
+            f"batch={batch}, {p.size} prompts, {o.size} outputs: need batch >= 1 and "
+            "as many prompts as outputs, at least one"
+        )
     sizes: list[int] = []
     n, longest, most = 0, 0, 0
     for pi, oi in zip(p.tolist(), o.tolist()):
@@ -257,8 +292,9 @@ def static_batch_sizes(prompts: Sequence[int] | np.ndarray, outputs: Sequence[in
     return sizes + ([n] if n else [])
 
 
-def analytic_static_utilization(outputs: Sequence[int] | np.ndarray, batch: int,
-                                sizes: Sequence[int] | None = None) -> float:
+def analytic_static_utilization(
+    outputs: Sequence[int] | np.ndarray, batch: int, sizes: Sequence[int] | None = None
+) -> float:
     """7.1 (c): slot utilization of static batches of consecutive requests.
 
     Batch j holds the next ``sizes[j]`` requests (default: ``batch`` each, full batches)
@@ -272,9 +308,11 @@ def analytic_static_utilization(outputs: Sequence[int] | np.ndarray, batch: int,
     if sizes is None:
         sizes = [min(batch, o.size - j) for j in range(0, o.size, batch)]
     if sum(sizes) != o.size or any(not 1 <= k <= batch for k in sizes):
-        raise ValueError(f"sizes must be 1..{batch} each and cover the {o.size} outputs, got sum {sum(sizes)}")
+        raise ValueError(
+            f"sizes must be 1..{batch} each and cover the {o.size} outputs, got sum {sum(sizes)}"
+        )
     ends = np.cumsum(sizes)
-    maxes = [int(o[e - k:e].max()) for k, e in zip(sizes, ends.tolist())]
+    maxes = [int(o[e - k : e].max()) for k, e in zip(sizes, ends.tolist())]
     return float(o.sum() / (batch * sum(maxes)))
 
 
@@ -292,8 +330,13 @@ def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]
     before the last), ``padding_fraction``, ``hw_compute``, ``useful_compute``,
     ``throughput_tok``.
     """
-    w = Workload.from_arrays(np.zeros(len(workload)), workload.prompt_lens, workload.output_lens,
-                             name=workload.name, info=workload.info)
+    w = Workload.from_arrays(
+        np.zeros(len(workload)),
+        workload.prompt_lens,
+        workload.output_lens,
+        name=workload.name,
+        info=workload.info,
+    )
     keys = ("slot_util", "slot_util_tw", "padding_fraction", "hw_compute", "useful_compute", "throughput_tok")
     extra = ("analytic", "analytic_formed", "batches", "batches_full", "closed_early")
     out: dict[str, list[float]] = {k: [] for k in (*keys, *extra)}
@@ -310,8 +353,9 @@ def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]
     return {"batch": np.asarray(batch_sizes, dtype=float), **{k: np.asarray(v) for k, v in out.items()}}
 
 
-def sweep_agreement_text(sweep: Mapping[str, np.ndarray], batch: int, max_context: int,
-                         tol: float = 1e-9) -> str:
+def sweep_agreement_text(
+    sweep: Mapping[str, np.ndarray], batch: int, max_context: int, tol: float = 1e-9
+) -> str:
     """7.1 (c): how the simulated slot utilization of :func:`static_batch_sweep` sits beside
     the formula of full batches, and why they differ where they do: batches the scheduler
     closed early because a request could not be padded beside them within ``max_context``
@@ -323,28 +367,43 @@ def sweep_agreement_text(sweep: Mapping[str, np.ndarray], batch: int, max_contex
     formed, early = sweep["analytic_formed"], sweep["closed_early"]
     i, last = int(np.flatnonzero(np.isclose(b, batch))[0]), len(b) - 1
     if np.all(np.abs(sim - full) <= tol):
-        return (f"The simulated slot utilization equals the formula at every *B*: at *B* = {batch} both give "
-                f"{sim[i]:.1%}.")
+        return (
+            f"The simulated slot utilization equals the formula at every *B*: at *B* = {batch} both give "
+            f"{sim[i]:.1%}."
+        )
     k = int(np.argmax(np.abs(sim - full)))
     quoted = sorted({i, k, last})
     pairs = "; ".join(f"{sim[j]:.1%} against {full[j]:.1%} at *B* = {b[j]:.0f}" for j in quoted)
-    why = (f"A dense batch gives every row the longest prompt plus the longest output, which must fit the "
-           f"model's {max_context:,}-token context, so the scheduler closes a batch early before a request "
-           f"it cannot pad to, and every later batch boundary shifts. At *B* = {b[k]:.0f} it closed "
-           f"{early[k]:.0f} batch{'es' if early[k] != 1 else ''} early and ran {sweep['batches'][k]:.0f} "
-           f"batches where {sweep['batches_full'][k]:.0f} full ones would hold the requests.")
+    why = (
+        f"A dense batch gives every row the longest prompt plus the longest output, which must fit the "
+        f"model's {max_context:,}-token context, so the scheduler closes a batch early before a request "
+        f"it cannot pad to, and every later batch boundary shifts. At *B* = {b[k]:.0f} it closed "
+        f"{early[k]:.0f} batch{'es' if early[k] != 1 else ''} early and ran {sweep['batches'][k]:.0f} "
+        f"batches where {sweep['batches_full'][k]:.0f} full ones would hold the requests."
+    )
     if np.all(np.abs(sim - formed) <= tol):
-        check = ("Applied to the batches the scheduler actually formed, the formula gives the simulated value "
-                 "exactly at every *B* of this sweep.")
+        check = (
+            "Applied to the batches the scheduler actually formed, the formula gives the simulated value "
+            "exactly at every *B* of this sweep."
+        )
     else:
-        check = (f"Even applied to the batches the scheduler formed, the formula differs by up to "
-                 f"{np.max(np.abs(sim - formed)) * 100:.1f} points.")
-    return (f"The simulated slot utilization is within {np.max(np.abs(sim - full)) * 100:.1f} percentage points "
-            f"of the formula of full batches, not equal to it: {pairs}. {why} {check}")
+        check = (
+            f"Even applied to the batches the scheduler formed, the formula differs by up to "
+            f"{np.max(np.abs(sim - formed)) * 100:.1f} points."
+        )
+    return (
+        f"The simulated slot utilization is within {np.max(np.abs(sim - full)) * 100:.1f} percentage points "
+        f"of the formula of full batches, not equal to it: {pairs}. {why} {check}"
+    )
 
 
-def wait_sweep(workload: Workload, cost: Any, waits: Sequence[float], slots: int = 32,
-               schedulers: Sequence[str] = ("static", "dynamic")) -> dict[str, dict[str, np.ndarray]]:
+def wait_sweep(
+    workload: Workload,
+    cost: Any,
+    waits: Sequence[float],
+    slots: int = 32,
+    schedulers: Sequence[str] = ("static", "dynamic"),
+) -> dict[str, dict[str, np.ndarray]]:
     """7.1 (d): the collection timeout trade-off of static (``timeout``) and dynamic
     (``max_wait``) batching. Per scheduler, arrays over ``wait``: ``queue_mean``,
     ``slot_util``, ``e2e_p99``, ``ttft_p99``, ``throughput_req``, ``padding_fraction``,
@@ -365,8 +424,9 @@ def wait_sweep(workload: Workload, cost: Any, waits: Sequence[float], slots: int
     return res
 
 
-def wait_summary(sweep: Mapping[str, Mapping[str, np.ndarray]], rate: float, batch: int,
-                 rel_tol: float = 0.10) -> dict[str, float]:
+def wait_summary(
+    sweep: Mapping[str, Mapping[str, np.ndarray]], rate: float, batch: int, rel_tol: float = 0.10
+) -> dict[str, float]:
     """7.1 (d): the numbers the timeout section quotes from a :func:`wait_sweep` of
     ``static`` and ``dynamic``: ``fill_s`` (B / rate, the timeout a static batch needs to fill
     at that rate), and ``converge_wait``, the smallest timeout from which on the two agree
@@ -382,8 +442,12 @@ def wait_summary(sweep: Mapping[str, Mapping[str, np.ndarray]], rate: float, bat
     # From some timeout on: every later point must agree too.
     tail = np.flip(np.logical_and.accumulate(np.flip(close)))
     idx = int(np.argmax(tail)) if tail.any() else -1
-    return {"fill_s": batch / rate, "converge_i": float(idx),
-            "converge_wait": float(st["wait"][idx]) if idx >= 0 else -1.0, "rel_tol": rel_tol}
+    return {
+        "fill_s": batch / rate,
+        "converge_i": float(idx),
+        "converge_wait": float(st["wait"][idx]) if idx >= 0 else -1.0,
+        "rel_tol": rel_tol,
+    }
 
 
 def wait_point(sweep: Mapping[str, np.ndarray], j: int) -> dict[str, str]:
@@ -392,8 +456,10 @@ def wait_point(sweep: Mapping[str, np.ndarray], j: int) -> dict[str, str]:
     (slot utilization, one decimal below 10%, whole percent above) and ``queue`` (mean
     queueing delay with its unit, whole seconds from 100 s, one decimal below)."""
     u, q = float(sweep["slot_util"][j]), float(sweep["queue_mean"][j])
-    return {"util": f"{u:.1%}" if u < 0.1 else f"{u:.0%}",
-            "queue": f"{q:,.0f} s" if q >= 100 else f"{q:.1f} s"}
+    return {
+        "util": f"{u:.1%}" if u < 0.1 else f"{u:.0%}",
+        "queue": f"{q:,.0f} s" if q >= 100 else f"{q:.1f} s",
+    }
 
 
 def wait_takeaway(sweep: Mapping[str, Mapping[str, np.ndarray]], summary: Mapping[str, float]) -> str:
@@ -408,18 +474,23 @@ def wait_takeaway(sweep: Mapping[str, Mapping[str, np.ndarray]], summary: Mappin
 
     t0 = f"{st['wait'][0]:g}"
     ahead = (dy["queue_mean"][0] < st["queue_mean"][0]) and (dy["slot_util"][0] >= st["slot_util"][0])
-    first = (f"Dynamic batching is ahead where the timeout is short: at *T* = {t0} s it reached "
-             f"{point(dy, 0)}, static batching {point(st, 0)}, because the queue that builds up during one "
-             f"batch forms the next." if ahead else
-             f"At *T* = {t0} s dynamic batching measured {point(dy, 0)}, static batching {point(st, 0)}.")
+    first = (
+        f"Dynamic batching is ahead where the timeout is short: at *T* = {t0} s it reached "
+        f"{point(dy, 0)}, static batching {point(st, 0)}, because the queue that builds up during one "
+        f"batch forms the next."
+        if ahead
+        else f"At *T* = {t0} s dynamic batching measured {point(dy, 0)}, static batching {point(st, 0)}."
+    )
     j = int(summary["converge_i"])
     if j < 0:
         second = f"At no timeout of the sweep do the two agree within {summary['rel_tol']:.0%}."
     else:
         last = len(st["wait"]) - 1
-        second = (f"From *T* = {st['wait'][j]:g} s on the two agree within {summary['rel_tol']:.0%}: the "
-                  f"timeout, not the scheduler, sets the batch (at *T* = {st['wait'][last]:g} s, static "
-                  f"{point(st, last)}, dynamic {point(dy, last)}).")
+        second = (
+            f"From *T* = {st['wait'][j]:g} s on the two agree within {summary['rel_tol']:.0%}: the "
+            f"timeout, not the scheduler, sets the batch (at *T* = {st['wait'][last]:g} s, static "
+            f"{point(st, last)}, dynamic {point(dy, last)})."
+        )
     return f"{first} {second}"
 
 
@@ -431,41 +502,57 @@ def real_padding_text(rp: Mapping[str, Any], tol: float = 0.03, slight: float = 
     within ``tol``, "slightly more (less) than in proportion", with the difference, within
     ``slight``, and beyond it "more (less) than its positions" with the reason."""
     s, lg = rp["short"], rp["long"]
-    per = {"short": rp["short_ms"] / s, "long": rp["long_ms"] / lg,
-           "packed": rp["packed_ms"] / (s + lg), "padded": rp["padded_ms"] / (2 * lg)}
+    per = {
+        "short": rp["short_ms"] / s,
+        "long": rp["long_ms"] / lg,
+        "packed": rp["packed_ms"] / (s + lg),
+        "padded": rp["padded_ms"] / (2 * lg),
+    }
 
     def how(ratio: float, positions: float) -> str:
-        r = ratio / positions           # the longer step's time per position over the shorter's
+        r = ratio / positions  # the longer step's time per position over the shorter's
         if abs(r - 1) <= tol:
             return "in proportion to its positions"
         if abs(r - 1) <= slight:
             more = r > 1
-            return (f"slightly {'more' if more else 'less'} than in proportion to its positions "
-                    f"({abs(r - 1):.0%} {'more' if more else 'less'} per position)")
+            return (
+                f"slightly {'more' if more else 'less'} than in proportion to its positions "
+                f"({abs(r - 1):.0%} {'more' if more else 'less'} per position)"
+            )
         return "less than its positions" if ratio < positions else "more than its positions"
 
-    a = (f"The short prompt's time grew {how(rp['time_ratio_short'], rp['token_ratio'])}: per position, its "
-         f"{s:,.0f}-token prefill cost {per['short']:.3f} ms and the {lg:,.0f}-token one {per['long']:.3f} ms")
+    a = (
+        f"The short prompt's time grew {how(rp['time_ratio_short'], rp['token_ratio'])}: per position, its "
+        f"{s:,.0f}-token prefill cost {per['short']:.3f} ms and the {lg:,.0f}-token one {per['long']:.3f} ms"
+    )
     if rp["time_ratio_short"] < rp["token_ratio"] * (1 - slight):
-        a += ", because part of a step's cost does not grow with its length and weighs more on a short prompt."
+        a += (
+            ", because part of a step's cost does not grow with its length and weighs more on a short prompt."
+        )
     elif rp["time_ratio_short"] > rp["token_ratio"] * (1 + slight):
         a += ", so on this device a longer prefill costs more per position."
     else:
         a += "."
-    b = (f"The padded batch's time grew {how(rp['time_ratio_batch'], rp['positions_ratio'])}: per position, the "
-         f"padded {2 * lg:,.0f}-position step cost {per['padded']:.3f} ms and the packed "
-         f"{s + lg:,.0f}-position one {per['packed']:.3f} ms")
+    b = (
+        f"The padded batch's time grew {how(rp['time_ratio_batch'], rp['positions_ratio'])}: per position, the "
+        f"padded {2 * lg:,.0f}-position step cost {per['padded']:.3f} ms and the packed "
+        f"{s + lg:,.0f}-position one {per['packed']:.3f} ms"
+    )
     if rp["time_ratio_batch"] > rp["positions_ratio"] * (1 + slight):
-        b += (", so on this device a step of more positions costs more per position, and padding costs more "
-              "than the positions it adds.")
+        b += (
+            ", so on this device a step of more positions costs more per position, and padding costs more "
+            "than the positions it adds."
+        )
     elif rp["time_ratio_batch"] < rp["positions_ratio"] * (1 - slight):
         b += ", so on this device a step of more positions costs less per position."
     else:
         b += "."
     if str(rp.get("executor", {}).get("device", "cpu")).startswith("cuda"):
         return f"{a} {b}"
-    return (f"{a} {b} On a GPU the roofline above predicts otherwise: a short prefill is memory-bound there, "
-            f"and padding it costs far less time than positions.")
+    return (
+        f"{a} {b} On a GPU the roofline above predicts otherwise: a short prefill is memory-bound there, "
+        f"and padding it costs far less time than positions."
+    )
 
 
 def first_finisher_summary(result: RunResult) -> dict[str, float]:
@@ -480,7 +567,12 @@ def first_finisher_summary(result: RunResult) -> dict[str, float]:
     start = min(r.arrival for r in result.requests)
     span = max(fins) - start
     out: dict[str, float] = {k: float(v) for k, v in ss.items()}
-    out.update(useful_fraction=(ss["prefill"] + ss["decode"]) / ss["total"], dead_fraction=ss["dead"] / ss["total"],
-               idle_fraction=ss["idle"] / ss["total"], first_finish_s=min(fins) - start, makespan_s=span,
-               after_first_fraction=(max(fins) - min(fins)) / span)
+    out.update(
+        useful_fraction=(ss["prefill"] + ss["decode"]) / ss["total"],
+        dead_fraction=ss["dead"] / ss["total"],
+        idle_fraction=ss["idle"] / ss["total"],
+        first_finish_s=min(fins) - start,
+        makespan_s=span,
+        after_first_fraction=(max(fins) - min(fins)) / span,
+    )
     return out

@@ -15,6 +15,7 @@ logits against transformers).
 Importing this module needs torch only; ``safetensors`` is imported when a function runs
 (the ``bench`` extra: ``pip install -e .[bench]``).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,12 @@ from .model import Llama, ModelConfig
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "float32", torch.bfloat16: "bfloat16",
-                                        torch.float16: "float16", torch.float64: "float64"}
+_DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.float64: "float64",
+}
 _NAME_DTYPES: dict[str, torch.dtype] = {v: k for k, v in _DTYPE_NAMES.items()}
 
 
@@ -42,8 +47,10 @@ def _safetensors_torch() -> Any:
     try:
         import safetensors.torch as st
     except ImportError:
-        raise ImportError("Hugging Face checkpoints need the `safetensors` package: install the `bench` "
-                          "extra (pip install -e '.[bench]')") from None
+        raise ImportError(
+            "Hugging Face checkpoints need the `safetensors` package: install the `bench` "
+            "extra (pip install -e '.[bench]')"
+        ) from None
     return st
 
 
@@ -95,12 +102,19 @@ def hf_state_dict(model: Llama) -> dict[str, Tensor]:
         p = f"model.layers.{i}."
         wq, wk, wv = b.wqkv.split([q, kv, kv], dim=0)
         gate, up = b.w_gate_up.split([cfg.ffn, cfg.ffn], dim=0)
-        out.update({p + "self_attn.q_proj.weight": wq, p + "self_attn.k_proj.weight": wk,
-                    p + "self_attn.v_proj.weight": wv, p + "self_attn.o_proj.weight": b.wo,
-                    p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up,
-                    p + "mlp.down_proj.weight": b.w_down,
-                    p + "input_layernorm.weight": b.attn_norm,
-                    p + "post_attention_layernorm.weight": b.mlp_norm})
+        out.update(
+            {
+                p + "self_attn.q_proj.weight": wq,
+                p + "self_attn.k_proj.weight": wk,
+                p + "self_attn.v_proj.weight": wv,
+                p + "self_attn.o_proj.weight": b.wo,
+                p + "mlp.gate_proj.weight": gate,
+                p + "mlp.up_proj.weight": up,
+                p + "mlp.down_proj.weight": b.w_down,
+                p + "input_layernorm.weight": b.attn_norm,
+                p + "post_attention_layernorm.weight": b.mlp_norm,
+            }
+        )
     if not cfg.tied_embeddings:
         out["lm_head.weight"] = model.lm_head
     return {k: v.detach().to("cpu").clone().contiguous() for k, v in out.items()}
@@ -129,18 +143,24 @@ def config_from_hf(hf: dict[str, Any], name: str | None = None) -> ModelConfig:
     head_dim other than hidden / heads, RoPE scaling). ``name`` defaults to the config's
     ``batching_model`` (written by :func:`save_hf_checkpoint`), else ``"hf-llama"``.
     """
-    _require(hf.get("model_type", "llama") == "llama", f"model_type={hf.get('model_type')!r}: only 'llama' loads")
+    _require(
+        hf.get("model_type", "llama") == "llama", f"model_type={hf.get('model_type')!r}: only 'llama' loads"
+    )
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
         _require(key in hf, f"config.json has no {key!r}")
     hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
     kv_heads = int(hf.get("num_key_value_heads") or heads)
     _require(hidden % heads == 0, f"hidden_size={hidden} is not a multiple of num_attention_heads={heads}")
     head_dim = hf.get("head_dim")
-    _require(head_dim in (None, hidden // heads),
-             f"head_dim={head_dim} != hidden_size / num_attention_heads = {hidden // heads}: not supported")
+    _require(
+        head_dim in (None, hidden // heads),
+        f"head_dim={head_dim} != hidden_size / num_attention_heads = {hidden // heads}: not supported",
+    )
     _require(not hf.get("attention_bias", False), "attention_bias=true: this engine's model has no biases")
     _require(not hf.get("mlp_bias", False), "mlp_bias=true: this engine's model has no biases")
-    _require(hf.get("hidden_act", "silu") == "silu", f"hidden_act={hf.get('hidden_act')!r}: only 'silu' (SwiGLU)")
+    _require(
+        hf.get("hidden_act", "silu") == "silu", f"hidden_act={hf.get('hidden_act')!r}: only 'silu' (SwiGLU)"
+    )
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     _require(rope_type == "default", f"rope_type={rope_type!r}: only plain RoPE ('default') is implemented")
@@ -148,11 +168,20 @@ def config_from_hf(hf: dict[str, Any], name: str | None = None) -> ModelConfig:
     dtype = _NAME_DTYPES.get(str(hf.get("dtype") or hf.get("torch_dtype") or "float32"), torch.float32)
     bytes_per = {torch.bfloat16: 2, torch.float16: 2}.get(dtype, 4)  # the registry knows 1, 2 and 4 bytes
     return ModelConfig(
-        name=name or hf.get("batching_model") or "hf-llama", layers=int(hf["num_hidden_layers"]), hidden=hidden,
-        heads=heads, kv_heads=kv_heads, ffn=int(hf["intermediate_size"]), vocab=int(hf["vocab_size"]),
-        max_context=int(hf.get("max_position_embeddings", 2048)), bytes_per_param=bytes_per, kv_bytes=bytes_per,
-        tied_embeddings=bool(hf.get("tie_word_embeddings", False)), rope_theta=float(theta),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)))
+        name=name or hf.get("batching_model") or "hf-llama",
+        layers=int(hf["num_hidden_layers"]),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        ffn=int(hf["intermediate_size"]),
+        vocab=int(hf["vocab_size"]),
+        max_context=int(hf.get("max_position_embeddings", 2048)),
+        bytes_per_param=bytes_per,
+        kv_bytes=bytes_per,
+        tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        rope_theta=float(theta),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+    )
 
 
 def read_config(path: str | Path) -> ModelConfig:
@@ -164,8 +193,12 @@ def read_config(path: str | Path) -> ModelConfig:
 
 
 @torch.no_grad()
-def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
-                       dtype: torch.dtype | None = None, wx: bool | None = None) -> Llama:
+def load_hf_checkpoint(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    wx: bool | None = None,
+) -> Llama:
     """A :class:`~batching.model.Llama` holding the weights of a Hugging Face Llama checkpoint
     directory (one ``model.safetensors``; sharded checkpoints are not supported).
 
@@ -183,21 +216,28 @@ def load_hf_checkpoint(path: str | Path, device: str | torch.device = "cpu",
         # Some writers store the tied head anyway: accept it only if it is the embedding.
         head = tensors.pop("lm_head.weight", None)
         if head is not None and not torch.equal(head, tensors.get("model.embed_tokens.weight", head)):
-            raise CheckpointError("lm_head.weight differs from model.embed_tokens.weight but "
-                                  "tie_word_embeddings is true")
+            raise CheckpointError(
+                "lm_head.weight differs from model.embed_tokens.weight but tie_word_embeddings is true"
+            )
     model = Llama(cfg, device, dtype, seed=0, wx=wx)  # random init, overwritten below
     want = hf_state_dict_shapes(cfg)
     unknown = sorted(set(tensors) - set(want))
     missing = sorted(set(want) - set(tensors))
     if unknown:
-        raise CheckpointError(f"{f}: unknown tensor {unknown[0]!r}" + (f" (and {len(unknown) - 1} more)"
-                                                                      if len(unknown) > 1 else ""))
+        raise CheckpointError(
+            f"{f}: unknown tensor {unknown[0]!r}"
+            + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
+        )
     if missing:
-        raise CheckpointError(f"{f}: missing tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more)"
-                                                                      if len(missing) > 1 else ""))
+        raise CheckpointError(
+            f"{f}: missing tensor {missing[0]!r}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
     for k, shape in want.items():
         if tuple(tensors[k].shape) != shape:
-            raise CheckpointError(f"{f}: tensor {k!r} has shape {list(tensors[k].shape)}, expected {list(shape)}")
+            raise CheckpointError(
+                f"{f}: tensor {k!r} has shape {list(tensors[k].shape)}, expected {list(shape)}"
+            )
 
     def put(dst: Tensor, *names: str) -> None:
         src = tensors[names[0]] if len(names) == 1 else torch.cat([tensors[n] for n in names], dim=0)
@@ -225,11 +265,19 @@ def hf_state_dict_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab, d), "model.norm.weight": (d,)}
     for i in range(cfg.layers):
         p = f"model.layers.{i}."
-        out.update({p + "self_attn.q_proj.weight": (q, d), p + "self_attn.k_proj.weight": (kv, d),
-                    p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.o_proj.weight": (d, q),
-                    p + "mlp.gate_proj.weight": (cfg.ffn, d), p + "mlp.up_proj.weight": (cfg.ffn, d),
-                    p + "mlp.down_proj.weight": (d, cfg.ffn), p + "input_layernorm.weight": (d,),
-                    p + "post_attention_layernorm.weight": (d,)})
+        out.update(
+            {
+                p + "self_attn.q_proj.weight": (q, d),
+                p + "self_attn.k_proj.weight": (kv, d),
+                p + "self_attn.v_proj.weight": (kv, d),
+                p + "self_attn.o_proj.weight": (d, q),
+                p + "mlp.gate_proj.weight": (cfg.ffn, d),
+                p + "mlp.up_proj.weight": (cfg.ffn, d),
+                p + "mlp.down_proj.weight": (d, cfg.ffn),
+                p + "input_layernorm.weight": (d,),
+                p + "post_attention_layernorm.weight": (d,),
+            }
+        )
     if not cfg.tied_embeddings:
         out["lm_head.weight"] = (cfg.vocab, d)
     return out

@@ -15,17 +15,18 @@ compare against.
 
 Shapes in comments: T packed tokens, H query heads, K kv heads, D head dim, V vocab.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .models import ModelShape
+from ..models import ModelShape
 
 #: Query, key, value of one layer for the packed tokens -> attention output [T, H, D].
 AttendFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
@@ -47,7 +48,7 @@ class ModelConfig(ModelShape):
     embed_std: float = 0.02
 
     @classmethod
-    def from_shape(cls, shape: ModelShape) -> "ModelConfig":
+    def from_shape(cls, shape: ModelShape) -> ModelConfig:
         """The config of a registry shape (``tiny``, ``cpu-m``, ``llama-8b``, ...): every real run of 7.1-7.3."""
         theta = 500_000.0 if shape.name.startswith("llama") else 10_000.0
         return cls(**{f.name: getattr(shape, f.name) for f in fields(ModelShape)}, rope_theta=theta)
@@ -96,8 +97,9 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bo
     (decode graphs: 0 or -inf); broadcast to [B, H, Tq, Tk].
     """
     if _SDPA_HAS_GQA:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                              enable_gqa=q.shape[1] != k.shape[1])
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1]
+        )
     rep = q.shape[1] // k.shape[1]  # torch < 2.5 has no enable_gqa: copy each kv head
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
@@ -108,6 +110,7 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bo
 #: vs 81.3 ms with F.linear, cpu-m 281 vs 306 ms) and slower at 255 (cpu-s 156 vs 130 ms,
 #: cpu-m 700 vs 553 ms).
 WX_MAX_TOKENS = 128
+
 
 def padded_tokens(T: int) -> int:
     """How many rows a ``(W @ x.T).T`` product of ``T`` tokens runs on (CPU, 7.2's odd batch sizes).
@@ -125,8 +128,10 @@ def padded_tokens(T: int) -> int:
 
 
 #: How a CPU model (``wx``) multiplies by its weights (:attr:`Llama.linear_form`).
-LINEAR_CPU = ("(W @ x.T).T; batch 1: x @ W.T stored transposed, input dimension split one piece per thread "
-              "(one bmm, summed)")
+LINEAR_CPU = (
+    "(W @ x.T).T; batch 1: x @ W.T stored transposed, input dimension split one piece per thread "
+    "(one bmm, summed)"
+)
 
 
 def split_ways(in_features: int, threads: int) -> int:
@@ -136,7 +141,7 @@ def split_ways(in_features: int, threads: int) -> int:
     return max(s for s in range(1, max(threads, 1) + 1) if in_features % s == 0)
 
 
-def batch1_copy_params(cfg: "ModelConfig") -> int:
+def batch1_copy_params(cfg: ModelConfig) -> int:
     """Elements of the transposed copies a CPU model keeps for one-token steps (the memory
     check of ``runner.py`` counts them): every linear weight, the lm head included."""
     H, K, D, d = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.hidden
@@ -155,25 +160,34 @@ class Block(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(d, **kw), requires_grad=False)
         # q, k and v share one matrix (and gate and up another): one matmul call each
         # instead of three and two, which matters where per-call overhead is ~ms (CPU).
-        self.wqkv = nn.Parameter(torch.empty((cfg.heads + 2 * cfg.kv_heads) * hd, d, **kw), requires_grad=False)
+        self.wqkv = nn.Parameter(
+            torch.empty((cfg.heads + 2 * cfg.kv_heads) * hd, d, **kw), requires_grad=False
+        )
         self.wo = nn.Parameter(torch.empty(d, cfg.heads * hd, **kw), requires_grad=False)
         self.mlp_norm = nn.Parameter(torch.ones(d, **kw), requires_grad=False)
         self.w_gate_up = nn.Parameter(torch.empty(2 * cfg.ffn, d, **kw), requires_grad=False)
         self.w_down = nn.Parameter(torch.empty(d, cfg.ffn, **kw), requires_grad=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, attend: AttendFn,
-                linear: Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        layer: int,
+        attend: AttendFn,
+        linear: Callable[[Tensor, Tensor], Tensor],
+    ) -> Tensor:
         cfg, T = self.cfg, x.shape[0]
         H, K, D = cfg.heads, cfg.kv_heads, cfg.head_dim
-        qkv = linear(rms_norm(x, self.attn_norm, cfg.norm_eps), self.wqkv)   # [T, (H + 2K) D]
+        qkv = linear(rms_norm(x, self.attn_norm, cfg.norm_eps), self.wqkv)  # [T, (H + 2K) D]
         # q and k heads sit side by side in qkv: rotate them in one go (half the small ops
         # of a decode step's RoPE, which on CPU cost as much as their arithmetic).
-        qk = apply_rope(qkv[:, :(H + K) * D].view(T, H + K, D), cos, sin)   # [T, H + K, D]
-        q, k = qk.narrow(1, 0, H), qk.narrow(1, H, K)                          # [T, H, D], [T, K, D]
-        a = attend(layer, q, k, qkv[:, (H + K) * D:].view(T, K, D))            # [T, H, D]
-        x = x + linear(a.reshape(T, H * D), self.wo)                           # [T, d]
+        qk = apply_rope(qkv[:, : (H + K) * D].view(T, H + K, D), cos, sin)  # [T, H + K, D]
+        q, k = qk.narrow(1, 0, H), qk.narrow(1, H, K)  # [T, H, D], [T, K, D]
+        a = attend(layer, q, k, qkv[:, (H + K) * D :].view(T, K, D))  # [T, H, D]
+        x = x + linear(a.reshape(T, H * D), self.wo)  # [T, d]
         gate, up = linear(rms_norm(x, self.mlp_norm, cfg.norm_eps), self.w_gate_up).chunk(2, dim=-1)
-        return x + linear(F.silu(gate).mul_(up), self.w_down)                  # [T, d]
+        return x + linear(F.silu(gate).mul_(up), self.w_down)  # [T, d]
 
 
 class Llama(nn.Module):
@@ -183,8 +197,14 @@ class Llama(nn.Module):
     ``(W @ x.T).T`` on CPU and ``F.linear`` elsewhere.
     """
 
-    def __init__(self, cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                 seed: int = 0, wx: bool | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        seed: int = 0,
+        wx: bool | None = None,
+    ) -> None:
         super().__init__()
         device = torch.device(device)
         dtype = dtype or default_dtype(device)
@@ -194,16 +214,19 @@ class Llama(nn.Module):
         self.embed = nn.Parameter(torch.empty(cfg.vocab, cfg.hidden, **kw), requires_grad=False)  # [V, d]
         self.blocks = nn.ModuleList(Block(cfg, device, dtype) for _ in range(cfg.layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden, **kw), requires_grad=False)
-        self.lm_head = (self.embed if cfg.tied_embeddings
-                        else nn.Parameter(torch.empty(cfg.vocab, cfg.hidden, **kw), requires_grad=False))
+        self.lm_head = (
+            self.embed
+            if cfg.tied_embeddings
+            else nn.Parameter(torch.empty(cfg.vocab, cfg.hidden, **kw), requires_grad=False)
+        )
         self._init_weights(seed)
         # RoPE angles for every servable position, computed in float64 once.
         inv_freq = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim)
-        ang = torch.outer(torch.arange(cfg.max_context, dtype=torch.float64), inv_freq)   # [P, D/2]
-        ang = torch.cat((ang, ang), dim=-1)                                                # [P, D]
+        ang = torch.outer(torch.arange(cfg.max_context, dtype=torch.float64), inv_freq)  # [P, D/2]
+        ang = torch.cat((ang, ang), dim=-1)  # [P, D]
         self.register_buffer("cos", ang.cos().to(**kw), persistent=False)
         sign = torch.cat((-torch.ones(cfg.head_dim // 2), torch.ones(cfg.head_dim // 2))).to(torch.float64)
-        self.register_buffer("sin_signed", (ang.sin() * sign).to(**kw), persistent=False)   # see apply_rope
+        self.register_buffer("sin_signed", (ang.sin() * sign).to(**kw), persistent=False)  # see apply_rope
         self._b1: dict[int, Tensor] = {}
         self._b1_state: tuple[tuple[int, int], ...] = ()
         self.refresh_batch1()
@@ -260,7 +283,7 @@ class Llama(nn.Module):
         cfg = self.cfg
         fill(self.embed, cfg.embed_std)
         resid = 1.0 / math.sqrt(2 * cfg.layers)
-        qk = cfg.heads * cfg.head_dim + cfg.kv_heads * cfg.head_dim   # rows of q and k in wqkv
+        qk = cfg.heads * cfg.head_dim + cfg.kv_heads * cfg.head_dim  # rows of q and k in wqkv
         for b in self.blocks:
             fill(b.wqkv, 1.0 / math.sqrt(cfg.hidden))
             b.wqkv[:qk] *= 2.0
@@ -308,18 +331,18 @@ class Llama(nn.Module):
         """
         T = x.shape[0]
         if self.wx and T == 1:
-            wt = self._b1[id(w)]                                # [in, out]
+            wt = self._b1[id(w)]  # [in, out]
             n, out = wt.shape
             s = split_ways(n, torch.get_num_threads())
             if s == 1:
-                return x @ wt                                   # [1, in] @ [in, out]
+                return x @ wt  # [1, in] @ [in, out]
             # [s, 1, in/s] @ [s, in/s, out] -> [s, 1, out], one piece per thread; summed -> [1, out]
             return torch.bmm(x.reshape(s, 1, n // s), wt.view(s, n // s, out)).sum(0)
         if self.wx and T <= WX_MAX_TOKENS:
             P = padded_tokens(T)
             if P == T:
                 return (w @ x.T).T.contiguous()
-            xp = F.pad(x, (0, 0, 0, P - T))                     # [P, in]: zero rows, see padded_tokens
+            xp = F.pad(x, (0, 0, 0, P - T))  # [P, in]: zero rows, see padded_tokens
             return (w @ xp.T).T[:T].contiguous()
         return F.linear(x, w)
 
@@ -341,12 +364,12 @@ class Llama(nn.Module):
         """
         if self.wx and self._weights_state() != self._b1_state:
             self.refresh_batch1()
-        x = self.embed[ids]                                 # [T, d]
-        cos, sin = self.cos[pos, None], self.sin_signed[pos, None]   # [T, 1, D]: broadcast over heads
+        x = self.embed[ids]  # [T, d]
+        cos, sin = self.cos[pos, None], self.sin_signed[pos, None]  # [T, 1, D]: broadcast over heads
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, i, attend, self.linear)
         if rows is not None:
-            x = x[rows]                                     # [R, d]
+            x = x[rows]  # [R, d]
         return self.linear(rms_norm(x, self.norm, self.cfg.norm_eps), self.lm_head)  # [R, V]
 
     @torch.inference_mode()
@@ -357,7 +380,7 @@ class Llama(nn.Module):
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             o = sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal=True)
-            return o[0].transpose(0, 1)                     # [T, H, D]
+            return o[0].transpose(0, 1)  # [T, H, D]
 
         return self.forward(ids.to(self.device), torch.arange(T, device=self.device), attend)
 
@@ -367,4 +390,4 @@ class Llama(nn.Module):
         seq = list(prompt)
         for _ in range(n):
             seq.append(int(self.forward_full(torch.tensor(seq))[-1].argmax()))
-        return seq[len(prompt):]
+        return seq[len(prompt) :]

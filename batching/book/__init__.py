@@ -1,0 +1,17 @@
+"""What the chapter's pages compute: one module per page, each returning that page's numbers
+and verdicts (numbers, small labels, booleans, tables as rows), plus the figures
+(:mod:`.plots`) and the glue helpers (:mod:`.common`).
+
+No function here returns a sentence of the book: the sentences live in the notebooks'
+markdown, and where wording depends on a measurement the notebook picks it.
+
+Modules: :mod:`.common` (simulate, metrics, glue helpers), :mod:`.why` ("Why batching"),
+:mod:`.static` (7.1), :mod:`.continuous` (7.2), :mod:`.chunked` (7.3), :mod:`.kv` (what 7.2
+sets up), :mod:`.checks` (the real engine's runs and the simulator's measured error) and
+:mod:`.plots` (figures). Notebooks import the modules they use
+(``from batching.book import plots, static``).
+
+Utilization means two different things here (``shared/notes/conventions.md``): slot
+utilization (output tokens kept / (slots x steps)) and hardware utilization (achieved FLOP/s
+or bytes/s over the device's peak, padding and dead rows included).
+"""

@@ -1,0 +1,102 @@
+"""The numbers, verdicts and figures behind every page: glue helpers, colours and every figure (batching/book/common.py, plots.py): hand-computed cases, and
+sweeps that must move the way theory says they do."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np
+import pytest
+from helpers import LinearCost
+
+from batching.book import (
+    chunked,
+    common,
+    continuous,
+    plots,
+    static,
+)
+from batching.book import kv as kvbook
+from batching.costs import get_cost_model
+from batching.engine import SimExecutor
+from batching.workload import LogNormal, Workload, preset, synthetic
+
+UNIT = SimExecutor(LinearCost(1.0))
+H100_8B = get_cost_model("llama-8b", "h100")
+Seg = static.Segment
+
+
+def small_trace(n: int = 120, rate: float = 8.0, seed: int = 3) -> Workload:
+    """A long-tailed synthetic workload, small enough for unit tests."""
+    return synthetic(
+        n,
+        rate,
+        LogNormal(median=300, sigma=0.9, lo=8, hi=3000),
+        LogNormal(median=60, sigma=1.0, lo=2, hi=800),
+        seed=seed,
+    )
+
+
+def test_glue_helpers():
+    sweep = {"x": np.array([1.0, 2.0]), "y": np.array([10.0, 20.0])}
+    assert common.at(sweep, "x", 2.0) == {"x": 2.0, "y": 20.0}
+    with pytest.raises(KeyError):
+        common.at(sweep, "x", 3.0)
+    assert common.flat("p", {"a": np.float64(1.5), "b": "s"}) == {"p_a": 1.5, "p_b": "s"}
+    assert common.choose(True, 100, 10) == 10 and common.choose(False, 100, 10) == 100
+    assert common.describe_cost(get_cost_model("llama-70b", "h200", tp=2)) == (
+        "llama-70b (bf16 weights, bf16 KV cache) on 2 x H200-SXM, tensor parallel"
+    )
+    assert plots.plain(np.float64(2.5)) == 2.5 and type(plots.plain(np.int64(3))) is int
+
+
+def test_phase_colours_are_distinct_and_cover_every_kind():
+    assert set(plots.PHASE_COLORS) == set(common.KINDS)
+    assert len(set(plots.PHASE_COLORS.values())) == len(common.KINDS)
+
+
+# ---------------------------------------------------------------------------- plots
+def test_every_figure_draws_and_saves(tmp_path):
+    plots.style()
+    w = small_trace(60, rate=4.0)
+    ff = common.simulate(
+        preset("first-finisher"), H100_8B, "static", slots=32, kv_tokens=None, record_slots=True
+    )
+    cfg = {
+        "static": {"scheduler": "static", "slots": 8, "timeout": 1.0},
+        "continuous": {"scheduler": "continuous", "slots": 8},
+    }
+    sw = continuous.rate_sweep(w, H100_8B, cfg, [0.5, 2.0])
+    wl, probes = continuous.with_probes(w, every=5)
+    lp = chunked.long_prompt_among_decodes(running=6, prompt=1000)
+    st = chunked.stall_runs(
+        lp, H100_8B, {"mix": ("continuous, mixed", "continuous", {})}, range(6), 6, slots=8
+    )
+    kv = kvbook.kv_runs(w, H100_8B, slots=16)
+    rt = chunked.chunk_step_times(H100_8B, [64, 512])
+    figs = {
+        "padding": plots.padding_figure(static.padding_cost(H100_8B)),
+        "timeline": plots.timeline_figure([("static", static.timeline(ff))], marks=[[(0.1, "mark")]]),
+        "batch": plots.batch_sweep_figure(static.static_batch_sweep(w, H100_8B, [1, 4])),
+        "wait": plots.wait_figure(static.wait_sweep(w, H100_8B, [0, 1], slots=4), ceiling=0.4),
+        "rate": plots.rate_util_figure(sw, trace_rate=common.offered_rate(w)),
+        "latency": plots.latency_throughput_figure(sw),
+        "iters": plots.iterations_figure(continuous.probe_runs(wl, H100_8B, cfg, probes), 20),
+        "itl": plots.itl_figure(st["series"], 0.5, st["first_token"]),
+        "roofline": plots.chunk_roofline_figure(rt["chunk"], rt["step_s"], rt["decode_s"], rt["bstar"]),
+        "tradeoff": plots.chunk_tradeoff_figure(
+            {"1x": chunked.chunk_sweep(w, H100_8B, [256, 512], slots=8)[1.0]}
+        ),
+        "kv_time": plots.kv_time_figure(kv["series"], H100_8B.kv_capacity()),
+        "kv_fit": plots.kv_fit_figure(w.prompt_lens + w.output_lens, kvbook.kv_fit(H100_8B, w), {"slab": 10}),
+        "kv_budget": plots.kv_budget_figure(kvbook.kv_budget_sweep(w, H100_8B, [16384, 32768], slots=32)),
+    }
+    for name, fig in figs.items():
+        assert fig.axes, name
+        png, svg = plots.save(fig, name, tmp_path)
+        assert png.stat().st_size > 5000 and svg.read_text().startswith("<?xml"), name
+        matplotlib.pyplot.close(fig)
+    assert "x" in str(plots.table([[1, "ab"]], ["x", "y"]))
+    assert "<th>x</th>" in plots.table([[1, "ab"]], ["x", "y"])._repr_html_()

@@ -1,0 +1,355 @@
+"""The numbers, verdicts and figures behind 7.1 static batching (batching/book/static.py): hand-computed cases, and
+sweeps that must move the way theory says they do."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np
+import pytest
+from helpers import LinearCost, _texts, reqs
+
+from batching.book import (
+    checks,
+    common,
+    plots,
+    static,
+)
+from batching.costs import get_cost_model
+from batching.engine import SimExecutor, run
+from batching.schedulers import ContinuousScheduler, StaticScheduler
+from batching.workload import LogNormal, Workload, preset, synthetic
+
+UNIT = SimExecutor(LinearCost(1.0))
+H100_8B = get_cost_model("llama-8b", "h100")
+Seg = static.Segment
+
+
+def small_trace(n: int = 120, rate: float = 8.0, seed: int = 3) -> Workload:
+    """A long-tailed synthetic workload, small enough for unit tests."""
+    return synthetic(
+        n,
+        rate,
+        LogNormal(median=300, sigma=0.9, lo=8, hi=3000),
+        LogNormal(median=60, sigma=1.0, lo=2, hi=800),
+        seed=seed,
+    )
+
+
+# ------------------------------------------------------------------------- timelines
+def test_timeline_of_a_hand_made_static_run_has_exactly_the_expected_cells():
+    # A wants 3 tokens from a 2-token prompt, B 1 token from a 4-token prompt; every step
+    # costs 1 s. Step 1 prefills both (A padded by 2) and finishes B; steps 2-3 decode A
+    # while B's row is dead. The fast path logs steps 2-3 as one row.
+    res = run(reqs((0, 2, 3), (0, 4, 1)), StaticScheduler(2, 64), UNIT, record_slots=True)
+    assert static.timeline(res) == [
+        Seg(0, 0, "prefill", 0.0, 0.5, 1),
+        Seg(0, 0, "padding", 0.5, 1.0, 1),
+        Seg(0, 0, "decode", 1.0, 3.0, 2),
+        Seg(1, 1, "prefill", 0.0, 1.0, 1),
+        Seg(1, 1, "dead", 1.0, 3.0, 2),
+    ]
+    assert static.slot_steps(res) == {
+        "prefill": 2,
+        "decode": 2,
+        "dead": 2,
+        "idle": 0,
+        "total": 6,
+        "padded_rows": 1,
+    }
+
+
+def test_timeline_shows_idle_rows_and_idle_gaps_under_continuous_batching():
+    # One slot free from t=2 until B arrives at t=4: slot 1 idle after A, both idle in the gap.
+    res = run(reqs((0, 4, 2), (0, 4, 1), (4, 4, 1)), ContinuousScheduler(2, 64), UNIT, record_slots=True)
+    tl = static.timeline(res)
+    assert Seg(1, 1, "prefill", 0.0, 1.0, 1) in tl
+    assert Seg(0, 0, "decode", 1.0, 2.0, 1) in tl and Seg(1, None, "idle", 1.0, 5.0, 2) in tl
+    assert Seg(0, None, "idle", 2.0, 4.0, 0) in tl  # the engine waited for an arrival
+    assert Seg(0, 2, "prefill", 4.0, 5.0, 1) in tl
+    assert not [s for s in tl if s.kind == "dead"]
+    # Segments of one slot tile time without gaps or overlaps.
+    for slot in (0, 1):
+        segs = [s for s in tl if s.slot == slot]
+        assert all(math.isclose(a.t1, b.t0) for a, b in zip(segs, segs[1:]))
+
+
+def test_first_finisher_static_wastes_31_rows_for_1980_steps():
+    res = common.simulate(
+        preset("first-finisher"), H100_8B, "static", slots=32, kv_tokens=None, record_slots=True
+    )
+    s = static.first_finisher_summary(res)
+    assert s["dead"] == 31 * 1980 and s["total"] == 32 * 2000
+    assert s["prefill"] + s["decode"] == 32 + (1999 + 31 * 19)
+    assert s["after_first_fraction"] > 0.98
+    dead = [seg for seg in static.timeline(res) if seg.kind == "dead"]
+    assert len(dead) == 31 and all(seg.steps == 1980 for seg in dead)
+    # Under continuous batching the same rows are idle, not dead.
+    cont = static.first_finisher_summary(
+        common.simulate(preset("first-finisher"), H100_8B, "continuous", slots=32, record_slots=True)
+    )
+    assert cont["dead"] == 0 and cont["idle"] == 31 * 1980
+
+
+def test_timeline_needs_a_recorded_run():
+    res = run(reqs((0, 2, 2)), StaticScheduler(1, 64), UNIT)
+    with pytest.raises(ValueError, match="record_slots=True"):
+        static.timeline(res)
+
+
+# ------------------------------------------------------------------------------ 7.1
+def test_padding_cost_of_the_padding_pair():
+    pc = static.padding_cost(H100_8B)
+    assert pc["pad_tokens"] == 3950 and pc["prefill_computed"] == 8000 and pc["prefill_needed"] == 4050
+    assert pc["padding_fraction"] == pytest.approx(3950 / 8000)
+    assert pc["token_ratio"] == 80 and pc["flop_ratio"] > 80  # attention is quadratic
+    assert pc["t_batch_sim"] == pc["t_batch_padded"]  # the scheduler pads as counted
+    # A 50-token prefill is memory-bound on an H100, so padding costs far less time than FLOPs.
+    assert (pc["bound_short"], pc["bound_padded"]) == ("memory", "compute")
+    assert 5 < pc["time_ratio_short"] < pc["token_ratio"]
+    assert 1.8 < pc["time_ratio_batch"] < 2.0
+    with pytest.raises(ValueError):
+        static.padding_cost(H100_8B, short=100, long=50)
+
+
+def test_static_batch_sweep_matches_the_analytic_formula_and_falls_with_batch_size():
+    w = small_trace(128)
+    sweep = static.static_batch_sweep(w, H100_8B, [1, 2, 4, 8, 16, 32])
+    np.testing.assert_allclose(sweep["slot_util"], sweep["analytic"], rtol=1e-12)
+    assert sweep["slot_util"][0] == 1.0
+    # Doubling B merges pairs of batches: each merged maximum is at least both old ones, so
+    # utilization cannot rise and padding cannot fall.
+    assert np.all(np.diff(sweep["analytic"]) <= 1e-12) and sweep["analytic"][-1] < 0.5
+    assert np.all(np.diff(sweep["padding_fraction"]) >= -1e-12)
+    assert np.all(sweep["useful_compute"] <= sweep["hw_compute"] + 1e-12)
+
+
+def test_analytic_static_utilization_by_hand():
+    assert static.analytic_static_utilization([20, 2000], 2) == pytest.approx(2020 / 4000)
+    # Batches [1, 3] and [2, 2] (last one full), then a partial batch [4] still taking 2 slots.
+    assert static.analytic_static_utilization([1, 3, 2, 2, 4], 2) == pytest.approx(12 / (2 * (3 + 2 + 4)))
+    with pytest.raises(ValueError):
+        static.analytic_static_utilization([], 4)
+
+
+def test_wait_sweep_trades_queueing_for_fuller_batches():
+    w = small_trace(160, rate=4.0)
+    waits = [0.0, 0.5, 2.0, 8.0]
+    sw = static.wait_sweep(w, H100_8B, waits, slots=8)
+    for name in ("static", "dynamic"):
+        d = sw[name]
+        assert np.all(d["mean_batch"] <= 8) and np.all(d["mean_batch"] >= 1), name
+    st, dy = sw["static"], sw["dynamic"]
+    # Timeout 0: every request is sealed alone, one kept token per step in 8 slots.
+    assert st["mean_batch"][0] == 1 and st["slot_util"][0] == pytest.approx(1 / 8)
+    assert st["slot_util"][-1] > 2 * st["slot_util"][0]
+    assert np.all(np.diff(st["mean_batch"]) >= 0)  # longer timeout, fuller batches
+    assert dy["mean_batch"][0] > st["mean_batch"][0]  # dynamic fills batches from the queue
+    assert dy["queue_mean"][-1] >= dy["queue_mean"][0]  # waiting longer on purpose costs delay
+
+
+def test_timeline_panels_share_the_time_axis_on_request():
+    short = [Seg(0, 0, "decode", 0.0, 2.0, 2)]
+    long = [Seg(0, 0, "decode", 0.0, 5.0, 5)]
+    fig = plots.timeline_figure([("a", short), ("b", long)])
+    assert [ax.get_xlim()[1] for ax in fig.axes] == [2.0, 5.0]
+    fig = plots.timeline_figure([("a", short), ("b", long)], sharex=True)
+    assert [ax.get_xlim()[1] for ax in fig.axes] == [5.0, 5.0]
+    matplotlib.pyplot.close("all")
+
+
+@pytest.mark.model
+def test_real_padding_runs_the_padding_and_reports_its_measured_cost():
+    pytest.importorskip("torch")
+    rp = static.real_padding(model="tiny", device="cpu", short=8, long=40, reps=2, threads=1)
+    # The static run's one step prefilled 8 + 40 prompt tokens and 32 padding positions.
+    assert rp["pad_tokens"] == 32 and rp["padding_fraction"] == pytest.approx(32 / 80)
+    assert rp["token_ratio"] == 5 and rp["positions_ratio"] == pytest.approx(80 / 48)
+    assert rp["reps"] == 2 and rp["model"] == "tiny"
+    for k in ("padded_ms", "packed_ms", "short_ms", "long_ms"):
+        assert math.isfinite(rp[k]) and rp[k] > 0, k
+    assert rp["time_ratio_short"] == pytest.approx(rp["long_ms"] / rp["short_ms"])
+    assert rp["time_ratio_batch"] == pytest.approx(rp["padded_ms"] / rp["packed_ms"])
+    header, rows = static.real_padding_rows(rp)
+    assert [r[1] for r in rows] == ["8", "40", "48", "80"] and len(header) == 3
+    assert checks.executor_text(rp["executor"]).startswith("tiny, 0.1M parameters, float32")
+    for bad, field in (
+        (dict(short=0), "short=0"),
+        (dict(short=40, long=40), "long=40"),
+        (dict(reps=0), "reps=0"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            static.real_padding(model="tiny", device="cpu", **{"short": 8, "long": 40, **bad})
+
+
+# ------------------------------------------- review fixes: why.ipynb and static.ipynb
+def test_static_batch_sizes_close_a_batch_early_at_the_context_by_hand():
+    # B = 3, context 100: request 2 (prompt 60) cannot join [10/50, 10/5] (60 + 50 > 100),
+    # so that batch closes at 2; [60/5, 10/5, 10/5] is full; the last request is alone.
+    prompts, outputs = [10, 10, 60, 10, 10, 10], [50, 5, 5, 5, 5, 5]
+    assert static.static_batch_sizes(prompts, outputs, 3, 100) == [2, 3, 1]
+    assert static.static_batch_sizes(prompts, outputs, 3, 10_000) == [3, 3]
+    # Over the batches formed: maxima 50, 5, 5; full batches [50, 5, 5], [5, 5, 5]: 50, 5.
+    assert static.analytic_static_utilization(outputs, 3, [2, 3, 1]) == pytest.approx(75 / (3 * 60))
+    assert static.analytic_static_utilization(outputs, 3) == pytest.approx(75 / (3 * 55))
+    with pytest.raises(ValueError):
+        static.analytic_static_utilization(outputs, 3, [3, 2])  # does not cover the requests
+    with pytest.raises(ValueError):
+        static.static_batch_sizes([1, 2], [1], 2, 100)
+
+
+def _long_prompt_trace() -> Workload:
+    """small_trace with a few prompts so long that no other long output fits beside them
+    in llama-8b's 8,192-token context: the static scheduler closes batches early there."""
+    w = small_trace(128)
+    p, o = np.array(w.prompt_lens), np.array(w.output_lens)
+    p[[10, 50, 90]], o[[10, 50, 90]] = 7800, 10  # each fits alone ...
+    o[[11, 51, 91]] = 500  # ... but not beside the next request
+    return Workload.from_arrays(np.zeros(len(w)), p, o, name="long prompts")
+
+
+def test_static_sweep_equals_the_formula_over_the_batches_the_scheduler_forms():
+    sweep = static.static_batch_sweep(_long_prompt_trace(), H100_8B, [1, 4, 16, 32])
+    assert sweep["closed_early"][1:].min() >= 1 and np.all(sweep["batches"] >= sweep["batches_full"])
+    np.testing.assert_allclose(sweep["slot_util"], sweep["analytic_formed"], rtol=1e-12)
+    assert np.any(np.abs(sweep["slot_util"] - sweep["analytic"]) > 1e-6)
+    text = static.sweep_agreement_text(sweep, 16, H100_8B.model.max_context)
+    assert (
+        "not equal to it" in text
+        and "8,192-token context" in text
+        and "exactly at every *B* of this sweep" in text
+    )
+    assert "$" not in text  # glued markdown shows $B$ raw: italics instead
+    plain = static.static_batch_sweep(small_trace(128), H100_8B, [1, 4, 16])
+    assert np.all(plain["closed_early"] == 0)
+    assert static.sweep_agreement_text(plain, 4, 8192).startswith(
+        "The simulated slot utilization equals the formula"
+    )
+
+
+def _wait_sweep_by_hand() -> dict:
+    waits = np.array([0.0, 1.0, 8.0, 16.0])
+    return {
+        "static": {
+            "wait": waits,
+            "queue_mean": np.array([800.0, 200.0, 4.3, 6.3]),
+            "slot_util": np.array([0.03, 0.07, 0.30, 0.45]),
+        },
+        "dynamic": {
+            "wait": waits,
+            "queue_mean": np.array([1.6, 1.6, 4.2, 6.3]),
+            "slot_util": np.array([0.12, 0.13, 0.31, 0.45]),
+        },
+    }
+
+
+def test_wait_summary_and_takeaway_say_where_dynamic_batching_helps():
+    ws = _wait_sweep_by_hand()
+    s = static.wait_summary(ws, rate=2.35, batch=32)
+    assert s["fill_s"] == pytest.approx(32 / 2.35) and s["converge_wait"] == 8.0 and s["converge_i"] == 2
+    text = static.wait_takeaway(ws, s)
+    assert (
+        "ahead where the timeout is short: at *T* = 0 s" in text and "From *T* = 8 s on the two agree" in text
+    )
+    assert "$" not in text
+    # Each number at the one precision the prose prints it at too (wait_point): 3.0% and
+    # 800 s for static at T = 0, 12% and 1.6 s for dynamic, 45% and 6.3 s at T = 16 s.
+    assert (
+        "it reached 12% slot utilization at 1.6 s of queueing, static batching 3.0% slot utilization at 800 s"
+        in text
+    )
+    assert "static 45% slot utilization at 6.3 s of queueing" in text
+    assert static.wait_point(ws["static"], 0) == {"util": "3.0%", "queue": "800 s"}
+    assert static.wait_point(ws["static"], -1) == {"util": "45%", "queue": "6.3 s"}
+    assert static.wait_point({"slot_util": [0.0999], "queue_mean": [99.94]}, 0) == {
+        "util": "10.0%",
+        "queue": "99.9 s",
+    }
+    assert static.wait_point({"slot_util": [0.1], "queue_mean": [1234.5]}, 0) == {
+        "util": "10%",
+        "queue": "1,234 s",
+    }
+    # A later point that disagrees again: no convergence "from T on".
+    ws["dynamic"]["queue_mean"][-1] = 3.0
+    s2 = static.wait_summary(ws, rate=2.35, batch=32)
+    assert s2["converge_wait"] == -1.0 and "At no timeout of the sweep" in static.wait_takeaway(ws, s2)
+    with pytest.raises(ValueError):
+        static.wait_summary(ws, rate=0.0, batch=32)
+
+
+def test_real_padding_text_follows_the_measured_ratios():
+    base = dict(
+        short=50.0,
+        long=2000.0,
+        short_ms=34.6,
+        long_ms=1144.0,
+        packed_ms=1141.2,
+        token_ratio=40.0,
+        positions_ratio=4000 / 2050,
+        time_ratio_short=1144 / 34.6,
+        executor={"device": "cpu"},
+    )
+    more = static.real_padding_text({**base, "padded_ms": 2653.9, "time_ratio_batch": 2653.9 / 1141.2})
+    assert "The short prompt's time grew less than its positions" in more
+    assert "batch's time grew more than its positions" in more and "costs more per position" in more
+    assert "0.663 ms" in more and "0.557 ms" in more and "On a GPU the roofline" in more
+    even = static.real_padding_text({**base, "padded_ms": 2230.0, "time_ratio_batch": 2230.0 / 1141.2})
+    assert "batch's time grew in proportion to its positions" in even and "more per position" not in even
+    # The build's run: 2.12x the time for 1.95x the positions, 9% more per position: not "in proportion".
+    slight = static.real_padding_text({**base, "padded_ms": 2420.0, "time_ratio_batch": 2420.0 / 1141.2})
+    assert (
+        "batch's time grew slightly more than in proportion to its positions (9% more per position): "
+        "per position, the padded 4,000-position step cost 0.605 ms"
+    ) in slight
+    assert "costs more per position" not in slight
+    less = static.real_padding_text({**base, "padded_ms": 2100.0, "time_ratio_batch": 2100.0 / 1141.2})
+    assert "slightly less than in proportion to its positions (6% less per position)" in less
+    # The thresholds, on the per-position ratio r: in proportion to 3%, slightly to 10%, beyond that not.
+    pr = base["positions_ratio"]
+    for r, words in (
+        (1.02, "in proportion"),
+        (0.975, "in proportion"),
+        (1.05, "slightly more than in"),
+        (0.92, "slightly less than in"),
+        (1.12, "more than its positions"),
+        (0.85, "less than its positions"),
+    ):
+        text = static.real_padding_text({**base, "padded_ms": 2230.0, "time_ratio_batch": pr * r})
+        assert f"The padded batch's time grew {words}" in text, (r, text)
+    gpu = static.real_padding_text(
+        {**base, "padded_ms": 2230.0, "time_ratio_batch": 1.95, "executor": {"device": "cuda:0"}}
+    )
+    assert "On a GPU the roofline" not in gpu
+
+
+def test_wait_figure_labels_every_point_even_where_they_bunch():
+    plots.style()
+    ws = _wait_sweep_by_hand()
+    ws["dynamic"]["queue_mean"] = np.array([1.59, 1.60, 4.2, 6.3])  # 0 and 1 s on one spot
+    fig = plots.wait_figure(ws, ceiling=0.46)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    texts = _texts(ax)
+    assert "0, 1" in texts  # one label for the bunch
+    for t in ax.texts:  # none cut off by the axes
+        assert ax.get_window_extent().contains(*t.get_window_extent(r).p0), t.get_text()
+        assert ax.get_window_extent().contains(*t.get_window_extent(r).p1), t.get_text()
+    # The dynamic T = 16 point sits at 45%, just under the 46% ceiling: its label (above its
+    # point by default) must not sit on the dashed line, nor may any other.
+    y_line = ax.transData.transform((1.0, 0.46))[1]
+    for t in ax.texts:
+        if t.get_text().startswith("full batches"):  # the line's own label, on it
+            continue
+        box = t.get_window_extent(r)
+        clear = plots.WAIT_LABEL_CLEAR_PX
+        assert not box.y0 - clear <= y_line <= box.y1 + clear, t.get_text()
+    sixteen = [
+        t for t in ax.texts if t.get_text() == "16" and t.get_color() == plots.SCHEDULER_COLORS["dynamic"]
+    ]
+    assert len(sixteen) == 1 and sixteen[0].get_window_extent(r).y0 > y_line
+    matplotlib.pyplot.close(fig)

@@ -95,8 +95,16 @@ def test_stream_numbers_and_gpu_rooflines():
     assert s["bstar_floor"] == 295 and s["tokens_s_bstar"] > 200 * s["tokens_s"]
     assert s["kv_long_gb"] == pytest.approx(128 * 2048 * 131072 / 1e9)
     assert s["long_fit"] == H100_8B.kv_capacity() // 2048
-    cpu = why.stream_numbers(get_cost_model("cpu-m", "cpu"))
-    assert cpu["bstar_copy"] < cpu["bstar"] and cpu["copy_gbs"] == 32.0
+    # The page's one B* is common.roofline_numbers': 989 / 3.35 in bf16.
+    assert s["bstar"] == common.roofline_numbers(H100_8B)["bstar"] == pytest.approx(989 / 3.35)
+    # 295 rows at 128 tokens: 15.01 GB of weights + 295 x 129 x 131 kB of KV at 3.35 TB/s,
+    # + 0.3 ms, over batch 1's 4.786 ms: the headline "295 sequences for 1.31 times one".
+    b295 = (15.009849344e9 + 295 * 129 * 131072) / 3.35e12 + 0.3e-3
+    assert s["ratio_bstar"] == pytest.approx(b295 / (s["step_ms"] / 1e3), rel=1e-3)
+    assert s["ratio_bstar"] == pytest.approx(1.31, abs=0.01)
+    # KV of 2,048-token rows equals the 15.01 GB of weights at about 56 rows.
+    assert s["kv_equal_batch"] == pytest.approx(15.009849344e9 / (2048 * 131072))
+    assert round(s["kv_equal_batch"]) == 56
     with pytest.raises(ValueError):
         why.stream_numbers(get_cost_model("llama-70b", "h200", tp=2))
     gr = why.gpu_rooflines("llama-8b", ("h100", "h200"), batches=[1, 16, 128, 256, 512], ctxs=(128, 2048))
@@ -159,44 +167,16 @@ def test_live_numbers_by_hand():
     assert n["efficiency_copy"] == pytest.approx(moved / 0.040 / 30e9)
     assert n["stream_ms"] == pytest.approx(m.weight_read_bytes / 20e9 * 1e3)
     assert n["bstar"] == pytest.approx(2 * 0.1e12 / 20e9)
-    assert (n["knee125"], n["knee2"]) == (4, 8) and (n["gathered_knee125"], n["gathered_knee2"]) == (2, 4)
+    assert n["knee"] == 8 and n["gathered_knee"] == 4 and n["mixed_knee"] == 8  # 2x of 40 ms = 80 ms
+    assert n["bstar_copy"] == pytest.approx(2 * 0.1e12 / 30e9)
+    # B* = 10: the largest swept batch at or below it is 8, whose step is 70 / 40 of batch 1's.
+    assert n["bstar_batch"] == 8 and n["ratio_bstar"] == pytest.approx(70 / 40)
     assert n["tps_gain"] == pytest.approx(8 * 40 / 70) and n["per_token_max_ms"] == pytest.approx(70 / 8)
     assert n["gathered_gap_max"] == pytest.approx(2.0) and n["mixed_gap_max"] == pytest.approx(1.1)
     assert n["pred1_ms"] < n["t1_ms"] and n["over_pred"] == pytest.approx(n["t1_ms"] / n["pred1_ms"])
-    assert "within 2x up to batch 8, close to the B* of 10.0" in why.knee_text(n)
     sw["uniform_ms"] = np.array([41.0, 40.0, 48.0, 70.0])
     with pytest.raises(ValueError):
         why.live_numbers({**sw, "batch": np.array([2.0, 4.0, 8.0, 16.0])})
-
-
-def test_batch1_kernel_text_gives_both_batches_read_rates_on_a_split_kernel_only():
-    """Why batching: a CPU model's one-token steps split each product over the threads
-    (Llama.linear); the page says so, with batch 1's and batch 2's read rates by hand."""
-    from batching.models import get_model
-    from batching.real.model import LINEAR_CPU
-
-    m = get_model("cpu-m")
-    sw = _synthetic_sweep()
-    assert why.batch1_kernel_text(sw) == ""  # an older sweep: no kernel named
-    sw["meta"]["linear"] = LINEAR_CPU
-    r1 = (m.weight_read_bytes + m.kv_bytes_per_token * (128 + 1)) / 0.040 / 1e9
-    r2 = (m.weight_read_bytes + m.kv_bytes_per_token * 2 * (128 + 1)) / 0.041 / 1e9
-    text = why.batch1_kernel_text(sw)
-    assert "split over the 2 threads" in text
-    assert f"Batch 1 reads its weights and KV at {r1:.1f} GB/s, batch 2 at {r2:.1f}" in text
-    assert why.batch1_kernel_text({**sw, "batch": np.array([1.0, 4.0, 8.0, 16.0])}) == ""  # no batch 2
-    gpu = _synthetic_sweep("cuda")
-    gpu["meta"]["linear"] = "F.linear"
-    assert why.batch1_kernel_text(gpu) == ""
-
-
-def test_live_text_names_the_device_it_ran_on_and_never_claims_a_gpu_it_lacks():
-    cpu = why.live_text(_synthetic_sweep("cpu"))
-    assert "No GPU was present" in cpu and "AMD EPYC" in cpu and "GPU measurements" not in cpu
-    gpu = why.live_text(_synthetic_sweep("cuda"))
-    assert "NVIDIA H200" in gpu and "found a GPU" in gpu and "No GPU" not in gpu
-    assert why.live_labels(_synthetic_sweep("cpu"))["kind"] == "CPU"
-    assert why.live_labels(_synthetic_sweep("cuda"))["kind"] == "GPU"
 
 
 def test_live_defaults():
@@ -213,25 +193,24 @@ def test_load_profiles_picks_up_every_profile_and_says_which_devices_are_measure
     import shutil
     from pathlib import Path
 
-    assert "No profile is committed" in why.profiles_text(why.load_profiles(tmp_path))
+    assert why.load_profiles(tmp_path) == []
     shutil.copy(Path(why.PROFILE_DIR) / "cpu-here-cpu-s.json", tmp_path / "cpu-here-cpu-s.json")
     only_cpu = why.load_profiles(tmp_path)
     assert [p["gpu"] for p in only_cpu] == [False]
-    assert "It was not measured on a GPU" in why.profiles_text(only_cpu)
-    assert "None of them was measured on a GPU" in why.profiles_text(only_cpu + only_cpu)
     (tmp_path / "h200-llama-8b.json").write_text(json.dumps(_gpu_profile()))
     both = why.load_profiles(tmp_path, ctx=100)
     assert [p["device"] for p in both] == ["cpu-here", "H200-SXM"]
     h200 = both[1]
     assert h200["gpu"] and h200["ref_ctx"] == 128 and h200["t1_ms"] == 4.0
-    assert (h200["knee125"], h200["knee2"]) == (64, 256)  # 8.0 ms is exactly 2x: still inside
+    assert h200["knee"] == 256  # 8.0 ms is exactly 2x: still inside
     assert h200["bstar"] == pytest.approx(700e12 * 2 / (2 * 4200e9))
     assert "NVIDIA H200" in h200["label"] and "2026-12-01" in h200["label"]
-    text = why.profiles_text(both)
-    assert "GPU measurements are among them (H200-SXM)" in text and "not measured on a GPU" not in text
-    assert "None of them" not in text
-    header, rows = why.profile_rows(both)
+    rows, header = why.profile_rows(both)
     assert len(rows) == len(only_cpu[0]["ctxs"]) + 2 and all(len(r) == len(header) for r in rows)
+    # The H200's two contexts by hand: 4.0 -> 8.0 ms, all within 2x (knee 256); 4.2 -> 20.0 ms,
+    # within 8.4 ms up to batch 64 (8.0), out at 256 (knee 64).
+    assert rows[-2][4:] == ["128", "4.0", "256", "8.0", "256"]
+    assert rows[-1][4:] == ["1024", "4.2", "256", "20.0", "64"]
     roof = why.profile_roofline(h200, points=10)
     assert len(roof["batch"]) == 10 and roof["batch"][0] == 1 and roof["batch"][-1] == pytest.approx(256)
 
@@ -248,6 +227,9 @@ def test_why_batching_figures_draw_and_save(tmp_path):
     figs = {
         "roofline": plots.gpu_roofline_figure(gr),
         "live": plots.live_decode_figure(sw, why.live_numbers(sw), why.live_roofline(sw, points=20)),
+        "live_uniform": plots.live_decode_figure(
+            sw, why.live_numbers(sw), why.live_roofline(sw, points=20), paths=["uniform"]
+        ),
         "profiles": plots.profiles_figure(profs, [why.profile_roofline(p) for p in profs], live=sw, gpu=gr),
         "no_profiles": plots.profiles_figure([], [], live=sw),
     }
@@ -276,121 +258,6 @@ def test_live_decode_sweep_measures_every_path_on_the_cpu():
         why.live_decode_sweep(model="tiny", device="cpu", batches=[1, 2], ctx=1000)
 
 
-def test_knee_text_never_says_up_to_batch_1():
-    n = {"knee125": 1.0, "knee2": 4.0, "bstar": 13.4}
-    text = why.knee_text(n)
-    assert "up to batch 1 " not in text and "up to batch 1," not in text
-    assert text.startswith("No batch above 1 keeps the uniform step within 1.25x") and "up to batch 4" in text
-    assert "nor within 2x" in why.knee_text({**n, "knee2": 1.0})
-    assert why.knee_text({**n, "knee125": 2.0}).startswith(
-        "The uniform step stays within 1.25x of batch 1 up to batch 2"
-    )
-
-
-def test_slab_cost_text_states_only_what_the_measurement_shows():
-    n = {"bmax": 128.0, "mixed_gap_max": 1.00, "gathered_gap_max": 0.91}
-    flat_ = why.slab_cost_text(n)
-    assert "1.00 times the uniform one (the same within 5%)" in flat_ and "0.91 times (9% less)" in flat_
-    assert "does not show in the step time" in flat_ and "copy does not show" in flat_
-    assert "grows with batch times context" not in flat_
-    assert "did not show" in why.slab_cost_takeaway(n)
-    n2 = {**n, "mixed_gap_max": 1.03, "gathered_gap_max": 1.45}
-    shown = why.slab_cost_text(n2)
-    assert (
-        "45% more" in shown and "it takes 41% longer" in shown and "grows with batch times context" in shown
-    )
-    assert (
-        why.slab_cost_takeaway(n2)
-        == "The slab KV layout's extra work shows at batch 128: gathered slabs 1.45x the uniform step."
-    )
-
-
-def test_gather_bytes_and_answer_by_hand():
-    from batching.models import get_model
-
-    # cpu-m: 12 layers x 4 KV heads x 64 dims x 4 bytes, K and V, 193 positions, 128 rows.
-    assert why.gather_bytes(get_model("cpu-m"), 128, 192) == 2 * 12 * 4 * 64 * 4 * 193 * 128
-    sw = _synthetic_sweep()  # batch up to 8, ctx 128: longest context 192
-    text = why.gather_answer_text(sw, why.live_numbers(sw))
-    copy = 2 * 12 * 4 * 64 * 4 * 193 * 8
-    assert f"copies {copy / 1e6:,.0f} MB" in text and f"takes {2 * copy / 30e9 * 1e3:,.1f} ms" in text
-    assert "took 63.0 ms longer than the mixed one" in text
-    # The copy (1.26 ms at 30 GB/s, read and write) explains 2% of the 63 ms; the rest is said
-    # to be more than its bytes, and not given a cause the sweep did not measure.
-    copy_ms = 2 * copy / 30e9 * 1e3
-    assert (
-        f"explain {copy_ms / 63.0:.0%} of the extra time. The other {63.0 - copy_ms:,.1f} ms is more" in text
-    )
-    n = {**why.live_numbers(sw), "gathered_tmax_ms": 77.0 + copy_ms / 2}  # the copy covers all of it
-    assert why.gather_answer_text(sw, n).endswith("the copy's bytes are enough to account for all of it.")
-    n["gathered_tmax_ms"] = 75.0
-    assert "yet the step took no longer than the mixed one (2.0 ms less)." in why.gather_answer_text(sw, n)
-
-
-def test_profile_stream_and_size_efficiency_on_the_committed_profile():
-    profs = why.load_profiles(why.PROFILE_DIR)
-    p = why.find_profile(profs, "cpu-s")
-    cs = why.profile_stream(p)
-    assert cs["weight_mb"] == pytest.approx(p["shape"].weight_read_bytes / 1e6)
-    assert cs["stream_ms"] == pytest.approx(cs["weight_mb"] / 1e3 / cs["bandwidth_gbs"] * 1e3)
-    assert cs["stream_fraction"] == pytest.approx(cs["stream_ms"] / p["t1_ms"])
-    assert cs["efficiency"] == pytest.approx(cs["achieved_gbs"] / cs["bandwidth_gbs"])
-    with pytest.raises(ValueError, match="no committed profile of cpu-l"):
-        why.find_profile(profs, "cpu-l")
-    sw = _synthetic_sweep()
-    entries = why.stream_entries(profs, sw, why.live_numbers(sw))
-    assert [e["model"] for e in entries][:2] == ["cpu-s", "cpu-m"]
-    text = why.size_efficiency_text(entries)
-    rising = entries[1]["efficiency"] > entries[0]["efficiency"]
-    assert text.startswith(
-        "The measurements on this page agree" if rising else "The measurements on this page do not"
-    )
-    assert "committed profile" in text and "this build" in text
-    assert text.count("GB/s counting weight and KV bytes,") == 2  # the measure, named: not weights alone
-    one = why.size_efficiency_text([e for e in entries if e["model"] == "cpu-m"])
-    assert one.startswith("This page has measured one model per device only")
-
-
-def test_stream_share_text_claims_more_only_when_the_share_is_larger():
-    e = [
-        {"model": "cpu-s", "source": "committed profile", "stream_fraction": 0.46},
-        {"model": "cpu-m", "source": "this build", "stream_fraction": 0.63},
-    ]
-    assert "so cpu-m's flat region says more about bandwidth" in why.stream_share_text(e, "cpu-m", "cpu-s")
-    # One measure for both models, named (weights alone), so that it is not read as the
-    # weight-and-KV efficiency of size_efficiency_text.
-    assert why.stream_share_text(e, "cpu-m", "cpu-s").startswith(
-        "Streaming the weights alone (weight bytes at the matrix-vector bandwidth of the run, KV bytes left out) "
-        "fills 63% of cpu-m's batch-1 step (this build) and 46% of cpu-s's (committed profile)"
-    )
-    e[1]["stream_fraction"] = 0.40
-    assert "proves no more than cpu-s's" in why.stream_share_text(e, "cpu-m", "cpu-s")
-    assert "no measurement of cpu-l" in why.stream_share_text(e, "cpu-l", "cpu-s")
-
-
-def test_bandwidth_note_and_bstar_answer():
-    sw = _synthetic_sweep()
-    n = why.live_numbers(sw)
-    note = why.bandwidth_note(18.5, sw, n)
-    assert "20.0 GB/s in this build, 1.08 times the registry's," in note and "split" not in note
-    sw["meta"]["matvec_layout"] = "matvec_split"  # the fastest product was the thread-split one
-    assert "split over the threads" in why.bandwidth_note(18.5, sw, n)
-    assert "another device" in why.bandwidth_note(18.5, _synthetic_sweep("cuda"), n)
-    a100 = why.stream_numbers(get_cost_model("llama-8b", "a100"))
-    h200 = why.stream_numbers(get_cost_model("llama-8b", "h200"))
-    text = why.bstar_answer_text(a100, h200, "A100", "H200")
-    # B* = peak / bandwidth in bf16: 312 / 2.039 = 153 against 989 / 4.8 = 206.
-    assert text.startswith("The H200:") and "= 153" in text and "= 206" in text
-    assert "3.2 times the A100's compute but only 2.4 times its bandwidth" in text
-    assert why.bstar_answer_text(h200, a100, "H200", "A100").startswith("The H200:")
-    assert h200["mem_reserve"] == 0.10 and h200["mem_usable"] == 0.90 and h200["mem_gb"] == 141
-    # 412 rows of 2,048 tokens: what 90% of 141 GB holds after the weights, not 100%.
-    from batching.models import get_model
-
-    m = get_model("llama-8b")
-    assert h200["long_fit"] == (0.9 * 141e9 - m.weight_bytes) // m.kv_bytes_per_token // 2048
-
-
 def test_why_figures_keep_their_labels_clear_of_legend_and_reference_lines():
     plots.style()
     gr = why.gpu_rooflines()
@@ -411,21 +278,20 @@ def test_why_figures_keep_their_labels_clear_of_legend_and_reference_lines():
     texts = _texts(ax)
     r = fig.canvas.get_renderer()
     # The text's own box: an Annotation's extent would include its leader line.
-    knee = matplotlib.text.Text.get_window_extent(texts["2x knee: 8"], r)
-    for ref in ("2x batch 1", "1.25x batch 1"):
-        assert not knee.overlaps(texts[ref].get_window_extent(r))
-    # Neither reference line (1.25x and 2x of batch 1) runs through the label.
+    knee = matplotlib.text.Text.get_window_extent(texts["knee: 8"], r)
+    assert not knee.overlaps(texts["2x batch 1"].get_window_extent(r))
+    # The knee's reference line (2x batch 1) does not run through the label.
     to_px = ax.transData.transform
-    for f in (1.25, 2.0):
+    for f in (why.KNEE_FACTOR,):
         y = to_px((1.0, f * 40.0))[1]
         assert not knee.y0 <= y <= knee.y1
     matplotlib.pyplot.close(fig)
     # A knee at the first batch writes its label to the right, inside the axes.
-    n1 = {**n, "knee2": 1.0}
+    n1 = {**n, "knee": 1.0}
     fig = plots.live_decode_figure(sw, n1, why.live_roofline(sw, points=20))
     fig.canvas.draw()
     ax = fig.axes[0]
-    lab = matplotlib.text.Text.get_window_extent(_texts(ax)["2x knee: 1"], fig.canvas.get_renderer())
+    lab = matplotlib.text.Text.get_window_extent(_texts(ax)["knee: 1"], fig.canvas.get_renderer())
     assert lab.x0 >= ax.get_window_extent().x0
     matplotlib.pyplot.close(fig)
 
@@ -451,28 +317,81 @@ def test_roofline_numbers_name_the_assumed_step_overhead():
     assert n["decode_ms"] > n["weight_read_gb"] / n["bandwidth_tbs"] + n["overhead_ms"] - 1e-9
 
 
-def test_a_sweep_without_a_gathered_path_says_why():
-    # CUDA steps replay graphs, which gather by their own rule: the sweep times two paths.
+def test_flat_verdict_reads_the_knee_against_the_largest_swept_batch_below_bstar():
+    # Synthetic sweep: B* = 2 x 0.1 TFLOP/s / 20 GB/s = 10, swept up to 8, all within 2x.
+    sw = _synthetic_sweep()
+    assert why.flat_verdict(why.live_numbers(sw)) is why.Flat.HOLDS
+    # The step leaves 2x (80 ms) at batch 4: knee 2, short of batch 8.
+    sw["uniform_ms"] = np.array([40.0, 60.0, 90.0, 120.0])
+    n = why.live_numbers(sw)
+    assert (n["knee"], n["bstar_batch"]) == (2, 8) and why.flat_verdict(n) is why.Flat.SHORT
+    sw["uniform_ms"] = np.array([40.0, 81.0, 90.0, 120.0])  # no batch above 1 within 2x
+    assert why.flat_verdict(why.live_numbers(sw)) is why.Flat.FAILS
+    # A B* below 2 predicts no flat region; a knee at 1 then agrees with it.
+    assert why.flat_verdict({"knee": 1.0, "bstar_batch": 1.0}) is why.Flat.HOLDS
+    # A knee past B* (the roofline's own 2x point lies near 2 B*) still holds.
+    assert why.flat_verdict({"knee": 16.0, "bstar_batch": 8.0}) is why.Flat.HOLDS
+    assert [why.versus(r) for r in (0.9, 0.96, 1.04, 1.2)] == [
+        why.Versus.LESS,
+        why.Versus.SAME,
+        why.Versus.SAME,
+        why.Versus.MORE,
+    ]
+
+
+def test_live_labels_name_the_device_kind():
+    cpu, gpu = why.live_labels(_synthetic_sweep("cpu")), why.live_labels(_synthetic_sweep("cuda"))
+    assert cpu["kind"] == "CPU" and cpu["where"] == "AMD EPYC [cpu-here], 2 threads"
+    assert gpu["kind"] == "GPU" and gpu["where"] == "NVIDIA H200 [H200-SXM]"
+    assert cpu["what"] == "cpu-m (117.2M parameters, fp32)" and cpu["date"] == "2026-11-30"
+
+
+def test_first_step_rates_by_hand():
+    from batching.models import get_model
+    from batching.real.model import LINEAR_CPU
+
+    m = get_model("cpu-m")
+    sw = _synthetic_sweep()
+    r1 = (m.weight_read_bytes + m.kv_bytes_per_token * (128 + 1)) / 0.040 / 1e9
+    r2 = (m.weight_read_bytes + m.kv_bytes_per_token * 2 * (128 + 1)) / 0.041 / 1e9
+    fs = why.first_step_rates(sw)
+    assert fs["rate1_gbs"] == pytest.approx(r1) and fs["rate_next_gbs"] == pytest.approx(r2)
+    assert fs["next_batch"] == 2 and fs["split"] == 0.0  # an older sweep names no kernel
+    sw["meta"]["linear"] = LINEAR_CPU
+    assert why.first_step_rates(sw)["split"] == 1.0
+    with pytest.raises(ValueError):
+        why.first_step_rates({**sw, "batch": np.array([1.0])})
+
+
+def test_gather_numbers_by_hand():
+    from batching.models import get_model
+
+    # cpu-m: 12 layers x 4 KV heads x 64 dims x 4 bytes, K and V, 193 positions, 128 rows.
+    assert why.gather_bytes(get_model("cpu-m"), 128, 192) == 2 * 12 * 4 * 64 * 4 * 193 * 128
+    sw = _synthetic_sweep()  # batch up to 8, ctx 128: longest context 192
+    g = why.gather_numbers(sw, why.live_numbers(sw))
+    copy = 2 * 12 * 4 * 64 * 4 * 193 * 8
+    assert g["copy_mb"] == pytest.approx(copy / 1e6)
+    assert g["copy_ms"] == pytest.approx(2 * copy / 30e9 * 1e3)  # a read and a write per byte
+    assert g["extra_ms"] == pytest.approx(140.0 - 77.0)
+    # CUDA graphs: no gathered path, nothing to say about it.
+    gpu = _synthetic_sweep("cuda")
+    gpu["paths"] = ["uniform", "mixed"]
+    assert why.gather_numbers(gpu, why.live_numbers(gpu)) == {}
     assert list(why.decode_paths(graphs=True)) == ["uniform", "mixed"]
     assert list(why.decode_paths()) == ["uniform", "mixed", "gathered"]
-    sw = _synthetic_sweep("cuda")
-    sw["paths"] = ["uniform", "mixed"]
-    for k in ("gathered_ms", "gathered_p25_ms", "gathered_p75_ms"):
-        del sw[k]
+
+
+def test_path_and_probe_rows_by_hand():
+    sw = _synthetic_sweep()
     n = why.live_numbers(sw)
-    assert "gathered_gap_max" not in n
-    text = why.slab_cost_text(n)
-    assert "no separate gathered path was timed" in text and "gathered step" not in text
-    assert (
-        why.slab_cost_takeaway(n)
-        == "The slab KV layout's extra work shows at batch 8: mixed contexts 1.10x the uniform step."
-    )
-    assert "timed no separate gathered path" in why.gather_answer_text(sw, n)
-    assert "brown squares" not in why.live_labels(sw)["paths"]
-    assert "brown squares" in why.live_labels(_synthetic_sweep())["paths"]
-    # One name per path in the prose, the caption and the legend.
-    paths = why.live_labels(_synthetic_sweep())["paths"]
-    for p in ("uniform", "mixed", "gathered"):
-        assert f"{p} (" in paths and plots.PATH_LABELS[p].startswith(f"measured, {p}: ")
-    fig = plots.live_decode_figure(sw, n, why.live_roofline(sw, points=10))
-    matplotlib.pyplot.close(fig)
+    rows, header = why.path_rows(sw, n)
+    assert header[3] == "B=8 ms" and [r[0].split(":")[0] for r in rows] == ["uniform", "mixed", "gathered"]
+    # gathered: 40 -> 140 ms, knee 4, 3.5x batch 1, 8 / 0.140 = 57 tokens/s, 2.00x uniform.
+    assert rows[2][1:] == ["40.0", "4", "140.0", "3.5", "57", "2.00"]
+    assert rows[0][-1] == "1.00" and rows[1][-1] == "1.10"
+    probes, ph = why.probe_rows(n, registry_gbs=18.5)
+    assert ph == ["bandwidth probe", "GB/s", "B*"] and len(probes) == 4
+    # fp32, 0.1 TFLOP/s: B* = 2 x 100 / GB/s.
+    assert [r[2] for r in probes] == ["10.0", "6.7", "6.1", "10.8"]
+    assert len(why.probe_rows(n)[0]) == 3

@@ -999,14 +999,21 @@ def gpu_roofline_figure(gr: Mapping[str, Any]) -> Figure:
 
 
 def live_decode_figure(
-    sweep: Mapping[str, Any], numbers: Mapping[str, float], roof: Mapping[str, np.ndarray]
+    sweep: Mapping[str, Any],
+    numbers: Mapping[str, float],
+    roof: Mapping[str, np.ndarray],
+    paths: Sequence[str] | None = None,
 ) -> Figure:
-    """Why batching: the live sweep (:func:`batching.experiments.live_decode_sweep`) against
+    """Why batching: the live sweep (:func:`batching.book.why.live_decode_sweep`) against
     the roofline from the same run's bandwidth and peak (``roof``, a dense
-    :func:`batching.experiments.roofline_curve`). Left: step time of every measured path
-    (median, bar = interquartile range), memory/compute/roofline lines, B*, and the 1.25x
-    and 2x bands of batch 1 that define the knees. Right: tokens/s."""
+    :func:`batching.book.why.roofline_curve`). Left: step time of each path in ``paths``
+    (default: every measured one; median, bar = interquartile range), memory/compute/roofline
+    lines, B*, the band of the knee (``why.KNEE_FACTOR`` times batch 1) and the uniform
+    path's knee. Right: tokens/s."""
+    from .why import KNEE_FACTOR
+
     b = np.asarray(sweep["batch"], dtype=float)
+    shown = list(sweep["paths"] if paths is None else paths)
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.4))
     ax = axes[0]
     rb = roof["batch"]
@@ -1014,7 +1021,7 @@ def live_decode_figure(
     ax.plot(rb, roof["memory_s"] * 1e3, label="memory: (weights + KV) / bandwidth", **ROOF_STYLE["memory"])
     ax.plot(rb, roof["compute_s"] * 1e3, label="compute: FLOPs / peak", **ROOF_STYLE["compute"])
     ys = [roof["time_s"] * 1e3, roof["compute_s"] * 1e3]
-    for path in sweep["paths"]:
+    for path in shown:
         y = np.asarray(sweep[f"{path}_ms"])
         ys.append(y)
         err = np.vstack([y - np.asarray(sweep[f"{path}_p25_ms"]), np.asarray(sweep[f"{path}_p75_ms"]) - y])
@@ -1031,7 +1038,7 @@ def live_decode_figure(
             zorder=4,
         )
     t1 = float(np.asarray(sweep["uniform_ms"])[0])
-    for f in (1.25, 2.0):
+    for f in (KNEE_FACTOR,):
         ax.axhline(f * t1, color="#bbbbbb", lw=0.8, zorder=1)
         ax.annotate(
             f"{f:g}x batch 1",
@@ -1045,15 +1052,15 @@ def live_decode_figure(
             color="#888888",
             bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
         )
-    k = numbers["knee2"]
+    k = numbers["knee"]
     ky = float(np.asarray(sweep["uniform_ms"])[list(b).index(k)])
     ax.plot([k], [ky], "o", ms=11, mfc="none", mec="black", mew=1.2, zorder=5)
-    # Far below the circle (a factor 3.5 on the log axis), with a leader line: the 1.25x and
-    # 2x lines and their labels run above the knee (it sits at most 2x above batch 1), and
-    # the measured points and the roofline close under it.
+    # Far below the circle (a factor 3.5 on the log axis), with a leader line: the knee's
+    # band and its label run above the knee (it sits at most that factor above batch 1),
+    # and the measured points and the roofline close under it.
     first = k <= b.min()  # a knee at the first batch has no room on its left
     ax.annotate(
-        f"2x knee: {k:.0f}",
+        f"knee: {k:.0f}",
         (k, ky),
         xytext=(k, ky / 3.5),
         textcoords="data",
@@ -1071,7 +1078,7 @@ def live_decode_figure(
     ax = axes[1]
     ax.plot(rb, roof["tokens_per_s"], label="roofline", **ROOF_STYLE["time"])
     tps = [roof["tokens_per_s"]]
-    for path in sweep["paths"]:
+    for path in shown:
         y = b / (np.asarray(sweep[f"{path}_ms"]) / 1e3)
         tps.append(y)
         ax.plot(b, y, PATH_MARKERS[path] + "-", color=PATH_COLORS[path], ms=4, lw=1.2)
@@ -1100,7 +1107,7 @@ def profiles_figure(
     Left: measured decode step against batch at each profile's ``ref_ctx`` (solid), with
     its roofline from its own bandwidth and peak (``roofs[i]``, dashed, same colour).
     Right: the same step times relative to batch 1, where devices of any speed compare,
-    with the GPU roofline predictions (grey) and the 1.25x and 2x lines of the knees.
+    with the GPU roofline predictions (grey) and the knee's band (``why.KNEE_FACTOR``).
     """
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.5))
     series: list[tuple[str, np.ndarray, np.ndarray, str, Mapping[str, np.ndarray] | None]] = []
@@ -1160,8 +1167,9 @@ def profiles_figure(
                 label=f"roofline prediction: {gpu['model']} {gpu['dtype']} on {dev}, "
                 f"{min(d['ctx']):,} tok/row",
             )
-    for f in (1.25, 2.0):
-        axes[1].axhline(f, color="#bbbbbb", lw=0.8, zorder=1)
+    from .why import KNEE_FACTOR
+
+    axes[1].axhline(KNEE_FACTOR, color="#bbbbbb", lw=0.8, zorder=1)
     if not series:
         axes[0].text(
             0.5, 0.5, "no measurement to show", ha="center", va="center", transform=axes[0].transAxes

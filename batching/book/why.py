@@ -1,9 +1,12 @@
 """Why batching carries the load (chapters/why.ipynb): the roofline of a decode step, the live
-decode sweep on the reader's device, and the committed profiles beside it.
+decode sweep on the reader's device and its verdict, and, for the "Decode on this device"
+section of chapters/measured.ipynb, the sweep's other paths, the device probes and the
+committed profiles. Numbers, verdicts and table rows only: the sentences are the notebooks'.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,7 +43,13 @@ def bstar_of(peak_flops: float, bandwidth: float, bytes_per_param: float) -> flo
     return float(peak_flops * bytes_per_param / (2.0 * bandwidth))
 
 
-def knee(batch: Sequence[float], times: Sequence[float], factor: float) -> int:
+#: The knee of a measured step-time curve: the largest batch whose step costs at most this
+#: many times batch 1's. Up to there a batch of B rows gets its tokens for at most 2/B of
+#: batch 1's device time per token; one factor for the live sweep, its paths and profiles.
+KNEE_FACTOR = 2.0
+
+
+def knee(batch: Sequence[float], times: Sequence[float], factor: float = KNEE_FACTOR) -> int:
     """Why batching: the largest batch up to which the step time *stays* within ``factor``
     times the first batch's (the first point above it ends the run; later points that dip
     back under do not count). ``batch`` must be increasing; ``factor`` >= 1."""
@@ -94,18 +103,17 @@ def stream_numbers(
 ) -> dict[str, float]:
     """Why batching: the batch-1 derivation for a roofline cost model (one device).
 
-    :func:`roofline_numbers`, plus ``bandwidth_gbs``, ``peak_gflops``, ``weight_read_mb``,
-    ``stream_ms`` (weight bytes / bandwidth: the step's floor), ``step_ms`` (the cost
-    model's batch-1 step at ``ctx`` KV tokens, overhead included), ``overhead_ms``,
-    ``tokens_s`` (1 / step), ``bytes_per_param``, ``ctx``; at B* (rounded down):
-    ``bstar_floor``, ``step_bstar_ms`` and ``tokens_s_bstar``; and for ``long_batch`` rows
-    of ``long_ctx`` tokens: ``kv_long_gb`` (KV bytes the step reads), ``kv_long_ratio``
-    (over the weights), ``tokens_s_long`` and ``long_fit`` (rows of ``long_ctx`` tokens
-    whose KV fits the device after the weights, in the ``mem_usable`` fraction of its
-    ``mem_gb`` that the cost model counts: all but ``mem_reserve``,
-    :data:`~batching.costs.MEM_RESERVE`). For each other bandwidth reference in the device's
-    notes (``<name>_bandwidth``, e.g. the CPU's copy and sum): ``<name>_gbs`` and
-    ``bstar_<name>``.
+    :func:`~batching.book.common.roofline_numbers` (whose ``bstar`` is the one B* of every
+    page), plus ``bandwidth_gbs``, ``peak_gflops``, ``weight_read_mb``, ``stream_ms`` (weight
+    bytes / bandwidth: the step's floor), ``step_ms`` (the cost model's batch-1 step at
+    ``ctx`` KV tokens, overhead included), ``overhead_ms``, ``tokens_s`` (1 / step),
+    ``bytes_per_param``, ``ctx``; at B* (rounded down): ``bstar_floor``, ``step_bstar_ms``,
+    ``tokens_s_bstar`` and ``ratio_bstar`` (that step over batch 1's); and for ``long_batch``
+    rows of ``long_ctx`` tokens: ``kv_long_gb`` (KV bytes the step reads), ``kv_long_ratio``
+    (over the weights), ``kv_equal_batch`` (rows of ``long_ctx`` tokens whose KV equals the
+    weight bytes), ``tokens_s_long`` and ``long_fit`` (rows of ``long_ctx`` tokens whose KV
+    fits the device after the weights, in the ``mem_usable`` fraction of its ``mem_gb`` that
+    the cost model counts: all but ``mem_reserve``, :data:`~batching.costs.MEM_RESERVE`).
     """
     if cost.tp != 1:
         raise ValueError("stream_numbers is the single-device derivation: tp must be 1")
@@ -127,41 +135,19 @@ def stream_numbers(
         bstar_floor=float(bs),
         step_bstar_ms=cost.decode_step(bs, ctx) * 1e3,
         tokens_s_bstar=bs / cost.decode_step(bs, ctx),
+        ratio_bstar=cost.decode_step(bs, ctx) / step,
         long_ctx=float(long_ctx),
         long_batch=float(long_batch),
         kv_long_gb=kv_long / 1e9,
         kv_long_ratio=kv_long / m.weight_read_bytes,
+        kv_equal_batch=m.weight_read_bytes / (long_ctx * m.kv_bytes_per_token),
         tokens_s_long=long_batch / cost.decode_step(long_batch, long_ctx),
         long_fit=float(cost.kv_capacity() // long_ctx),
         mem_reserve=MEM_RESERVE,
         mem_usable=1 - MEM_RESERVE,
         mem_gb=cost.device.mem_bytes / 1e9,
     )
-    for name, bw in cost.device.notes.items():  # other bandwidth references (cpu-here: copy, sum)
-        if name.endswith("_bandwidth"):
-            out[f"bstar_{name[: -len('_bandwidth')]}"] = bstar_of(cost.peak_flops, bw, m.bytes_per_param)
-            out[f"{name[: -len('_bandwidth')]}_gbs"] = bw / 1e9
     return out
-
-
-def bstar_answer_text(a: Mapping[str, float], b: Mapping[str, float], name_a: str, name_b: str) -> str:
-    """Why batching, exercise on B*: which of two devices (:func:`stream_numbers` of each)
-    needs the larger batch before decode turns compute-bound, and why: B* is compute per
-    byte of bandwidth, so the device whose peak grew more than its bandwidth has the larger."""
-    big, small = (b, a) if b["bstar"] >= a["bstar"] else (a, b)
-    nb, ns = (name_b, name_a) if big is b else (name_a, name_b)
-    peak, bw = big["peak_tflops"] / small["peak_tflops"], big["bandwidth_tbs"] / small["bandwidth_tbs"]
-    if a["bytes_per_param"] != 2 or b["bytes_per_param"] != 2:
-        raise ValueError(
-            "bstar_answer_text reads B* as peak / bandwidth: both models must be 2 bytes per weight"
-        )
-    return (
-        f"The {nb}: B* = peak / bandwidth in bf16, {ns} {small['peak_tflops']:,.0f} / "
-        f"{small['bandwidth_tbs']:.2f} = {small['bstar']:.0f}, {nb} {big['peak_tflops']:,.0f} / "
-        f"{big['bandwidth_tbs']:.2f} = {big['bstar']:.0f}. The {nb} has {peak:.1f} times the {ns}'s compute "
-        f"but only {bw:.1f} times its bandwidth: more arithmetic for every byte it streams, so it takes "
-        f"more rows per weight read to keep that arithmetic busy."
-    )
 
 
 def gpu_rooflines(
@@ -394,20 +380,21 @@ def profile_roofline(profile: Mapping[str, Any], points: int = 60) -> dict[str, 
 
 
 def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
-    """Why batching: the numbers the prose quotes from a :func:`live_decode_sweep`.
+    """Why batching: the numbers the pages quote from a :func:`live_decode_sweep`.
 
     Sizes: ``params_m``, ``weight_mb`` (streamed per step), ``kv_kb_per_token``, ``ctx``,
     ``bmax``. Device, same run: ``matvec_gbs``, ``copy_gbs``, ``read_gbs``, ``peak_gflops``,
-    ``bstar`` (:func:`bstar_of` on matvec bandwidth and peak). Batch 1 (uniform path):
-    ``stream_ms`` (weights / matvec bandwidth), ``pred1_ms`` (roofline, KV included),
-    ``t1_ms`` measured, ``over_pred`` (measured / predicted), ``achieved_gbs`` ((weight +
-    KV bytes) / step time), ``efficiency`` (achieved / matvec bandwidth),
-    ``efficiency_copy`` (achieved / copy bandwidth). Uniform path: ``knee125``, ``knee2``
-    (:func:`knee`), at the largest batch ``tmax_ms``, ``ratio_max`` (over batch 1),
-    ``tps1``, ``tps_max``, ``tps_gain`` (tokens/s and their ratio), ``per_token_max_ms``;
-    ``pred_max_ms`` (roofline at the largest batch); ``reps``, ``threads``, ``wall_s``
-    from the sweep's meta. Every other measured path ``p``
-    (``gathered``, ``mixed``): ``p_t1_ms``, ``p_knee125``, ``p_knee2``, ``p_tmax_ms``,
+    ``bstar`` (:func:`bstar_of` on matvec bandwidth and peak), ``bstar_copy`` (on the copy
+    bandwidth). Batch 1 (uniform path): ``stream_ms`` (weights / matvec bandwidth),
+    ``pred1_ms`` (roofline, KV included), ``t1_ms`` measured, ``over_pred`` (measured /
+    predicted), ``achieved_gbs`` ((weight + KV bytes) / step time), ``efficiency``
+    (achieved / matvec bandwidth), ``efficiency_copy`` (achieved / copy bandwidth).
+    Uniform path: ``knee`` (:func:`knee`); ``bstar_batch`` (the largest swept batch at or
+    below B*, batch 1 if none) and ``ratio_bstar`` (its step over batch 1's); at the
+    largest batch ``tmax_ms``, ``ratio_max`` (over batch 1), ``tps1``, ``tps_max``,
+    ``tps_gain`` (tokens/s and their ratio), ``per_token_max_ms``, ``pred_max_ms``
+    (roofline); ``reps``, ``threads``, ``wall_s`` from the sweep's meta. Every other
+    measured path ``p`` (``mixed``, ``gathered``): ``p_t1_ms``, ``p_knee``, ``p_tmax_ms``,
     ``p_ratio_max``, ``p_tps_max`` and ``p_gap_max`` (its step over the uniform one at the
     largest batch).
     """
@@ -420,8 +407,11 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     u = np.asarray(sweep["uniform_ms"], dtype=float)
     roof = live_roofline(sweep)
     bw = sweep["matvec_gbs"] * 1e9
+    peak = sweep["peak_tflops"] * 1e12
+    bstar = bstar_of(peak, bw, shape.bytes_per_param)
     moved1 = shape.bytes_moved(StepWork(decode_rows=1, decode_ctx=sweep["ctx"]))
     achieved = moved1 / (u[0] / 1e3)
+    ib = int(np.flatnonzero(b <= max(bstar, 1.0))[-1])
     out = {
         "params_m": shape.params / 1e6,
         "weight_mb": shape.weight_read_bytes / 1e6,
@@ -432,7 +422,9 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
         "copy_gbs": float(sweep["copy_gbs"]),
         "read_gbs": float(sweep["read_gbs"]),
         "peak_gflops": float(sweep["peak_tflops"]) * 1e3,
-        "bstar": bstar_of(sweep["peak_tflops"] * 1e12, bw, shape.bytes_per_param),
+        "bytes_per_param": float(shape.bytes_per_param),
+        "bstar": bstar,
+        "bstar_copy": bstar_of(peak, sweep["copy_gbs"] * 1e9, shape.bytes_per_param),
         "stream_ms": shape.weight_read_bytes / bw * 1e3,
         "pred1_ms": float(roof["time_s"][0]) * 1e3,
         "t1_ms": float(u[0]),
@@ -440,8 +432,9 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
         "achieved_gbs": achieved / 1e9,
         "efficiency": achieved / bw,
         "efficiency_copy": achieved / (sweep["copy_gbs"] * 1e9),
-        "knee125": float(knee(b, u, 1.25)),
-        "knee2": float(knee(b, u, 2.0)),
+        "knee": float(knee(b, u)),
+        "bstar_batch": float(b[ib]),
+        "ratio_bstar": float(u[ib] / u[0]),
         "tmax_ms": float(u[-1]),
         "ratio_max": float(u[-1] / u[0]),
         "pred_max_ms": float(roof["time_s"][-1]) * 1e3,
@@ -460,8 +453,7 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
         out.update(
             {
                 f"{path}_t1_ms": float(t[0]),
-                f"{path}_knee125": float(knee(b, t, 1.25)),
-                f"{path}_knee2": float(knee(b, t, 2.0)),
+                f"{path}_knee": float(knee(b, t)),
                 f"{path}_tmax_ms": float(t[-1]),
                 f"{path}_ratio_max": float(t[-1] / t[0]),
                 f"{path}_tps_max": float(b[-1] * 1e3 / t[-1]),
@@ -471,366 +463,158 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in out.items()}
 
 
-def batch1_kernel_text(sweep: Mapping[str, Any]) -> str:
-    """Why batching, measured: on a CPU model one-token steps run a kernel of their own
-    (``Llama.linear`` splits each product over the threads), so the step from batch 1 to
-    batch 2 is partly a change of kernel; this says so with the weight-read rates of both
-    batches from the sweep's uniform path (empty where batch 1 uses no such kernel, or the
-    sweep has no batch 2)."""
-    from ..plan import StepWork
-    from ..real.model import LINEAR_CPU
+class Versus(enum.Enum):
+    """How one measured step compares with another: within a tolerance, more, or less."""
 
-    b = [float(x) for x in sweep["batch"]]
-    if sweep["meta"].get("linear") != LINEAR_CPU or 2.0 not in b:
-        return ""
-    shape, u = _sweep_shape(sweep), np.asarray(sweep["uniform_ms"], dtype=float)
-    rate = [
-        shape.bytes_moved(StepWork(decode_rows=r, decode_ctx=r * sweep["ctx"])) / (u[b.index(r)] / 1e3) / 1e9
-        for r in (1.0, 2.0)
-    ]
-    return (
-        f"On a CPU the one-token step runs a kernel of its own: each weight product is split over the "
-        f"{sweep['meta']['threads']} threads, one piece of the input per core (`Llama.linear`), while with "
-        f"two rows and more MKL's kernel streams each matrix from one core. Batch 1 reads its weights and KV "
-        f"at {rate[0]:.1f} GB/s, batch 2 at {rate[1]:.1f}: part of the first step up in the curve is that "
-        "change of kernel, not arithmetic."
-    )
+    LESS = "less"
+    SAME = "same"
+    MORE = "more"
 
 
-def _relation(x: float, ref: float, tol: float = 0.25) -> str:
-    """'below', 'above' or 'close to': how ``x`` sits against ``ref`` (within ``tol``)."""
-    if abs(x - ref) <= tol * ref:
-        return "close to"
-    return "below" if x < ref else "above"
+def versus(ratio: float, tol: float = 0.05) -> Versus:
+    """Why batching, measured page: :class:`Versus` of a step-time ratio (``*_gap_max``):
+    SAME within ``tol`` of 1."""
+    if abs(ratio - 1.0) <= tol:
+        return Versus.SAME
+    return Versus.MORE if ratio > 1 else Versus.LESS
 
 
-def live_text(sweep: Mapping[str, Any]) -> str:
-    """Why batching: one paragraph (MyST) saying what the live measurement ran on, for the
-    prose; it names the device the build found and never claims another."""
-    m = sweep["meta"]
-    what = (
-        f"{m['model']} ({m['params'] / 1e6:,.1f}M parameters, {m['dtype']} weights and KV cache, "
-        f"random weights)"
-    )
-    if m["device_type"] == "cuda":
-        where = f"the GPU this page was built on, {m['device_name']}"
-        note = "This build found a GPU, so the live curves below are GPU measurements."
-    else:
-        where = f"this page's build machine, a CPU ({m['device_name']}, {m['threads']} threads)"
-        note = (
-            "No GPU was present when this page was built, so the live curves below are CPU "
-            "measurements; the GPU numbers on this page are roofline predictions."
-        )
-    return (
-        f"The measurement below ran {what} on {where}, torch {m['torch']}, on {m['date'][:10]}: "
-        f"{sweep['ctx']} KV tokens per row, median of {m['reps']} timed steps per point, "
-        f"{m['wall_s']:.0f} s in all (load average {m['loadavg_before']:.2f} before, "
-        f"{m['loadavg_after']:.2f} after). {note}"
-    )
+class Flat(enum.Enum):
+    """Verdict on the page's claim, "extra rows are nearly free until B*", for one measured
+    curve: where its :func:`knee` sits against the largest swept batch at or below B*."""
+
+    HOLDS = "holds"  # the step stays within KNEE_FACTOR of batch 1 up to that batch (or beyond)
+    SHORT = "short"  # it stays within it past batch 1, but leaves it before that batch
+    FAILS = "fails"  # no batch above 1 stays within it
+
+
+def flat_verdict(numbers: Mapping[str, float]) -> Flat:
+    """Why batching: the :class:`Flat` verdict from :func:`live_numbers` (``knee`` and
+    ``bstar_batch``)."""
+    k, target = numbers["knee"], numbers["bstar_batch"]
+    if k >= target:
+        return Flat.HOLDS
+    return Flat.SHORT if k > 1 else Flat.FAILS
 
 
 def live_labels(sweep: Mapping[str, Any]) -> dict[str, str]:
-    """Why batching: caption strings of a live sweep: ``what`` (model, size, dtype),
-    ``where`` (device name, registry name, threads on a CPU), ``kind`` ("CPU" or "GPU"),
-    ``paths`` (the measured paths and how the figure draws them)."""
+    """Why batching: short labels of a live sweep for captions and prose: ``what`` (model,
+    size, dtype), ``where`` (device name, registry name, threads on a CPU), ``kind`` ("CPU"
+    or "GPU"), ``model``, ``device_name``, ``torch``, ``date`` (the day)."""
     m = sweep["meta"]
     gpu = m["device_type"] == "cuda"
     where = f"{m['device_name']} [{m['device']}]" + ("" if gpu else f", {m['threads']} threads")
-    # The names of the prose's three paths and of the figure's legend (plots.PATH_LABELS).
-    names = {
-        "uniform": "uniform (green circles): equal contexts in contiguous slots",
-        "mixed": "mixed (blue triangles): mixed contexts in contiguous slots",
-        "gathered": "gathered (brown squares): mixed contexts in scattered slots, their slabs gathered",
-    }
-    paths = "; ".join(names[p] for p in sweep.get("paths", ["uniform"]))
     return {
         "what": f"{m['model']} ({m['params'] / 1e6:,.1f}M parameters, {m['dtype']})",
         "where": where,
         "kind": "GPU" if gpu else "CPU",
-        "paths": paths,
+        "model": str(m["model"]),
+        "device_name": str(m["device_name"]),
+        "torch": str(m["torch"]),
+        "date": str(m["date"])[:10],
     }
 
 
-def knee_text(numbers: Mapping[str, float]) -> str:
-    """Why batching: how the measured knees sit against B* (a sentence for the prose).
+def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
+    """Why batching, measured page: the weight-and-KV bytes per second of the uniform step at
+    batch 1 (``rate1_gbs``) and at the sweep's next batch ``next_batch`` (``rate_next_gbs``),
+    and ``split`` (1.0 where batch 1 ran the CPU's one-token kernel, each product split over
+    the threads, ``Llama.linear``: the first step up of the curve is then partly a change of
+    kernel). The sweep needs two batches at least."""
+    from ..plan import StepWork
+    from ..real.model import LINEAR_CPU
 
-    A knee at batch 1 means that no larger batch stayed within the factor: said so, not
-    as "up to batch 1"."""
-    n = numbers
-    k125, k2 = n["knee125"], n["knee2"]
-    rel = (
-        f"{_relation(k2, n['bstar'])} the B* of {n['bstar']:.1f} that this run's own bandwidth and peak give"
-    )
-    if k125 > 1:
-        return (
-            f"The uniform step stays within 1.25x of batch 1 up to batch {k125:.0f} and within 2x up to "
-            f"batch {k2:.0f}, {rel}."
-        )
-    if k2 > 1:
-        return (
-            f"No batch above 1 keeps the uniform step within 1.25x of batch 1; within 2x it stays up to "
-            f"batch {k2:.0f}, {rel}."
-        )
-    return f"No batch above 1 keeps the uniform step within 1.25x of batch 1, nor within 2x: {rel}."
-
-
-def _cost_phrase(gap: float, tol: float = 0.05) -> str:
-    """How a step time ``gap`` times the uniform one reads: 'x% more', 'the same within x%', 'x% less'."""
-    if abs(gap - 1.0) <= tol:
-        return f"the same within {tol:.0%}"
-    return f"{abs(gap - 1.0):.0%} {'more' if gap > 1 else 'less'}"
-
-
-def slab_cost_text(numbers: Mapping[str, float], tol: float = 0.05) -> str:
-    """Why batching, "What the slab layout costs": what the mixed and gathered paths measured
-    against the uniform one at the largest batch (``live_numbers``' ``*_gap_max``), and only
-    the effects the measurement shows: a path within ``tol`` of the uniform step is said to
-    cost nothing measurable here, one below it to be no slower. A sweep without a gathered
-    path (CUDA graphs: :func:`decode_paths`) says why it has none."""
-    n, b = numbers, f"{numbers['bmax']:.0f}"
-    m, g = n["mixed_gap_max"], n.get("gathered_gap_max")
-    out = [
-        f"At batch {b} the mixed step takes {m:.2f} times the uniform one ({_cost_phrase(m, tol)})"
-        + (f" and the gathered step {g:.2f} times ({_cost_phrase(g, tol)})." if g is not None else ".")
+    b = [float(x) for x in sweep["batch"]]
+    if len(b) < 2:
+        raise ValueError(f"batches {b}: need two at least")
+    shape, u = _sweep_shape(sweep), np.asarray(sweep["uniform_ms"], dtype=float)
+    rate = [
+        shape.bytes_moved(StepWork(decode_rows=int(r), decode_ctx=int(r) * sweep["ctx"])) / (u[i] / 1e3) / 1e9
+        for i, r in enumerate(b[:2])
     ]
-    if m > 1 + tol:
-        out.append(
-            "The mixed step reads, in every row, KV positions up to the batch's longest context and "
-            "masks those a shorter row does not hold; that reading shows in its time."
-        )
-    else:
-        out.append(
-            "The mixed step reads, in every row, KV positions up to the batch's longest context and "
-            "masks those a shorter row does not hold, but here that reading does not show in the step "
-            "time."
-        )
-    if g is None:
-        out.append(
-            "This build replays its decode steps as CUDA graphs, which gather the slabs of a small "
-            "batch and read every slab of a large one by their own rule (`batching/graphs.py`), "
-            "whatever the slots: no separate gathered path was timed."
-        )
-    elif g > max(m, 1.0) + tol:
-        out.append(
-            f"The gathered step differs from the mixed one only in copying the keys and values of every "
-            f"row in every layer before reading them, and it takes {g / m - 1:.0%} longer: a copy that "
-            f"grows with batch times context, in the regime where batching should be nearly free."
-        )
-    else:
-        out.append(
-            "The gathered step differs from the mixed one only in copying the keys and values of every "
-            "row in every layer before reading them; at this batch and context the copy does not show "
-            "in the step time."
-        )
-    out.append(
-        "Both are costs of giving each sequence one contiguous slab: a paged KV cache whose attention "
-        "reads each sequence's blocks in place, and only up to its own length, does neither."
-    )
-    return " ".join(out)
-
-
-def slab_cost_takeaway(numbers: Mapping[str, float], tol: float = 0.05) -> str:
-    """Why batching: the takeaway's sentence on the slab layout, from the same measurement
-    as :func:`slab_cost_text`."""
-    n, b = numbers, f"{numbers['bmax']:.0f}"
-    shown = [
-        f"{name} {n[key]:.2f}x"
-        for name, key in (("mixed contexts", "mixed_gap_max"), ("gathered slabs", "gathered_gap_max"))
-        if key in n and n[key] > 1 + tol
-    ]
-    if not shown:
-        return (
-            f"At batch {b} the slab KV layout's extra reading and copying did not show in the step time "
-            f"(within {tol:.0%} of the uniform step)."
-        )
-    return f"The slab KV layout's extra work shows at batch {b}: {' and '.join(shown)} the uniform step."
+    return {
+        "rate1_gbs": rate[0],
+        "next_batch": b[1],
+        "rate_next_gbs": rate[1],
+        "split": float(sweep["meta"].get("linear") == LINEAR_CPU),
+    }
 
 
 def gather_bytes(shape: ModelShape, rows: int, longest_ctx: int) -> float:
-    """Why batching, exercise on the gathered path: bytes of K and V the runner copies in one
-    decode step, every layer, each row's slab up to the longest context plus the new token."""
+    """Why batching, the gathered path: bytes of K and V the runner copies in one decode
+    step, every layer, each row's slab up to the longest context plus the new token."""
     return float(
         2 * shape.layers * shape.kv_heads * shape.head_dim * shape.kv_bytes * (longest_ctx + 1) * rows
     )
 
 
-def gather_answer_text(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> str:
-    """Why batching: what this build measured for the gathered path against the mixed one
-    at its largest batch, beside the time the copy takes at the copy bandwidth measured in
-    the same run (a read and a write per byte), for the exercise's answer; where the step
-    took longer than that copy, how much of the extra time the copy's bytes explain. The
-    rest is only said not to be those bytes: the sweep times whole steps, so it cannot say
-    what the rest is."""
-    n, shape = numbers, _sweep_shape(sweep)
-    rows = int(n["bmax"])
-    if "gathered_tmax_ms" not in n:
-        return (
-            f"This build ran {shape.name} with CUDA graphs, which gather or read slabs by their own rule, "
-            f"so it timed no separate gathered path."
-        )
+def gather_numbers(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> dict[str, float]:
+    """Why batching, measured page: at the sweep's largest batch, the bytes the gathered path
+    copies (``copy_mb``), the time that copy takes at the copy bandwidth of the same run,
+    which counts a read and a write per byte (``copy_ms``), and how much longer the gathered
+    step took than the mixed one (``extra_ms``; negative if shorter). Empty where the sweep
+    timed no gathered path (CUDA graphs: :func:`decode_paths`)."""
+    if "gathered_tmax_ms" not in numbers:
+        return {}
     longest = round(sweep["ctx"] * 1.5)  # StepTimer.decode spreads contexts over ctx/2 .. 3ctx/2
-    nbytes = gather_bytes(shape, rows, longest)
-    copy_ms = 2 * nbytes / (n["copy_gbs"] * 1e9) * 1e3
-    extra = n["gathered_tmax_ms"] - n["mixed_tmax_ms"]
-    what = (
-        f"This build measured {shape.name} at batch {rows}: its gathered step copies "
-        f"{nbytes / 1e6:,.0f} MB, which at the {n['copy_gbs']:,.1f} GB/s a copy moved in the same run "
-        f"takes {copy_ms:,.1f} ms, "
-    )
-    if extra <= 0:
-        return what + f"yet the step took no longer than the mixed one ({-extra:,.1f} ms less)."
-    what += f"and the step took {extra:,.1f} ms longer than the mixed one"
-    if copy_ms >= extra:
-        return what + ": the copy's bytes are enough to account for all of it."
-    return what + (
-        f": the copy's bytes, at that bandwidth, explain {copy_ms / extra:.0%} of the extra time. "
-        f"The other {extra - copy_ms:,.1f} ms is more than moving those bytes would take; a sweep "
-        f"that times whole steps cannot say where it goes."
-    )
-
-
-def profile_stream(profile: Mapping[str, Any]) -> dict[str, float]:
-    """Why batching, "Every device measured so far": how much of a :func:`load_profiles`
-    entry's batch-1 step (at ``ref_ctx``) streams weights: ``weight_mb``, ``ctx``, ``t1_ms``,
-    ``params_m``, ``bandwidth_gbs`` (the profile's own matrix-vector probe, or the registry's),
-    ``stream_ms`` (weights / bandwidth), ``stream_fraction`` (of the step), ``achieved_gbs``
-    ((weight + KV bytes) / step) and ``efficiency`` (achieved / bandwidth)."""
-    from ..plan import StepWork
-
-    shape, ctx, t1 = profile["shape"], float(profile["ref_ctx"]), float(profile["t1_ms"])
-    bw = float(profile["bandwidth_gbs"]) * 1e9
-    moved = shape.bytes_moved(StepWork(decode_rows=1, decode_ctx=int(ctx)))
-    stream_ms = shape.weight_read_bytes / bw * 1e3
+    nbytes = gather_bytes(_sweep_shape(sweep), int(numbers["bmax"]), longest)
     return {
-        "weight_mb": shape.weight_read_bytes / 1e6,
-        "ctx": ctx,
-        "t1_ms": t1,
-        "params_m": shape.params / 1e6,
-        "bandwidth_gbs": bw / 1e9,
-        "stream_ms": stream_ms,
-        "stream_fraction": stream_ms / t1,
-        "achieved_gbs": moved / (t1 / 1e3) / 1e9,
-        "efficiency": moved / (t1 / 1e3) / bw,
+        "copy_mb": nbytes / 1e6,
+        "copy_ms": 2 * nbytes / (numbers["copy_gbs"] * 1e9) * 1e3,
+        "extra_ms": numbers["gathered_tmax_ms"] - numbers["mixed_tmax_ms"],
     }
 
 
-def find_profile(
-    profiles: Sequence[Mapping[str, Any]], model: str, device: str = "cpu-here"
-) -> Mapping[str, Any]:
-    """Why batching: the first committed profile of ``model`` on ``device`` (registry name);
-    ValueError naming what is there if none is."""
-    for p in profiles:
-        if p["meta"]["model"] == model and p["device"] == device:
-            return p
-    have = ", ".join(f"{p['meta']['model']} on {p['device']}" for p in profiles) or "none"
-    raise ValueError(f"no committed profile of {model} on {device} (profiles: {have})")
+#: Table labels of the sweep's paths (the measured page's table; the figure's legend says the same).
+PATH_NAMES: dict[str, str] = {
+    "uniform": "uniform: equal contexts, contiguous slots",
+    "mixed": "mixed: mixed contexts, contiguous slots",
+    "gathered": "gathered: mixed contexts, scattered slots",
+}
 
 
-def stream_entries(
-    profiles: Sequence[Mapping[str, Any]], sweep: Mapping[str, Any], numbers: Mapping[str, float]
-) -> list[dict[str, Any]]:
-    """Why batching: every batch-1 measurement on the page, each as ``model``, ``device``,
-    ``params_m``, ``achieved_gbs``, ``efficiency`` (against its own run's matrix-vector
-    bandwidth), ``stream_fraction`` and ``source`` ("committed profile" or "this build"),
-    sorted by size."""
-    out = [
-        {
-            "model": p["meta"]["model"],
-            "device": p["device"],
-            "source": "committed profile",
-            **{
-                k: v
-                for k, v in profile_stream(p).items()
-                if k in ("params_m", "achieved_gbs", "efficiency", "stream_fraction")
-            },
-        }
-        for p in profiles
-    ]
-    out.append(
-        {
-            "model": sweep["meta"]["model"],
-            "device": sweep["meta"]["device"],
-            "source": "this build",
-            "params_m": numbers["params_m"],
-            "achieved_gbs": numbers["achieved_gbs"],
-            "efficiency": numbers["efficiency"],
-            "stream_fraction": numbers["stream_ms"] / numbers["t1_ms"],
-        }
-    )
-    return sorted(out, key=lambda e: e["params_m"])
-
-
-def size_efficiency_text(entries: Sequence[Mapping[str, Any]]) -> str:
-    """Why batching, exercise on model size: whether this page's batch-1 measurements
-    (:func:`stream_entries`) of different models on one device reach a larger share of
-    their run's bandwidth as the model grows; it says so only if they do."""
-    by_dev: dict[str, list[Mapping[str, Any]]] = {}
-    for e in entries:
-        by_dev.setdefault(e["device"], []).append(e)
-    dev, group = max(by_dev.items(), key=lambda kv: len({e["model"] for e in kv[1]}))
-    if len({e["model"] for e in group}) < 2:
-        return "This page has measured one model per device only, so it cannot show the trend itself."
-    parts = [
-        f"{e['model']} ({e['params_m']:,.1f}M parameters, {e['source']}) reaches "
-        f"{e['achieved_gbs']:,.1f} GB/s counting weight and KV bytes, {e['efficiency']:.0%} of the "
-        f"matrix-vector bandwidth of its run"
-        for e in group
-    ]
-    rising = all(b["efficiency"] > a["efficiency"] for a, b in zip(group, group[1:]))
-    head = "The measurements on this page agree" if rising else "The measurements on this page do not show it"
-    return f"{head}: at batch 1 on {dev}, " + "; ".join(parts) + "."
-
-
-def stream_share_text(entries: Sequence[Mapping[str, Any]], model: str, ref: str) -> str:
-    """Why batching: the share of ``model``'s batch-1 step that streaming its weights alone
-    takes (``stream_fraction``, KV bytes left out) against ``ref``'s, from this page's
-    measurements (:func:`stream_entries`; this build's own run first); it says the flat
-    region proves more for ``model`` only if its share is larger."""
-
-    def first(name: str) -> Mapping[str, Any] | None:
-        mine = sorted((e for e in entries if e["model"] == name), key=lambda e: e["source"] != "this build")
-        return mine[0] if mine else None
-
-    e, r = first(model), first(ref)
-    if e is None or r is None:
-        return f"This page has no measurement of {model if e is None else ref} to compare with."
-    # The same measure for both, and named: weights alone, not the weight-and-KV bytes of
-    # size_efficiency_text, which a reader sees a few lines above with other percentages.
-    said = (
-        f"Streaming the weights alone (weight bytes at the matrix-vector bandwidth of the run, KV bytes "
-        f"left out) fills {e['stream_fraction']:.0%} of {model}'s batch-1 step ({e['source']}) and "
-        f"{r['stream_fraction']:.0%} of {ref}'s ({r['source']})"
-    )
-    if e["stream_fraction"] > r["stream_fraction"]:
-        return said + f", so {model}'s flat region says more about bandwidth."
-    return said + f": here {model}'s flat region proves no more than {ref}'s."
-
-
-def bandwidth_note(registry_gbs: float, sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> str:
-    """Why batching: how the bandwidth measured in this build's live sweep sits beside the
-    registry's CPU figure (``registry_gbs``), so the page never quotes two bandwidths for one
-    machine without saying which is which."""
-    if sweep["meta"]["device"] != "cpu-here":
-        return (
-            "This build's live measurement below ran on another device, so it has no second "
-            "bandwidth for this CPU."
+def path_rows(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> tuple[list[list[Any]], list[str]]:
+    """Why batching, measured page: rows and header of the per-path table (batch-1 step,
+    knee, step and tokens/s at the largest batch, that step over batch 1 and over the
+    uniform path's)."""
+    n, bmax = numbers, f"{numbers['bmax']:.0f}"
+    header = ["path", "B=1 ms", "knee", f"B={bmax} ms", "x B=1", f"tokens/s at B={bmax}", "x uniform"]
+    rows: list[list[Any]] = []
+    for p in sweep.get("paths", ["uniform"]):
+        pre = "" if p == "uniform" else f"{p}_"
+        gap = 1.0 if p == "uniform" else n[f"{p}_gap_max"]
+        rows.append(
+            [
+                PATH_NAMES[p],
+                f"{n[f'{pre}t1_ms']:,.1f}",
+                f"{n[f'{pre}knee']:.0f}",
+                f"{n[f'{pre}tmax_ms']:,.1f}",
+                f"{n[f'{pre}ratio_max']:.1f}",
+                f"{n[f'{pre}tps_max']:,.0f}",
+                f"{gap:.2f}",
+            ]
         )
-    live = numbers["matvec_gbs"]
-    split = (
-        (
-            " The fastest product in this build was the one split over the threads, one piece of the input "
-            "per core, as this CPU's one-token steps run it; the registry's figure is MKL's product on one "
-            "core."
-        )
-        if sweep["meta"].get("matvec_layout") == "matvec_split"
-        else ""
-    )
-    return (
-        f"The next section measures the bandwidth again, in the same process as its step times, and "
-        f"builds its roofline on that measurement, not on the registry's figure: {live:,.1f} GB/s in this "
-        f"build, {live / registry_gbs:.2f} times the registry's, at which {sweep['meta']['model']}'s "
-        f"weights stream in {numbers['stream_ms']:,.1f} ms.{split}"
-    )
+    return rows, header
+
+
+def probe_rows(
+    numbers: Mapping[str, float], registry_gbs: float | None = None
+) -> tuple[list[list[Any]], list[str]]:
+    """Why batching, measured page: rows and header of the device-probe table: each
+    bandwidth the sweep measured (and the device registry's matrix-vector figure, if given)
+    with the B* it gives against the same run's matmul peak (``numbers``: :func:`live_numbers`)."""
+    peak, bpp = numbers["peak_gflops"] * 1e9, numbers["bytes_per_param"]
+    probes = [
+        ("matrix-vector product over the weight bytes", numbers["matvec_gbs"]),
+        ("copy (read + write)", numbers["copy_gbs"]),
+        ("sum (read)", numbers["read_gbs"]),
+    ]
+    if registry_gbs is not None:
+        probes.append(("device registry's matrix-vector figure", registry_gbs))
+    rows: list[list[Any]] = [
+        [name, f"{gbs:,.1f}", f"{bstar_of(peak, gbs * 1e9, bpp):,.1f}"] for name, gbs in probes
+    ]
+    return rows, ["bandwidth probe", "GB/s", "B*"]
 
 
 def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[dict[str, Any]]:
@@ -843,7 +627,7 @@ def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[di
     ``bandwidth_gbs``/``peak_tflops`` and ``roofs_from`` (the profile's own ``device``
     section if it has one, else the device registry's constants), ``bstar``; and at
     ``ref_ctx``, the profile's context nearest ``ctx``: ``ref_ms`` (the column), ``t1_ms``
-    (batch 1), ``knee125``/``knee2`` (:func:`knee`); ``mixed``: the measured mixed steps
+    (batch 1), ``knee`` (:func:`knee`); ``mixed``: the measured mixed steps
     (``ProfileCost.mixed``, times in seconds; None if the profile has none).
     """
     from ..costs import ProfileCost
@@ -887,49 +671,16 @@ def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[di
                 "ref_ctx": float(cost.dc[j]),
                 "ref_ms": col,
                 "t1_ms": float(col[0]),
-                "knee125": float(knee(b, col, 1.25)),
-                "knee2": float(knee(b, col, 2.0)),
+                "knee": float(knee(b, col)),
             }
         )
     return out
 
 
-def profiles_text(profiles: Sequence[Mapping[str, Any]]) -> str:
-    """Why batching: which devices the committed profiles cover (a paragraph for the
-    prose); it says plainly when no GPU measurement is there."""
-    if not profiles:
-        return (
-            "No profile is committed in `data/profiles/` yet, so this section has only the live "
-            "measurement above and the roofline predictions."
-        )
-    parts = [
-        f"{p['label']}: at {p['ref_ctx']:,.0f} tokens per row, {p['t1_ms']:.1f} ms at batch 1, within 2x "
-        f"of that up to batch {p['knee2']:.0f}, {p['ref_ms'][-1]:.0f} ms at batch {p['batch'][-1]:.0f} "
-        f"(B* = {p['bstar']:.0f} from {p['roofs_from']})"
-        for p in profiles
-    ]
-    n = len(profiles)
-    head = (
-        f"{n} profile{'s are' if n > 1 else ' is'} committed in `data/profiles/`. " + "; ".join(parts) + "."
-    )
-    gpus = sorted({p["device"] for p in profiles if p["gpu"]})
-    if gpus:
-        tail = (
-            f" GPU measurements are among them ({', '.join(gpus)}): for those devices the figure shows "
-            "measured step times beside the roofline."
-        )
-    else:
-        tail = (
-            f" {'None of them was' if n > 1 else 'It was not'} measured on a GPU: every H100 and H200 "
-            "number on this page is a roofline prediction from datasheet constants, not a measurement."
-        )
-    return head + tail
-
-
-def profile_rows(profiles: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]]]:
-    """Why batching: header and rows of the committed-profiles table (one row per profile
-    and context: batch-1 step, step at the largest batch, knees)."""
-    header = ["device", "model", "dtype", "date", "ctx", "B=1 ms", "max B", "ms", "knee 1.25x", "knee 2x"]
+def profile_rows(profiles: Sequence[Mapping[str, Any]]) -> tuple[list[list[Any]], list[str]]:
+    """Why batching, measured page: rows and header of the committed-profiles table (one row
+    per profile and context: batch-1 step, step at the largest batch, knee)."""
+    header = ["device", "model", "dtype", "date", "ctx", "B=1 ms", "max B", "ms", "knee"]
     rows: list[list[Any]] = []
     for p in profiles:
         m = p["meta"]
@@ -945,8 +696,7 @@ def profile_rows(profiles: Sequence[Mapping[str, Any]]) -> tuple[list[str], list
                     f"{col[0]:.1f}",
                     f"{p['batch'][-1]:.0f}",
                     f"{col[-1]:.1f}",
-                    f"{knee(p['batch'], col, 1.25)}",
-                    f"{knee(p['batch'], col, 2.0)}",
+                    f"{knee(p['batch'], col)}",
                 ]
             )
-    return header, rows
+    return rows, header

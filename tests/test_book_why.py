@@ -1,5 +1,6 @@
-"""The numbers, verdicts and figures behind "Why batching" (batching/book/why.py): hand-computed cases, and
-sweeps that must move the way theory says they do."""
+"""The numbers, verdicts and figures behind "Why batching" (batching/book/why.py) and its measured
+section (batching/book/decode.py): hand-computed cases, and sweeps that must move the way theory
+says they do."""
 
 from __future__ import annotations
 
@@ -9,32 +10,12 @@ matplotlib.use("Agg")
 
 import numpy as np
 import pytest
-from helpers import LinearCost, _gpu_profile, _texts
+from helpers import _gpu_profile, _texts
 
-from batching.book import (
-    common,
-    plots,
-    static,
-    why,
-)
+from batching.book import common, decode, plots, why
 from batching.costs import get_cost_model
-from batching.engine import SimExecutor
-from batching.workload import LogNormal, Workload, synthetic
 
-UNIT = SimExecutor(LinearCost(1.0))
 H100_8B = get_cost_model("llama-8b", "h100")
-Seg = static.Segment
-
-
-def small_trace(n: int = 120, rate: float = 8.0, seed: int = 3) -> Workload:
-    """A long-tailed synthetic workload, small enough for unit tests."""
-    return synthetic(
-        n,
-        rate,
-        LogNormal(median=300, sigma=0.9, lo=8, hi=3000),
-        LogNormal(median=60, sigma=1.0, lo=2, hi=800),
-        seed=seed,
-    )
 
 
 # ---------------------------------------------------------------------- why batching
@@ -205,7 +186,7 @@ def test_load_profiles_picks_up_every_profile_and_says_which_devices_are_measure
     assert h200["knee"] == 256  # 8.0 ms is exactly 2x: still inside
     assert h200["bstar"] == pytest.approx(700e12 * 2 / (2 * 4200e9))
     assert "NVIDIA H200" in h200["label"] and "2026-12-01" in h200["label"]
-    rows, header = why.profile_rows(both)
+    rows, header = decode.profile_rows(both)
     assert len(rows) == len(only_cpu[0]["ctxs"]) + 2 and all(len(r) == len(header) for r in rows)
     # The H200's two contexts by hand: 4.0 -> 8.0 ms, all within 2x (knee 256); 4.2 -> 20.0 ms,
     # within 8.4 ms up to batch 64 (8.0), out at 256 (knee 64).
@@ -331,11 +312,11 @@ def test_flat_verdict_reads_the_knee_against_the_largest_swept_batch_below_bstar
     assert why.flat_verdict({"knee": 1.0, "bstar_batch": 1.0}) is why.Flat.HOLDS
     # A knee past B* (the roofline's own 2x point lies near 2 B*) still holds.
     assert why.flat_verdict({"knee": 16.0, "bstar_batch": 8.0}) is why.Flat.HOLDS
-    assert [why.versus(r) for r in (0.9, 0.96, 1.04, 1.2)] == [
-        why.Versus.LESS,
-        why.Versus.SAME,
-        why.Versus.SAME,
-        why.Versus.MORE,
+    assert [decode.versus(r) for r in (0.9, 0.96, 1.04, 1.2)] == [
+        decode.Versus.LESS,
+        decode.Versus.SAME,
+        decode.Versus.SAME,
+        decode.Versus.MORE,
     ]
 
 
@@ -354,22 +335,22 @@ def test_first_step_rates_by_hand():
     sw = _synthetic_sweep()
     r1 = (m.weight_read_bytes + m.kv_bytes_per_token * (128 + 1)) / 0.040 / 1e9
     r2 = (m.weight_read_bytes + m.kv_bytes_per_token * 2 * (128 + 1)) / 0.041 / 1e9
-    fs = why.first_step_rates(sw)
+    fs = decode.first_step_rates(sw)
     assert fs["rate1_gbs"] == pytest.approx(r1) and fs["rate_next_gbs"] == pytest.approx(r2)
     assert fs["next_batch"] == 2 and fs["split"] == 0.0  # an older sweep names no kernel
     sw["meta"]["linear"] = LINEAR_CPU
-    assert why.first_step_rates(sw)["split"] == 1.0
+    assert decode.first_step_rates(sw)["split"] == 1.0
     with pytest.raises(ValueError):
-        why.first_step_rates({**sw, "batch": np.array([1.0])})
+        decode.first_step_rates({**sw, "batch": np.array([1.0])})
 
 
 def test_gather_numbers_by_hand():
     from batching.models import get_model
 
     # cpu-m: 12 layers x 4 KV heads x 64 dims x 4 bytes, K and V, 193 positions, 128 rows.
-    assert why.gather_bytes(get_model("cpu-m"), 128, 192) == 2 * 12 * 4 * 64 * 4 * 193 * 128
+    assert decode.gather_bytes(get_model("cpu-m"), 128, 192) == 2 * 12 * 4 * 64 * 4 * 193 * 128
     sw = _synthetic_sweep()  # batch up to 8, ctx 128: longest context 192
-    g = why.gather_numbers(sw, why.live_numbers(sw))
+    g = decode.gather_numbers(sw, why.live_numbers(sw))
     copy = 2 * 12 * 4 * 64 * 4 * 193 * 8
     assert g["copy_mb"] == pytest.approx(copy / 1e6)
     assert g["copy_ms"] == pytest.approx(2 * copy / 30e9 * 1e3)  # a read and a write per byte
@@ -377,7 +358,7 @@ def test_gather_numbers_by_hand():
     # CUDA graphs: no gathered path, nothing to say about it.
     gpu = _synthetic_sweep("cuda")
     gpu["paths"] = ["uniform", "mixed"]
-    assert why.gather_numbers(gpu, why.live_numbers(gpu)) == {}
+    assert decode.gather_numbers(gpu, why.live_numbers(gpu)) == {}
     assert list(why.decode_paths(graphs=True)) == ["uniform", "mixed"]
     assert list(why.decode_paths()) == ["uniform", "mixed", "gathered"]
 
@@ -385,13 +366,13 @@ def test_gather_numbers_by_hand():
 def test_path_and_probe_rows_by_hand():
     sw = _synthetic_sweep()
     n = why.live_numbers(sw)
-    rows, header = why.path_rows(sw, n)
+    rows, header = decode.path_rows(sw, n)
     assert header[3] == "B=8 ms" and [r[0].split(":")[0] for r in rows] == ["uniform", "mixed", "gathered"]
     # gathered: 40 -> 140 ms, knee 4, 3.5x batch 1, 8 / 0.140 = 57 tokens/s, 2.00x uniform.
     assert rows[2][1:] == ["40.0", "4", "140.0", "3.5", "57", "2.00"]
     assert rows[0][-1] == "1.00" and rows[1][-1] == "1.10"
-    probes, ph = why.probe_rows(n, registry_gbs=18.5)
+    probes, ph = decode.probe_rows(n, registry_gbs=18.5)
     assert ph == ["bandwidth probe", "GB/s", "B*"] and len(probes) == 4
     # fp32, 0.1 TFLOP/s: B* = 2 x 100 / GB/s.
     assert [r[2] for r in probes] == ["10.0", "6.7", "6.1", "10.8"]
-    assert len(why.probe_rows(n)[0]) == 3
+    assert len(decode.probe_rows(n)[0]) == 3

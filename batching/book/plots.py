@@ -1135,12 +1135,12 @@ def profiles_figure(
             )
         )
     lo, hi = math.inf, 0.0
-    for label, b, ms, col, roof in series:
+    for label, b, ms, col, own in series:
         lo, hi = min(lo, b.min()), max(hi, b.max())
         axes[0].plot(b, ms, "o-", color=col, ms=3.5, lw=1.4, label=label)
         axes[1].plot(b, ms / ms[0], "o-", color=col, ms=3.5, lw=1.4)
-        if roof is not None:
-            axes[0].plot(roof["batch"], roof["time_s"] * 1e3, "--", color=col, lw=1)
+        if own is not None:
+            axes[0].plot(own["batch"], own["time_s"] * 1e3, "--", color=col, lw=1)
     if gpu is not None:
         # Below B* both GPUs' relative costs are the same ratio of bytes, so their lines lie
         # on top of each other: distinct markers (open vs filled) keep both visible.

@@ -1,7 +1,8 @@
 """Why batching carries the load (chapters/why.ipynb): the roofline of a decode step, the live
 decode sweep on the reader's device and its verdict, and, for the "Decode on this device"
-section of chapters/measured.ipynb, the sweep's other paths, the device probes and the
-committed profiles. Numbers, verdicts and table rows only: the sentences are the notebooks'.
+section of chapters/measured.ipynb, the committed profiles (the sweep's other paths and
+probes are read there through :mod:`batching.book.decode`). Numbers and verdicts only: the
+sentences are the notebooks'.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..costs import MEM_RESERVE, RooflineCost
 from ..models import ModelShape
@@ -49,7 +51,7 @@ def bstar_of(peak_flops: float, bandwidth: float, bytes_per_param: float) -> flo
 KNEE_FACTOR = 2.0
 
 
-def knee(batch: Sequence[float], times: Sequence[float], factor: float = KNEE_FACTOR) -> int:
+def knee(batch: ArrayLike, times: ArrayLike, factor: float = KNEE_FACTOR) -> int:
     """Why batching: the largest batch up to which the step time *stays* within ``factor``
     times the first batch's (the first point above it ends the run; later points that dip
     back under do not count). ``batch`` must be increasing; ``factor`` >= 1."""
@@ -67,7 +69,7 @@ def knee(batch: Sequence[float], times: Sequence[float], factor: float = KNEE_FA
 
 def roofline_curve(
     shape: ModelShape,
-    batches: Sequence[float],
+    batches: ArrayLike,
     ctx: int,
     bandwidth: float,
     peak_flops: float,
@@ -153,7 +155,7 @@ def stream_numbers(
 def gpu_rooflines(
     model: str = "llama-8b",
     devices: Sequence[str] = ("h100", "h200"),
-    batches: Sequence[int] = tuple(2**i for i in range(11)),
+    batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
     ctxs: Sequence[int] = (128, 2048),
 ) -> dict[str, Any]:
     """Why batching: roofline predictions (datasheet constants, not measurements) of a
@@ -168,6 +170,7 @@ def gpu_rooflines(
     out: dict[str, Any] = {"model": model, "devices": {}}
     for dev in devices:
         cost = get_cost_model(model, dev)
+        assert isinstance(cost, RooflineCost), "a named device gives a roofline cost model"
         out["dtype"] = cost.model.dtype
         per: dict[int, dict[str, np.ndarray]] = {}
         for c in ctxs:
@@ -342,13 +345,13 @@ def live_decode_sweep(
     }
 
 
-def _sweep_shape(sweep: Mapping[str, Any]) -> ModelShape:
+def sweep_shape(sweep: Mapping[str, Any]) -> ModelShape:
     from ..models import get_model
 
     return get_model(sweep["meta"]["model"]).with_dtype(sweep["meta"]["dtype"])
 
 
-def _dense(batches: Sequence[float], points: int) -> np.ndarray:
+def _dense(batches: ArrayLike, points: int) -> np.ndarray:
     b = np.asarray(batches, dtype=float)
     return np.geomspace(b[0], b[-1], points) if points > 1 else b
 
@@ -358,7 +361,7 @@ def live_roofline(sweep: Mapping[str, Any], points: int = 0) -> dict[str, np.nda
     and matmul peak it measured itself, no overhead (:func:`roofline_curve`), at the
     sweep's batch sizes, or at ``points`` batch sizes spread evenly in log between them."""
     return roofline_curve(
-        _sweep_shape(sweep),
+        sweep_shape(sweep),
         _dense(sweep["batch"], points),
         sweep["ctx"],
         sweep["matvec_gbs"] * 1e9,
@@ -400,7 +403,7 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     """
     from ..plan import StepWork
 
-    shape = _sweep_shape(sweep)
+    shape = sweep_shape(sweep)
     b = np.asarray(sweep["batch"], dtype=float)
     if b[0] != 1:
         raise ValueError("the sweep must start at batch 1")
@@ -463,22 +466,6 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in out.items()}
 
 
-class Versus(enum.Enum):
-    """How one measured step compares with another: within a tolerance, more, or less."""
-
-    LESS = "less"
-    SAME = "same"
-    MORE = "more"
-
-
-def versus(ratio: float, tol: float = 0.05) -> Versus:
-    """Why batching, measured page: :class:`Versus` of a step-time ratio (``*_gap_max``):
-    SAME within ``tol`` of 1."""
-    if abs(ratio - 1.0) <= tol:
-        return Versus.SAME
-    return Versus.MORE if ratio > 1 else Versus.LESS
-
-
 class Flat(enum.Enum):
     """Verdict on the page's claim, "extra rows are nearly free until B*", for one measured
     curve: where its :func:`knee` sits against the largest swept batch at or below B*."""
@@ -513,108 +500,6 @@ def live_labels(sweep: Mapping[str, Any]) -> dict[str, str]:
         "torch": str(m["torch"]),
         "date": str(m["date"])[:10],
     }
-
-
-def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
-    """Why batching, measured page: the weight-and-KV bytes per second of the uniform step at
-    batch 1 (``rate1_gbs``) and at the sweep's next batch ``next_batch`` (``rate_next_gbs``),
-    and ``split`` (1.0 where batch 1 ran the CPU's one-token kernel, each product split over
-    the threads, ``Llama.linear``: the first step up of the curve is then partly a change of
-    kernel). The sweep needs two batches at least."""
-    from ..plan import StepWork
-    from ..real.model import LINEAR_CPU
-
-    b = [float(x) for x in sweep["batch"]]
-    if len(b) < 2:
-        raise ValueError(f"batches {b}: need two at least")
-    shape, u = _sweep_shape(sweep), np.asarray(sweep["uniform_ms"], dtype=float)
-    rate = [
-        shape.bytes_moved(StepWork(decode_rows=int(r), decode_ctx=int(r) * sweep["ctx"])) / (u[i] / 1e3) / 1e9
-        for i, r in enumerate(b[:2])
-    ]
-    return {
-        "rate1_gbs": rate[0],
-        "next_batch": b[1],
-        "rate_next_gbs": rate[1],
-        "split": float(sweep["meta"].get("linear") == LINEAR_CPU),
-    }
-
-
-def gather_bytes(shape: ModelShape, rows: int, longest_ctx: int) -> float:
-    """Why batching, the gathered path: bytes of K and V the runner copies in one decode
-    step, every layer, each row's slab up to the longest context plus the new token."""
-    return float(
-        2 * shape.layers * shape.kv_heads * shape.head_dim * shape.kv_bytes * (longest_ctx + 1) * rows
-    )
-
-
-def gather_numbers(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> dict[str, float]:
-    """Why batching, measured page: at the sweep's largest batch, the bytes the gathered path
-    copies (``copy_mb``), the time that copy takes at the copy bandwidth of the same run,
-    which counts a read and a write per byte (``copy_ms``), and how much longer the gathered
-    step took than the mixed one (``extra_ms``; negative if shorter). Empty where the sweep
-    timed no gathered path (CUDA graphs: :func:`decode_paths`)."""
-    if "gathered_tmax_ms" not in numbers:
-        return {}
-    longest = round(sweep["ctx"] * 1.5)  # StepTimer.decode spreads contexts over ctx/2 .. 3ctx/2
-    nbytes = gather_bytes(_sweep_shape(sweep), int(numbers["bmax"]), longest)
-    return {
-        "copy_mb": nbytes / 1e6,
-        "copy_ms": 2 * nbytes / (numbers["copy_gbs"] * 1e9) * 1e3,
-        "extra_ms": numbers["gathered_tmax_ms"] - numbers["mixed_tmax_ms"],
-    }
-
-
-#: Table labels of the sweep's paths (the measured page's table; the figure's legend says the same).
-PATH_NAMES: dict[str, str] = {
-    "uniform": "uniform: equal contexts, contiguous slots",
-    "mixed": "mixed: mixed contexts, contiguous slots",
-    "gathered": "gathered: mixed contexts, scattered slots",
-}
-
-
-def path_rows(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> tuple[list[list[Any]], list[str]]:
-    """Why batching, measured page: rows and header of the per-path table (batch-1 step,
-    knee, step and tokens/s at the largest batch, that step over batch 1 and over the
-    uniform path's)."""
-    n, bmax = numbers, f"{numbers['bmax']:.0f}"
-    header = ["path", "B=1 ms", "knee", f"B={bmax} ms", "x B=1", f"tokens/s at B={bmax}", "x uniform"]
-    rows: list[list[Any]] = []
-    for p in sweep.get("paths", ["uniform"]):
-        pre = "" if p == "uniform" else f"{p}_"
-        gap = 1.0 if p == "uniform" else n[f"{p}_gap_max"]
-        rows.append(
-            [
-                PATH_NAMES[p],
-                f"{n[f'{pre}t1_ms']:,.1f}",
-                f"{n[f'{pre}knee']:.0f}",
-                f"{n[f'{pre}tmax_ms']:,.1f}",
-                f"{n[f'{pre}ratio_max']:.1f}",
-                f"{n[f'{pre}tps_max']:,.0f}",
-                f"{gap:.2f}",
-            ]
-        )
-    return rows, header
-
-
-def probe_rows(
-    numbers: Mapping[str, float], registry_gbs: float | None = None
-) -> tuple[list[list[Any]], list[str]]:
-    """Why batching, measured page: rows and header of the device-probe table: each
-    bandwidth the sweep measured (and the device registry's matrix-vector figure, if given)
-    with the B* it gives against the same run's matmul peak (``numbers``: :func:`live_numbers`)."""
-    peak, bpp = numbers["peak_gflops"] * 1e9, numbers["bytes_per_param"]
-    probes = [
-        ("matrix-vector product over the weight bytes", numbers["matvec_gbs"]),
-        ("copy (read + write)", numbers["copy_gbs"]),
-        ("sum (read)", numbers["read_gbs"]),
-    ]
-    if registry_gbs is not None:
-        probes.append(("device registry's matrix-vector figure", registry_gbs))
-    rows: list[list[Any]] = [
-        [name, f"{gbs:,.1f}", f"{bstar_of(peak, gbs * 1e9, bpp):,.1f}"] for name, gbs in probes
-    ]
-    return rows, ["bandwidth probe", "GB/s", "B*"]
 
 
 def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[dict[str, Any]]:
@@ -675,28 +560,3 @@ def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[di
             }
         )
     return out
-
-
-def profile_rows(profiles: Sequence[Mapping[str, Any]]) -> tuple[list[list[Any]], list[str]]:
-    """Why batching, measured page: rows and header of the committed-profiles table (one row
-    per profile and context: batch-1 step, step at the largest batch, knee)."""
-    header = ["device", "model", "dtype", "date", "ctx", "B=1 ms", "max B", "ms", "knee"]
-    rows: list[list[Any]] = []
-    for p in profiles:
-        m = p["meta"]
-        for j, c in enumerate(p["ctxs"]):
-            col = p["ms"][:, j]
-            rows.append(
-                [
-                    p["device"],
-                    m["model"],
-                    p["shape"].dtype,
-                    m["date"][:10],
-                    f"{c:.0f}",
-                    f"{col[0]:.1f}",
-                    f"{p['batch'][-1]:.0f}",
-                    f"{col[-1]:.1f}",
-                    f"{knee(p['batch'], col)}",
-                ]
-            )
-    return rows, header

@@ -152,6 +152,10 @@ def test_live_numbers_by_hand():
     assert n["bstar_copy"] == pytest.approx(2 * 0.1e12 / 30e9)
     # B* = 10: the largest swept batch at or below it is 8, whose step is 70 / 40 of batch 1's.
     assert n["bstar_batch"] == 8 and n["ratio_bstar"] == pytest.approx(70 / 40)
+    # The roofline of the same run at batch 8: compute 8 x 2 x params / 0.1 TFLOP/s stays below
+    # the weight stream at 20 GB/s, so only the KV of 8 rows separates it from batch 1.
+    kv = m.kv_bytes_per_token * (128 + 1)
+    assert n["pred_ratio_bstar"] == pytest.approx((m.weight_read_bytes + 8 * kv) / (m.weight_read_bytes + kv))
     assert n["tps_gain"] == pytest.approx(8 * 40 / 70) and n["per_token_max_ms"] == pytest.approx(70 / 8)
     assert n["gathered_gap_max"] == pytest.approx(2.0) and n["mixed_gap_max"] == pytest.approx(1.1)
     assert n["pred1_ms"] < n["t1_ms"] and n["over_pred"] == pytest.approx(n["t1_ms"] / n["pred1_ms"])

@@ -393,7 +393,8 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     predicted), ``achieved_gbs`` ((weight + KV bytes) / step time), ``efficiency``
     (achieved / matvec bandwidth), ``efficiency_copy`` (achieved / copy bandwidth).
     Uniform path: ``knee`` (:func:`knee`); ``bstar_batch`` (the largest swept batch at or
-    below B*, batch 1 if none) and ``ratio_bstar`` (its step over batch 1's); at the
+    below B*, batch 1 if none), ``ratio_bstar`` (its step over batch 1's) and
+    ``pred_ratio_bstar`` (the same ratio on the roofline of the same run); at the
     largest batch ``tmax_ms``, ``ratio_max`` (over batch 1), ``tps1``, ``tps_max``,
     ``tps_gain`` (tokens/s and their ratio), ``per_token_max_ms``, ``pred_max_ms``
     (roofline); ``reps``, ``threads``, ``wall_s`` from the sweep's meta. Every other
@@ -438,6 +439,7 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
         "knee": float(knee(b, u)),
         "bstar_batch": float(b[ib]),
         "ratio_bstar": float(u[ib] / u[0]),
+        "pred_ratio_bstar": float(roof["time_s"][ib] / roof["time_s"][0]),
         "tmax_ms": float(u[-1]),
         "ratio_max": float(u[-1] / u[0]),
         "pred_max_ms": float(roof["time_s"][-1]) * 1e3,

@@ -285,7 +285,7 @@ def test_profiles_figure_tells_the_coinciding_gpu_predictions_apart():
     plots.style()
     sw = _synthetic_sweep()
     fig = plots.profiles_figure([], [], live=sw, gpu=why.gpu_rooflines())
-    lines = [ln for ln in fig.axes[1].get_lines() if ln.get_label().startswith("roofline prediction")]
+    lines = [ln for ln in fig.axes[1].get_lines() if ln.get_label().startswith("roofline simulation")]
     assert len(lines) == 2
     assert (
         lines[0].get_marker() != lines[1].get_marker()

@@ -1164,7 +1164,7 @@ def profiles_figure(
                 ms=5 if mfc == "none" else 3,
                 mfc=mfc,
                 mec=gc,
-                label=f"roofline prediction: {gpu['model']} {gpu['dtype']} on {dev}, "
+                label=f"roofline simulation: {gpu['model']} {gpu['dtype']} on {dev}, "
                 f"{min(d['ctx']):,} tok/row",
             )
     from .why import KNEE_FACTOR

@@ -194,8 +194,8 @@ def test_load_profiles_picks_up_every_profile_and_says_which_devices_are_measure
     assert len(rows) == len(only_cpu[0]["ctxs"]) + 2 and all(len(r) == len(header) for r in rows)
     # The H200's two contexts by hand: 4.0 -> 8.0 ms, all within 2x (knee 256); 4.2 -> 20.0 ms,
     # within 8.4 ms up to batch 64 (8.0), out at 256 (knee 64).
-    assert rows[-2][4:] == ["128", "4.0", "256", "8.0", "256"]
-    assert rows[-1][4:] == ["1024", "4.2", "256", "20.0", "64"]
+    assert rows[-2] == ["H200-SXM", "llama-8b", "128", "4.0", "256", "8.0", "256"]
+    assert rows[-1] == ["H200-SXM", "llama-8b", "1024", "4.2", "256", "20.0", "64"]
     roof = why.profile_roofline(h200, points=10)
     assert len(roof["batch"]) == 10 and roof["batch"][0] == 1 and roof["batch"][-1] == pytest.approx(256)
 
@@ -371,7 +371,7 @@ def test_path_and_probe_rows_by_hand():
     sw = _synthetic_sweep()
     n = why.live_numbers(sw)
     rows, header = decode.path_rows(sw, n)
-    assert header[3] == "B=8 ms" and [r[0].split(":")[0] for r in rows] == ["uniform", "mixed", "gathered"]
+    assert header[3] == "B=8 ms" and [r[0] for r in rows] == ["uniform", "mixed", "gathered"]
     # gathered: 40 -> 140 ms, knee 4, 3.5x batch 1, 8 / 0.140 = 57 tokens/s, 2.00x uniform.
     assert rows[2][1:] == ["40.0", "4", "140.0", "3.5", "57", "2.00"]
     assert rows[0][-1] == "1.00" and rows[1][-1] == "1.10"

@@ -83,14 +83,6 @@ def gather_numbers(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> di
     }
 
 
-#: Table labels of the sweep's paths (the measured page's table; the figure's legend says the same).
-PATH_NAMES: dict[str, str] = {
-    "uniform": "uniform: equal contexts, contiguous slots",
-    "mixed": "mixed: mixed contexts, contiguous slots",
-    "gathered": "gathered: mixed contexts, scattered slots",
-}
-
-
 def path_rows(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> tuple[list[list[Any]], list[str]]:
     """Measured page: rows and header of the per-path table (batch-1 step,
     knee, step and tokens/s at the largest batch, that step over batch 1 and over the
@@ -103,7 +95,7 @@ def path_rows(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> tuple[l
         gap = 1.0 if p == "uniform" else n[f"{p}_gap_max"]
         rows.append(
             [
-                PATH_NAMES[p],
+                p,
                 f"{n[f'{pre}t1_ms']:,.1f}",
                 f"{n[f'{pre}knee']:.0f}",
                 f"{n[f'{pre}tmax_ms']:,.1f}",
@@ -138,18 +130,16 @@ def probe_rows(
 def profile_rows(profiles: Sequence[Mapping[str, Any]]) -> tuple[list[list[Any]], list[str]]:
     """Measured page: rows and header of the committed-profiles table (one row
     per profile and context: batch-1 step, step at the largest batch, knee)."""
-    header = ["device", "model", "dtype", "date", "ctx", "B=1 ms", "max B", "ms", "knee"]
+    header = ["device", "model", "ctx", "B=1 ms", "largest B", "ms", "knee"]
     rows: list[list[Any]] = []
     for p in profiles:
-        m = p["meta"]
+        m = p["meta"]  # model, dtype and date are in the figure's legend
         for j, c in enumerate(p["ctxs"]):
             col = p["ms"][:, j]
             rows.append(
                 [
                     p["device"],
                     m["model"],
-                    p["shape"].dtype,
-                    m["date"][:10],
                     f"{c:.0f}",
                     f"{col[0]:.1f}",
                     f"{p['batch'][-1]:.0f}",

@@ -251,7 +251,8 @@ def _served_table(doc: dict[str, Any]) -> str:
     late = s["dispatch_lateness"]
     lines = [
         f"{c['scheduler']['scheduler']} | {c['workload']['name']} ({s['num_requests']} requests, "
-        f"{s['completed']} complete) | {c.get('model')} at {c.get('url')} | wall {m['wall_s']:.2f} s",
+        f"{s['completed']} complete) | {c.get('model')} at {c.get('url') or c.get('source')} | "
+        f"wall {m['wall_s']:.2f} s",
         f"  duration {rate(s['duration_s'], ',.1f')} s   throughput {rate(s['request_throughput'], '.2f')} "
         f"req/s, {rate(s['output_throughput'], ',.0f')} out tok/s",
         f"  client dispatch lateness p50 {_ms(late['p50'])} ms, p99 {_ms(late['p99'])} ms",

@@ -69,7 +69,7 @@ class ReplayOptions:
     tokenizer: str | None = None  # tokenizer.json or its folder ("text" prompts)
     vocab: tuple[int, int] = (1000, 30000)  # token ids drawn from [lo, hi) ("ids" prompts)
     max_connections: int | None = None  # default: one per request, up to 1024
-    timeout_s: float = 600.0  # per request, whole response
+    timeout_s: float = 600.0  # per request: the longest wait for its next bytes
     seed: int = 0
     extra_body: dict[str, Any] = field(default_factory=dict)
     lead_s: float = 0.2  # scheduling starts this long after the prompts are built
@@ -198,7 +198,7 @@ async def _one(
                     r.usage_prompt = usage.get("prompt_tokens")
                     r.usage_output = usage.get("completion_tokens")
     except httpx.TimeoutException:
-        r.status, r.error = "timeout", f"no complete answer within {opts.timeout_s:g} s"
+        r.status, r.error = "timeout", f"no data for {opts.timeout_s:g} s"
         return
     except httpx.HTTPError as e:
         r.status, r.error = "error", f"{type(e).__name__}: {_short(str(e)) or 'connection failed'}"

@@ -41,7 +41,7 @@ def _workload_config(a: argparse.Namespace, w: Workload) -> dict[str, Any]:
 
 
 def cmd_replay(a: argparse.Namespace, load: Callable[..., Workload], table: Callable[..., str]) -> int:
-    from .replay import ReplayError, ReplayOptions, parse_extra_body, parse_vocab, replay
+    from .replay import ReplayError, ReplayOptions, finite_positive, parse_extra_body, parse_vocab, replay
 
     slo = SLO.parse(a.goodput) if a.goodput else None
     w = load(a, a.max_context or NO_CONTEXT_LIMIT)
@@ -52,7 +52,7 @@ def cmd_replay(a: argparse.Namespace, load: Callable[..., Workload], table: Call
         tokenizer=a.tokenizer,
         vocab=parse_vocab(a.vocab),
         max_connections=a.max_connections,
-        timeout_s=a.request_timeout,
+        timeout_s=finite_positive("--request-timeout", a.request_timeout),
         seed=a.seed,
         extra_body=parse_extra_body(a.extra_body),
     )
@@ -158,7 +158,9 @@ def add_parsers(
     g.add_argument("--tokenizer", help="the server's tokenizer.json or its folder (--prompt text)")
     g.add_argument("--vocab", default="1000:30000", help="token ids of --prompt ids prompts, LO:HI")
     g.add_argument("--max-connections", type=int, help="HTTP connection limit (default: one per request)")
-    g.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    g.add_argument(
+        "--request-timeout", type=float, default=600.0, help="seconds a request may wait for its next bytes"
+    )
     g.add_argument("--extra-body", help="JSON object merged into every request body")
     g.add_argument("--max-context", type=int, help="refuse (or --cap) requests longer than this")
     add_output_args(r)

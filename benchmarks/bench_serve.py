@@ -49,6 +49,7 @@ CACHE = ROOT / "_build" / "serve"
 MODES = ("ours-continuous", "ours-chunked", "hf-serve")
 STATS = ("ttft", "itl", "e2e", "tpot")
 FIELDS = ("mean", "p50", "p90", "p99")
+RUN_TIMEOUT_S = 300  # a run is meant to take well under 3 minutes; a stuck one fails the benchmark
 
 
 def workload_args(a: argparse.Namespace) -> list[str]:
@@ -94,7 +95,7 @@ def run_ours(mode: str, a: argparse.Namespace, ckpt: Path, out: Path) -> dict[st
         "--out",
         str(out),
     )
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S)
     return json.loads(out.read_text())
 
 
@@ -119,7 +120,7 @@ def run_server(a: argparse.Namespace, ckpt: Path, out: Path) -> dict[str, Any]:
             "--out",
             str(out),
         )
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S)
         desc = srv.describe()
     doc = json.loads(out.read_text())
     doc["meta"]["server_process"] = desc
@@ -161,9 +162,9 @@ def git_commit() -> str | None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--trace", default="azure-conv")
-    p.add_argument("--requests", type=int, default=60)
-    p.add_argument("--scale-lengths", type=float, default=8)
-    p.add_argument("--time-scale", type=float, default=4)
+    p.add_argument("--requests", type=int, default=40)
+    p.add_argument("--scale-lengths", type=float, default=16)
+    p.add_argument("--time-scale", type=float, default=2)
     p.add_argument("--model", default="cpu-s")
     p.add_argument("--model-seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3)

@@ -143,6 +143,15 @@ def test_http_error_stops_with_one_line_and_keeps_results(tmp_path, capsys, code
     assert doc["summary"]["failed"] >= 1
 
 
+def test_timeouts_are_marked_not_fatal(tmp_path, capsys):
+    with FakeOpenAI(token_delay_s=0.5) as srv:
+        rc, doc = replay(tmp_path, srv.url, "--request-timeout", "0.1", n=3)
+    assert rc == 0 and doc is not None
+    assert [r["status"] for r in doc["requests"]] == ["timeout"] * 3
+    assert doc["summary"]["status_counts"]["timeout"] == 3
+    assert "3 request(s) timeout: request 0: no data for 0.1 s" in capsys.readouterr().err
+
+
 def test_non_streaming_server_is_refused(tmp_path, capsys):
     with FakeOpenAI(mode="json") as srv:
         rc, doc = replay(tmp_path, srv.url)
@@ -169,10 +178,11 @@ def test_bad_options_are_one_line(tmp_path, capsys):
             (["--extra-body", "[1]"], "--extra-body '[1]': expected a JSON object"),
             (["--prompt", "text"], "--prompt text needs --tokenizer"),
             (["--max-connections", "0"], "--max-connections=0: must be >= 1"),
+            (["--request-timeout", "0"], "--request-timeout=0.0: must be a positive number"),
         ]:
             rc, _ = replay(tmp_path, srv.url, *extra)
             err = capsys.readouterr().err.strip()
-            assert rc == 2 and err == f"error: {msg}" or msg in err, (extra, err)
+            assert rc == 2 and err.startswith(f"error: {msg}") and "\n" not in err, (extra, err)
 
 
 def test_text_prompts_have_exact_length(tmp_path):

@@ -168,7 +168,10 @@ def main() -> None:
     p.add_argument("--model", default="cpu-s")
     p.add_argument("--model-seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
+    # One thread per process: on this shared 2-core VM (load average ~10 on 2026-12-01) two
+    # OpenMP threads per process thrash; the same continuous run measured ITL p50 1.6 s at
+    # --threads 2 and 19 ms at --threads 1 within the hour.
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--slots", type=int, default=64)
     p.add_argument("--token-budget", type=int, default=512)
     p.add_argument("--max-len", type=int, default=1024)
@@ -253,6 +256,7 @@ def main() -> None:
             "time_scale": a.time_scale,
         },
         "threads": a.threads,
+        "threads_note": "torch threads per process (this engine, the server); the client is a third process",
         "modes_config": {
             "ours-continuous": {
                 "scheduler": "continuous",

@@ -77,7 +77,7 @@ def live_row(
     server_url: str | None = None,
     served_model: str | None = None,
     model: str = "cpu-s",
-    threads: int = 2,
+    threads: int = 1,
 ) -> tuple[dict[str, float | None], dict[str, Any]]:
     """Replay ``w`` live. With ``server_url`` (an OpenAI-compatible ``.../v1``), against that
     server with token-id prompts (vLLM, SGLang) and its first listed model unless
@@ -98,7 +98,7 @@ def live_row(
         with hf_serve.transformers_serve(ckpt, threads=threads) as srv:
             served_model = srv.model
             opts = ReplayOptions(url=srv.url, model=srv.model, prompt="text", tokenizer=str(ckpt))
-            replay(w.__class__.from_arrays([0.0], [4], [2], name="warm-up"), opts)
+            replay(Workload.from_arrays([0.0], [4], [2], name="warm-up"), opts)  # not timed
             reqs, meta = replay(w, opts)
     doc = served.build(reqs, {}, meta)
     s = doc["summary"]

@@ -334,7 +334,16 @@ async def replay_async(
 def replay(
     w: Workload, opts: ReplayOptions, progress: bool = False
 ) -> tuple[list[ServedRequest], dict[str, Any]]:
-    return asyncio.run(replay_async(w, opts, progress))
+    """:func:`replay_async` to completion; inside a running event loop (a notebook's kernel)
+    it runs on a thread with a loop of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(replay_async(w, opts, progress))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, replay_async(w, opts, progress)).result()
 
 
 def parse_vocab(text: str) -> tuple[int, int]:

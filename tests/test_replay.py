@@ -202,3 +202,21 @@ def test_text_prompts_have_exact_length(tmp_path):
     got = sorted(len(tok.encode(b["prompt"]).ids) for _, b in srv.received)
     assert got == sorted(r["prompt_len"] for r in doc["requests"])
     assert all(r["status"] == "ok" for r in doc["requests"])
+
+
+def test_replay_runs_inside_a_running_event_loop():
+    # A notebook kernel runs an event loop: the library call must still work there.
+    import asyncio
+
+    from batching.replay import ReplayOptions
+    from batching.replay import replay as replay_fn
+    from batching.workload import Workload
+
+    w = Workload.from_arrays([0.0, 0.01], [5, 6], [3, 2])
+    with FakeOpenAI() as srv:
+
+        async def inside() -> list:
+            return replay_fn(w, ReplayOptions(url=srv.url, model="fake"))[0]
+
+        reqs = asyncio.run(inside())
+    assert [r.status for r in reqs] == ["ok", "ok"] and [len(r.token_times) for r in reqs] == [3, 2]

@@ -54,6 +54,7 @@ def test_numbers_by_hand():
     assert r["output_throughput"] == pytest.approx(0.5)
     assert n["server_slower_e2e"] and n["server_slower_ttft"] and n["server_lower_throughput"]
     assert n["chunked_lower_itl_p99"]  # 0.045 < 0.06
+    assert not n["same_throughput"]  # 100 vs 200 tok/s
     assert n["requests"] == 12 and n["rounds"] == 3 and n["max_loadavg"] == 4.0 and n["live"] is None
     sim = n["rows"]["simulated"]
     assert all(sim[c] is not None and sim[c] > 0 for c in COLS)
@@ -71,6 +72,8 @@ def test_verdicts_flip_with_the_numbers():
     n = serve.numbers(doc)
     assert not (n["server_slower_e2e"] or n["server_slower_ttft"] or n["server_lower_throughput"])
     assert not n["chunked_lower_itl_p99"]
+    doc["median"]["hf-serve"] = row(0.3, 0.04, 1.5, 209.0)  # within 5% of 200: the same
+    assert serve.numbers(doc)["same_throughput"]
 
 
 def test_live_replay_against_a_given_server():

@@ -33,6 +33,8 @@ PROFILE = ROOT / "data" / "profiles" / "cpu-here-cpu-s.json"
 COLUMNS = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99", "output_throughput")
 #: Rows in table order: the prediction, this engine's two schedulers, the server, a live run.
 ROWS = ("simulated", "ours-continuous", "ours-chunked", "hf-serve", "live")
+#: Throughputs within this fraction of each other count as the same (run-to-run noise here).
+SAME = 0.05
 
 
 def committed(path: str | Path | None = None) -> dict[str, Any]:
@@ -147,6 +149,8 @@ def numbers(
         "server_slower_ttft": _less(ours["ttft_p50"], hf["ttft_p50"]),
         "server_lower_throughput": _less(hf["output_throughput"], ours["output_throughput"]),
         "chunked_lower_itl_p99": _less(chk["itl_p99"], ours["itl_p99"]),
+        # Both kept up with the arrivals: throughput is the offered load, not a capacity.
+        "same_throughput": _near(hf["output_throughput"], ours["output_throughput"], SAME),
         "sim_error_e2e_p50": None if e2e_ratio is None else e2e_ratio - 1,
         "requests": len(w),
         "scale_lengths": float(doc["workload"]["scale_lengths"]),
@@ -162,6 +166,11 @@ def numbers(
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+def _near(a: float | None, b: float | None, tol: float) -> bool:
+    r = _ratio(a, b)
+    return r is not None and abs(r - 1) <= tol
 
 
 def _less(a: float | None, b: float | None) -> bool:

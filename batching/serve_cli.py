@@ -78,7 +78,15 @@ def cmd_replay(a: argparse.Namespace, load: Callable[..., Workload], table: Call
         if not e.requests:
             raise
         failure, reqs, meta = e, e.requests, e.meta
-    config["max_connections"] = meta.get("client", {}).get("max_connections", opts.connections(len(w)))
+    client = meta.get("client", {})
+    config["max_connections"] = client.get("max_connections", opts.connections(len(w)))
+    if client and client["peak_in_flight"] > client["max_connections"]:
+        # Requests past the limit waited in the client's pool: the client, not the server, queued them.
+        print(
+            f"warning: {client['peak_in_flight']} requests in flight on {client['max_connections']} connections; "
+            "later requests waited in the client (raise --max-connections)",
+            file=sys.stderr,
+        )
     doc = served.build(reqs, config, meta, slo=slo)
     _write(a, doc, table)
     if failure is not None:

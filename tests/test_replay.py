@@ -103,6 +103,15 @@ def test_replay_sends_exact_lengths_at_arrival_times(tmp_path, capsys):
     assert "server | chat-rag (6 requests, 6 complete)" in capsys.readouterr().out
 
 
+def test_a_saturated_connection_limit_is_reported(tmp_path, capsys):
+    with FakeOpenAI(token_delay_s=0.05) as srv:
+        rc, doc = replay(tmp_path, srv.url, "--max-connections", "1", "--time-scale", "1000")
+    assert rc == 0 and doc is not None and doc["meta"]["client"]["peak_in_flight"] > 1
+    err = capsys.readouterr().err
+    assert "requests in flight on 1 connections" in err and "waited in the client" in err
+    assert doc["config"]["max_connections"] == 1
+
+
 def test_usage_mismatch_is_marked_counted_and_printed(tmp_path, capsys):
     with FakeOpenAI(mode="short") as srv:
         rc, doc = replay(tmp_path, srv.url)

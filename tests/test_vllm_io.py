@@ -54,6 +54,26 @@ def test_export_writes_vllms_custom_dataset(tmp_path, capsys):
     assert "Gamma burstiness" in printed and "vllm bench serve --dataset-name custom" in printed
 
 
+def test_export_with_a_tokenizer_has_exact_prompt_lengths(tmp_path):
+    pytest.importorskip("tokenizers")
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {f"t{i}": i for i in range(100)} | {"<s>": 100}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 100)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    out = tmp_path / "w.jsonl"
+    args = ["--preset", "chat-rag", "-n", "10", "--scale-lengths", "10", "--out", str(out)]
+    assert main(["export", "--format", "vllm-custom", *args, "--tokenizer", str(tmp_path)]) == 0
+    from batching.workload import preset
+
+    want = preset("chat-rag", seed=0, n=10).scale(lengths=10).prompt_lens.tolist()
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    # vLLM counts the BOS its tokenizer adds: the text plus BOS is exactly the prompt length.
+    assert [len(tok.encode(r["prompt"]).ids) for r in rows] == want
+
+
 def vllm_result(n_err: int = 0) -> dict:
     """Three requests as vllm bench serve --save-result --save-detailed writes them (the
     keys of ``benchmark()`` and ``main_async()`` in vllm/benchmarks/serve.py)."""

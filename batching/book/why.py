@@ -468,22 +468,26 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in out.items()}
 
 
+#: How far above the roofline's own prediction a measured step may rise, at the largest swept
+#: batch at or below B*, for extra rows to count as nearly free there (:func:`flat_verdict`).
+FLAT_TOL = 1.25
+
+
 class Flat(enum.Enum):
     """Verdict on the page's claim, "extra rows are nearly free until B*", for one measured
-    curve: where its :func:`knee` sits against the largest swept batch at or below B*."""
+    curve, at the largest swept batch at or below B*."""
 
-    HOLDS = "holds"  # the step stays within KNEE_FACTOR of batch 1 up to that batch (or beyond)
-    SHORT = "short"  # it stays within it past batch 1, but leaves it before that batch
-    FAILS = "fails"  # no batch above 1 stays within it
+    HOLDS = "holds"  # the step there is within FLAT_TOL of the roofline's predicted ratio to batch 1
+    PARTLY = "partly"  # it rises more, but some batch above 1 stays within KNEE_FACTOR of batch 1
+    FAILS = "fails"  # no batch above 1 stays within KNEE_FACTOR of batch 1
 
 
-def flat_verdict(numbers: Mapping[str, float]) -> Flat:
-    """Why batching: the :class:`Flat` verdict from :func:`live_numbers` (``knee`` and
-    ``bstar_batch``)."""
-    k, target = numbers["knee"], numbers["bstar_batch"]
-    if k >= target:
+def flat_verdict(numbers: Mapping[str, float], tol: float = FLAT_TOL) -> Flat:
+    """Why batching: the :class:`Flat` verdict from :func:`live_numbers` (``ratio_bstar``
+    against ``tol`` x ``pred_ratio_bstar``, then ``knee``)."""
+    if numbers["ratio_bstar"] <= tol * numbers["pred_ratio_bstar"]:
         return Flat.HOLDS
-    return Flat.SHORT if k > 1 else Flat.FAILS
+    return Flat.PARTLY if numbers["knee"] > 1 else Flat.FAILS
 
 
 def live_labels(sweep: Mapping[str, Any]) -> dict[str, str]:

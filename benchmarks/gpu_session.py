@@ -8,6 +8,8 @@ lands in ``--out`` (the device tool's ``$OUT``; at most 8 files come back):
 
 0. ``graphs-check.json``: decode graphs give the eager path's tokens (float64, ``tiny``,
    three schedulers; ``check_graphs.py``): a broken capture shows in tokens, not in timings;
+   and in bf16 on ``llama-1b``, graphed against eager logits at three buckets, with every
+   attention path on a fused kernel (math fails the stage);
 1. ``decode-h200-llama-8b.json``: decode efficiency and the knee of the 8B shape in bf16,
    CUDA-graph steps against eager ones (``bench_decode.py``; target efficiency >= 0.80);
 2. ``h200-llama-1b.json``: the 1B shape's step-cost profile (``python -m batching measure``);
@@ -22,6 +24,12 @@ lands in ``--out`` (the device tool's ``$OUT``; at most 8 files come back):
    by those pages beside their live CPU runs; the one stage beyond the 8-minute plan: it
    starts only if the others finished a minute early;
 6. ``session.json`` (each stage's command, exit status, seconds) and ``log.txt``.
+
+Each stage writes its file as results come (a profile after every round and every ten
+seconds, the fidelity run after each scheduler, the stall run after its padding half),
+marked ``partial`` until it finishes: a stage cut by its limit keeps what it measured, and
+``--install`` refuses partial files. Temporary files are removed after every stage, so at
+most the 8 files above come back.
 
 Needs only torch, numpy and tqdm (what the GPU machine has) and the Azure conversation trace
 under ``.gpu/traces`` (``make gpu-prep`` copies it there; ``../shared`` does not travel).
@@ -53,8 +61,16 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGES: list[tuple[str, int, list[str]]] = [
     (
         "check-graphs",
-        45,
-        ["benchmarks/check_graphs.py", "--device", "cuda", "--out", "{out}/graphs-check.json"],
+        55,
+        [
+            "benchmarks/check_graphs.py",
+            "--device",
+            "cuda",
+            "--bf16-model",
+            "llama-1b",
+            "--out",
+            "{out}/graphs-check.json",
+        ],
     ),
     (
         "decode-8b",
@@ -179,6 +195,10 @@ DRY: dict[str, list[str]] = {
         "8",
         "--max-len",
         "64",
+        "--bf16-model",
+        "tiny",
+        "--bf16-buckets",
+        "1x16,4x40",
         "--out",
         "{out}/graphs-check.json",
     ],
@@ -323,11 +343,25 @@ def _device_of(doc: dict) -> str:
     return str(doc.get("device_name") or doc.get("device") or "")
 
 
+def _graphs_failure(doc: dict) -> str | None:
+    """Why a GPU profile's decode graphs do not stand for a server's steps, or None."""
+    g = doc["meta"].get("decode_graphs")
+    if not g:
+        return "decode graphs were off"
+    if g.get("error") or g.get("failed"):
+        return f"decode graphs failed: {g.get('error') or g.get('failed')}"
+    if not g.get("replayed_as_graphs"):
+        return "decode steps were not replayed as graphs"
+    return None
+
+
 def install(src: Path, root: Path = ROOT) -> list[Path]:
     """Copy a GPU session's files from ``src`` to their places under ``root``; profiles are
     checked by loading them as the simulator does. Refuses (ValueError, naming the file,
-    before anything is written) anything measured on a CPU, such as a dry run's output,
-    and a folder with none of the files."""
+    before anything is written) anything measured on a CPU, such as a dry run's output, a
+    file its stage left partial, a profile whose decode graphs failed or were off (its
+    decode steps were timed eagerly, not as a server runs them), and a folder with none
+    of the files."""
     from batching.costs import ProfileCost
 
     texts = {n: (src / n).read_text() for n in INSTALL if (src / n).is_file()}
@@ -335,8 +369,12 @@ def install(src: Path, root: Path = ROOT) -> list[Path]:
         raise ValueError(f"{src}: none of {', '.join(INSTALL)}")
     for name, text in texts.items():
         doc = json.loads(text)
+        if doc.get("partial") or doc.get("meta", {}).get("partial"):
+            raise ValueError(f"{src / name}: partial (its stage did not finish); not installed")
         if name.startswith("h200-"):
             ProfileCost.from_dict(doc, source=str(src / name))
+            if (why := _graphs_failure(doc)) is not None:
+                raise ValueError(f"{src / name}: {why}; not installed")
         if name == "session.json":
             if doc.get("dry_run"):
                 raise ValueError(f"{src / name}: a dry run's session; not installed")
@@ -371,10 +409,11 @@ def headline(out: Path) -> dict:
                 "efficiency_vs_matvec_eager",
                 "knee",
                 "bstar_roofline",
-                "decode_graphs_error",
+                "attention",
             )
         }
         h["decode_8b"]["step_ms_batch1"] = d["step_ms"]["1"]["median_ms"]
+        h["decode_8b"]["graphs_failed"] = (d.get("decode_graphs_info") or {}).get("failed")
     for name in ("h200-llama-1b.json", "h200-llama-8b.json"):
         if (prof := load(name)) is not None:
             h[name] = {
@@ -407,6 +446,11 @@ def headline(out: Path) -> dict:
             "ttft_chunked_ms": n["chk_ttft_ms"],
             "padding_time_ratio_short": s["padding"]["time_ratio_short"],
         }
+    h["partial"] = [
+        n
+        for n in INSTALL
+        if (d := load(n)) is not None and (d.get("partial") or d.get("meta", {}).get("partial"))
+    ]
     return h
 
 
@@ -469,6 +513,8 @@ def main() -> int:
                 rec["rc"] = "timeout"
             rec["wall_s"] = round(time.perf_counter() - s0, 1)
             log.flush()
+            for tmp in a.out.glob("*.tmp"):  # a stage killed while saving: at most 8 files come back
+                tmp.unlink()
         summary["stages"].append(rec)
         print(json.dumps(rec), flush=True)
         (a.out / "session.json").write_text(json.dumps(summary, indent=1) + "\n")

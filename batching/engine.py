@@ -165,9 +165,14 @@ class StepLog:
 
 def occupancy(plan: StepPlan) -> list[tuple[int, int, str, int, int]]:
     """(slot, rid, kind, tokens, pad) for every busy row: P prefill chunk, D decode, X dead row."""
-    occ = [(c.req.slot, c.req.rid, "P", c.n, c.pad) for c in plan.prefills]
-    occ += [(r.slot, r.rid, "D", 1, 0) for r in plan.decodes]
-    occ += [(r.slot, r.rid, "X", 1, 0) for r in plan.dead]
+
+    def slot(r: Request) -> int:
+        assert r.slot is not None, f"request {r.rid} is in a plan without a slot"
+        return r.slot
+
+    occ = [(slot(c.req), c.req.rid, "P", c.n, c.pad) for c in plan.prefills]
+    occ += [(slot(r), r.rid, "D", 1, 0) for r in plan.decodes]
+    occ += [(slot(r), r.rid, "X", 1, 0) for r in plan.dead]
     return sorted(occ)
 
 
@@ -284,7 +289,7 @@ def run(
                 work.decode_ctx,
             )
         )
-        if record_slots:
+        if occ is not None:  # record_slots
             log.occupancy.append(occ)
         if bar is not None:
             bar.n = scheduler.num_finished

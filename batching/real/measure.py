@@ -292,7 +292,7 @@ def measure(
     peak_n: int | None = None,
     graphs: bool | None = None,
     progress: bool = False,
-    partial: Callable[[dict[str, Any]], None] | None = None,
+    partial: Callable[[dict[str, Any]], object] | None = None,
     partial_every_s: float = 10.0,
 ) -> dict[str, Any]:
     """Measure one model on one device; returns the profile document (schema 1).

@@ -401,7 +401,8 @@ class ModelRunner:
             cmask = torch.ones(G * m, L, dtype=torch.bool, device=dev)
             self._backends = {
                 "decode": _backend(torch.zeros(4, K, G, D, dtype=dt, device=dev), kv, kv, dmask),
-                "prefill": _backend(torch.zeros(1, H, m, D, dtype=dt, device=dev), one, one, causal=True),
+                # A first chunk attends to itself alone: as many keys as queries.
+                "prefill": _backend(torch.zeros(1, H, L, D, dtype=dt, device=dev), one, one, causal=True),
                 "chunk": _backend(torch.zeros(1, K, G * m, D, dtype=dt, device=dev), one, one, cmask),
             }
         return dict(self._backends)

@@ -436,7 +436,7 @@ def headline(out: Path) -> dict:
             }
             for k, r in f["results"].items()
         }
-    if (s := load("stall-h200-llama-1b.json")) is not None:
+    if (s := load("stall-h200-llama-1b.json")) is not None and "stall" in s:  # not its partial file
         n = s["stall"]["numbers"]
         h["stall_1b"] = {
             "mixed_itl_max_ms": n["mix_itl_max_ms"],

@@ -118,3 +118,13 @@ def test_stages_fit_the_device_time_and_cover_each_dry_stage() -> None:
     assert [n for n, _, _ in mod.STAGES] == list(mod.DRY)
     for _, _, argv in mod.STAGES:
         assert "cuda" in argv and any(a.startswith("{out}/") for a in argv)
+
+
+def test_the_headline_reads_a_stage_cut_short(tmp_path: Path) -> None:
+    """A stall stage killed after its padding half leaves a partial file: the headline
+    names it partial instead of failing on the missing stall."""
+    mod = load_benchmark("gpu_session")
+    partial = {"benchmark": "7.1 padding (7.3 stall not finished)", "partial": True, "padding": {"x": 1.0}}
+    (tmp_path / "stall-h200-llama-1b.json").write_text(json.dumps(partial))
+    head = mod.headline(tmp_path)
+    assert head["partial"] == ["stall-h200-llama-1b.json"] and "stall_1b" not in head

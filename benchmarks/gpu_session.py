@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -62,265 +63,84 @@ STAGES: list[tuple[str, int, list[str]]] = [
     (
         "check-graphs",
         55,
-        [
-            "benchmarks/check_graphs.py",
-            "--device",
-            "cuda",
-            "--bf16-model",
-            "llama-1b",
-            "--out",
-            "{out}/graphs-check.json",
-        ],
+        shlex.split(
+            "benchmarks/check_graphs.py --device cuda --bf16-model llama-1b --out {out}/graphs-check.json"
+        ),
     ),
     (
         "decode-8b",
         100,
-        [
-            "benchmarks/bench_decode.py",
-            "--model",
-            "llama-8b",
-            "--device",
-            "cuda",
-            "--batches",
-            "1,2,4,8,16,32,64,128,256",
-            "--reps",
-            "10",
-            "--rounds",
-            "2",
-            "--out",
-            "{out}/decode-h200-llama-8b.json",
-        ],
+        shlex.split(
+            "benchmarks/bench_decode.py --model llama-8b --device cuda --batches "
+            "1,2,4,8,16,32,64,128,256 --reps 10 --rounds 2 --out {out}/decode-h200-llama-8b.json"
+        ),
     ),
     (
         "profile-1b",
         90,
-        [
-            "-m",
-            "batching",
-            "measure",
-            "--model",
-            "llama-1b",
-            "--device",
-            "cuda",
-            "--ctxs",
-            "128,1024,4096",
-            "--prefill",
-            "16,64,256,512,1024,2048,4096,8192",
-            "--mixed-chunks",
-            "64,256,512,1024,2048,4096",
-            "--mixed-rows",
-            "1,8,32",
-            "--reps",
-            "5",
-            "--rounds",
-            "2",
-            "--no-progress",
-            "--out",
-            "{out}/h200-llama-1b.json",
-        ],
+        shlex.split(
+            "-m batching measure --model llama-1b --device cuda --ctxs 128,1024,4096 --prefill "
+            "16,64,256,512,1024,2048,4096,8192 --mixed-chunks 64,256,512,1024,2048,4096 "
+            "--mixed-rows 1,8,32 --reps 5 --rounds 2 --no-progress --out {out}/h200-llama-1b.json"
+        ),
     ),
     (
         "fidelity-1b",
         145,
-        [
-            "benchmarks/bench_fidelity.py",
-            "--model",
-            "llama-1b",
-            "--device",
-            "cuda",
-            "--profile",
-            "{out}/h200-llama-1b.json",
-            "--requests",
-            "200",
-            "--scale-lengths",
-            "1",
-            "--time-scale",
-            "8",
-            "--slots",
-            "32",
-            "--max-len",
-            "4352",
-            "--token-budget",
-            "512",
-            "--real-runs",
-            "2",
-            "--out",
-            "{out}/fidelity-h200-llama-1b.json",
-        ],
+        shlex.split(
+            "benchmarks/bench_fidelity.py --model llama-1b --device cuda --profile "
+            "{out}/h200-llama-1b.json --requests 200 --scale-lengths 1 --time-scale 8 --slots 32 "
+            "--max-len 4352 --token-budget 512 --real-runs 2 --out "
+            "{out}/fidelity-h200-llama-1b.json"
+        ),
     ),
     (
         "profile-8b",
         90,
-        [
-            "-m",
-            "batching",
-            "measure",
-            "--model",
-            "llama-8b",
-            "--device",
-            "cuda",
-            "--ctxs",
-            "128,512,1536",
-            "--prefill",
-            "16,64,256,512,1024,2048",
-            "--mixed-chunks",
-            "64,256,512,1024,2048",
-            "--mixed-rows",
-            "1,8,32",
-            "--prefill-rows",
-            "4x512,16x128",
-            "--reps",
-            "5",
-            "--rounds",
-            "1",
-            "--no-progress",
-            "--out",
-            "{out}/h200-llama-8b.json",
-        ],
+        shlex.split(
+            "-m batching measure --model llama-8b --device cuda --ctxs 128,512,1536 --prefill "
+            "16,64,256,512,1024,2048 --mixed-chunks 64,256,512,1024,2048 --mixed-rows 1,8,32 "
+            "--prefill-rows 4x512,16x128 --reps 5 --rounds 1 --no-progress --out "
+            "{out}/h200-llama-8b.json"
+        ),
     ),
     (
         "stall-1b",
         60,
-        ["benchmarks/bench_stall.py", "--device", "cuda", "--out", "{out}/stall-h200-llama-1b.json"],
+        shlex.split("benchmarks/bench_stall.py --device cuda --out {out}/stall-h200-llama-1b.json"),
     ),
 ]
 
 #: The same stages, small enough for a CPU in seconds (``--dry-run``): the pipeline's test.
 DRY: dict[str, list[str]] = {
-    "check-graphs": [
-        "benchmarks/check_graphs.py",
-        "--device",
-        "cpu",
-        "--requests",
-        "8",
-        "--max-len",
-        "64",
-        "--bf16-model",
-        "tiny",
-        "--bf16-buckets",
-        "1x16,4x40",
-        "--out",
-        "{out}/graphs-check.json",
-    ],
-    "decode-8b": [
-        "benchmarks/bench_decode.py",
-        "--model",
-        "tiny",
-        "--device",
-        "cpu",
-        "--ctx",
-        "16",
-        "--batches",
-        "1,2",
-        "--reps",
-        "2",
-        "--rounds",
-        "1",
-        "--out",
-        "{out}/decode-h200-llama-8b.json",
-    ],
-    "profile-1b": [
-        "-m",
-        "batching",
-        "measure",
-        "--model",
-        "tiny",
-        "--device",
-        "cpu",
-        "--batches",
-        "1,2,16",
-        "--ctxs",
-        "16,128",
-        "--prefill",
-        "16,64",
-        "--mixed-chunks",
-        "16,64",
-        "--mixed-rows",
-        "1,4",
-        "--prefill-rows",
-        "4x16",
-        "--reps",
-        "1",
-        "--rounds",
-        "1",
-        "--no-progress",
-        "--out",
-        "{out}/h200-llama-1b.json",
-    ],
-    "fidelity-1b": [
-        "benchmarks/bench_fidelity.py",
-        "--model",
-        "tiny",
-        "--device",
-        "cpu",
-        "--profile",
-        "{out}/h200-llama-1b.json",
-        "--requests",
-        "12",
-        "--scale-lengths",
-        "32",
-        "--time-scale",
-        "8",
-        "--slots",
-        "4",
-        "--max-len",
-        "256",
-        "--token-budget",
-        "32",
-        "--real-runs",
-        "2",
-        "--out",
-        "{out}/fidelity-h200-llama-1b.json",
-    ],
-    "profile-8b": [
-        "-m",
-        "batching",
-        "measure",
-        "--model",
-        "tiny",
-        "--device",
-        "cpu",
-        "--batches",
-        "1,2",
-        "--ctxs",
-        "16",
-        "--prefill",
-        "16",
-        "--mixed-chunks",
-        "16",
-        "--mixed-rows",
-        "1",
-        "--prefill-rows",
-        "",
-        "--reps",
-        "1",
-        "--rounds",
-        "1",
-        "--no-progress",
-        "--out",
-        "{out}/h200-llama-8b.json",
-    ],
-    "stall-1b": [
-        "benchmarks/bench_stall.py",
-        "--device",
-        "cpu",
-        "--model",
-        "tiny",
-        "--short",
-        "8",
-        "--long",
-        "300",
-        "--reps",
-        "1",
-        "--running",
-        "4",
-        "--prompt",
-        "300",
-        "--chunk",
-        "32",
-        "--out",
-        "{out}/stall-h200-llama-1b.json",
-    ],
+    "check-graphs": shlex.split(
+        "benchmarks/check_graphs.py --device cpu --requests 8 --max-len 64 --bf16-model tiny "
+        "--bf16-buckets 1x16,4x40 --out {out}/graphs-check.json"
+    ),
+    "decode-8b": shlex.split(
+        "benchmarks/bench_decode.py --model tiny --device cpu --ctx 16 --batches 1,2 --reps 2 "
+        "--rounds 1 --out {out}/decode-h200-llama-8b.json"
+    ),
+    "profile-1b": shlex.split(
+        "-m batching measure --model tiny --device cpu --batches 1,2,16 --ctxs 16,128 "
+        "--prefill 16,64 --mixed-chunks 16,64 --mixed-rows 1,4 --prefill-rows 4x16 --reps 1 "
+        "--rounds 1 --no-progress --out {out}/h200-llama-1b.json"
+    ),
+    "fidelity-1b": shlex.split(
+        "benchmarks/bench_fidelity.py --model tiny --device cpu --profile "
+        "{out}/h200-llama-1b.json --requests 12 --scale-lengths 32 --time-scale 8 --slots 4 "
+        "--max-len 256 --token-budget 32 --real-runs 2 --out "
+        "{out}/fidelity-h200-llama-1b.json"
+    ),
+    "profile-8b": shlex.split(
+        "-m batching measure --model tiny --device cpu --batches 1,2 --ctxs 16 --prefill 16 "
+        "--mixed-chunks 16 --mixed-rows 1 --prefill-rows '' --reps 1 --rounds 1 --no-progress "
+        "--out {out}/h200-llama-8b.json"
+    ),
+    "stall-1b": shlex.split(
+        "benchmarks/bench_stall.py --device cpu --model tiny --short 8 --long 300 --reps 1 "
+        "--running 4 --prompt 300 --chunk 32 --out {out}/stall-h200-llama-1b.json"
+    ),
 }
 
 

@@ -309,3 +309,41 @@ def test_the_capture_and_replay_path_gives_the_eager_tokens(model64: Llama, monk
     commit(StepPlan(decodes=[r]), a, 2.0)
     runner.forward(StepPlan(decodes=[r]))
     torch.testing.assert_close(a.logits[50], kept, rtol=0, atol=0)
+
+
+def test_a_bucket_that_fails_to_capture_runs_eagerly_while_the_others_replay(
+    model64: Llama, monkeypatch
+) -> None:
+    """The capture path's per-bucket bookkeeping through the CPU stand-in: the warm-up
+    captures largest first; the first (3 rows x 64) fails as CUDA would (a RuntimeError in
+    capture, out of memory), is recorded and skipped, the smaller buckets replay, the run's
+    tokens equal the eager run's, and the results file's executor record says it all."""
+    from batching.real.graphs import DecodeGraphs
+
+    calls = {"n": 0}
+
+    def capture(self, step):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("CUDA out of memory")
+        out = step()
+        return _Replayer(step, out), out
+
+    monkeypatch.setattr(DecodeGraphs, "_capture", capture)
+    w = Workload.from_arrays([0.0, 0.0, 0.0, 0.01, 0.02], [5, 17, 3, 40, 9], [6, 2, 9, 4, 7])
+    runs = []
+    for graphs in (False, True):
+        runner = ModelRunner(model64, slots=3, max_len=80, graphs=graphs)
+        if graphs:
+            runner.graphs.capture = True
+        sch = make_scheduler("continuous", max_context=80, slots=3)
+        if graphs:
+            with pytest.warns(RuntimeWarning, match="3 rows x 64 positions failed: CUDA out of memory"):
+                runs.append(run_real(w, sch, None, runner=runner))
+        else:
+            runs.append(run_real(w, sch, None, runner=runner))
+    assert [r.token_ids for r in runs[0].requests] == [r.token_ids for r in runs[1].requests]
+    info = runs[1].executor["decode_graphs"]
+    assert list(info["failed"]) == ["3x64"] and info["eager_steps"] > 0
+    assert info["captured"] == 2 and info["buckets"] == [[1, 64], [2, 64]]
+    assert sum(x.graph.replays for x in runner.graphs._graphs.values()) > 0

@@ -187,6 +187,14 @@ def probe_summary(its: Mapping[str, np.ndarray], probe: int) -> dict[str, float]
     }
 
 
+def iterations_claim(summary: Mapping[str, float], probe: int, slack: float = 2.0) -> Claim:
+    """The seed's "a 20-token request finishes after about 20 iterations" on :func:`probe_summary`:
+    holds if every probe took exactly ``probe`` iterations from admission and the median
+    probe at most ``probe + slack`` from arrival."""
+    ok = summary["exact_fraction"] == 1.0 and summary["arrival_p50"] <= probe + slack
+    return Claim.HOLDS if ok else Claim.DOES_NOT_HOLD
+
+
 def utilization_at_capacity(
     workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], itl_slo_ms: float, **options: Any
 ) -> dict[str, dict[str, float]]:

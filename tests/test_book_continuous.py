@@ -15,7 +15,6 @@ from batching.book import (
     checks,
     common,
     continuous,
-    plots,
     static,
 )
 from batching.costs import get_cost_model
@@ -155,7 +154,9 @@ def test_p99_at_never_quotes_an_unstable_runs_percentiles():
         "continuous": {"scheduler": "continuous", "slots": 256, "kv_policy": "exact"},
     }
     p = continuous.p99_at(w, big, cfg, 1.0)
-    assert not p["static"]["stable"] and np.isnan(p["static"]["e2e_p99"]) and p["static"]["throughput_req"] > 0
+    assert (
+        not p["static"]["stable"] and np.isnan(p["static"]["e2e_p99"]) and p["static"]["throughput_req"] > 0
+    )
     assert p["continuous"]["stable"] and np.isfinite(p["continuous"]["e2e_p99"])
     assert p["static"]["offered_rate"] == pytest.approx(common.offered_rate(w))
 

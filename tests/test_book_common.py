@@ -82,13 +82,6 @@ def test_every_figure_draws_and_saves(tmp_path):
         "batch": plots.batch_sweep_figure(static.static_batch_sweep(w, H100_8B, [1, 4])),
         "wait": plots.wait_figure(static.wait_sweep(w, H100_8B, [0, 1], slots=4), ceiling=0.4),
         "utilization": plots.utilization_load_figure(sw, trace_rate=common.offered_rate(w)),
-        "capacity": plots.capacity_figure(
-            [
-                {"config": n, "slo": slo, "rate": r}
-                for n in ("static", "continuous")
-                for slo, r in (("strict", 1.0), ("relaxed", 2.5))
-            ]
-        ),
         "real": plots.real_schedulers_figure(
             {
                 "real": {n: {"slot_util": 0.5, "e2e_p99": 2.0, "throughput_tok": 90.0} for n in cfg},

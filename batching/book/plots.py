@@ -389,46 +389,6 @@ def _config_color(name: str) -> str:
     return SCHEDULER_COLORS.get(name.split()[0].rstrip(","), "#999999")
 
 
-def capacity_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
-    """7.2: capacity (req/s) of each configuration at each SLO, from
-    :func:`~batching.book.capacity.capacity_table`'s rows: one group of bars per configuration
-    (top to bottom in the rows' order), one bar per SLO (solid: the first SLO, e.g. strict;
-    hatched: the second), the rate written at the end of each bar."""
-    names = list(dict.fromkeys(r["config"] for r in rows))
-    slos = list(dict.fromkeys(r["slo"] for r in rows))
-    rate = {(r["config"], r["slo"]): float(r["rate"]) for r in rows}
-    fig, ax = plt.subplots(figsize=(WIDTH, 0.55 * len(names) + 1.2))
-    h = 0.8 / len(slos)
-    top = max(rate.values()) if rate else 1.0
-    for j, slo in enumerate(slos):
-        for i, n in enumerate(names):
-            v = rate.get((n, slo), math.nan)
-            y = i + (j - (len(slos) - 1) / 2) * h
-            c = _config_color(n)
-            ax.barh(
-                y,
-                v,
-                height=h * 0.92,
-                color=c if j == 0 else "white",
-                edgecolor=c,
-                hatch=None if j == 0 else "////",
-                lw=1.0,
-                label=slo if i == 0 else None,
-            )
-            ax.text(v + top * 0.01, y, f"{v:.1f}" if v >= 1 else f"{v:.2f}", va="center", fontsize=8)
-    ax.set_yticks(range(len(names)), names)
-    ax.set_ylim(len(names) - 0.5, -0.5)
-    ax.set_xlim(0, top * 1.12)
-    ax.set_xlabel("capacity: highest request rate within the SLO (requests/s)")
-    ax.grid(axis="y", visible=False)
-    handles = [
-        Patch(facecolor="#666666", edgecolor="#666666", label=f"{slos[0]} SLO"),
-        *[Patch(facecolor="white", edgecolor="#666666", hatch="////", label=f"{s} SLO") for s in slos[1:]],
-    ]
-    ax.legend(handles=handles, loc="lower right")
-    return fig
-
-
 def utilization_load_figure(
     sweep: Mapping[str, Mapping[str, np.ndarray]], trace_rate: float | None = None
 ) -> Figure:

@@ -520,6 +520,8 @@ def iterations_figure(its: Mapping[str, Mapping[str, np.ndarray]], probe: int) -
     axes[0].set_xlim(left=probe / 2)
     axes[0].set_xlabel("engine iterations from arrival to last token (log)")
     axes[1].set_xscale("log")
+    service = np.concatenate([np.asarray(d["service"], dtype=float) for d in its.values()])
+    _log_ticks(axes[1], float(service.min()), float(service.max()))
     axes[1].set_xlabel("seconds from admission to last token (log)")
     for ax in axes:
         ax.set_ylabel("fraction of probes")

@@ -384,25 +384,30 @@ def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | 
 
 
 # ------------------------------------------------------------------------------ 7.2
-def rate_util_figure(
+def _config_color(name: str) -> str:
+    """A 7.2 configuration's colour from the scheduler its label starts with."""
+    return SCHEDULER_COLORS.get(name.split()[0].rstrip(","), "#999999")
+
+
+def utilization_load_figure(
     sweep: Mapping[str, Mapping[str, np.ndarray]], trace_rate: float | None = None
 ) -> Figure:
-    """7.2: slot utilization, hardware compute and bandwidth utilization vs offered rate."""
-    fig, axes = plt.subplots(1, 3, figsize=(WIDTH, 2.8), sharex=True)
+    """7.2 (70B): slot utilization (left) and all-FLOP hardware compute utilization (right)
+    against offered rate, one line per configuration of a :func:`~batching.book.continuous.rate_sweep`;
+    filled markers where the run is stable, hollow where its queue grows over the replay."""
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.0), sharex=True)
     for name, d in sweep.items():
-        c = SCHEDULER_COLORS.get(name.split()[0])
-        x = d["offered_rate"]
-        axes[0].plot(x, d["slot_util"], "o-", color=c, ms=3.5, label=name)
-        axes[1].plot(x, d["hw_compute"], "o-", color=c, ms=3.5)
-        axes[1].plot(x, d["useful_compute"], "o--", color=c, ms=3.5, mfc="white")
-        axes[2].plot(x, d["hw_bandwidth"], "o-", color=c, ms=3.5)
-    titles = [
-        "slot utilization",
-        "hardware compute utilization\n(solid: all FLOPs, dashed: useful)",
-        "hardware bandwidth\nutilization",
-    ]
-    xs = np.concatenate([d["offered_rate"] for d in sweep.values()])
-    for ax, t in zip(axes, titles):
+        c = _config_color(name)
+        x = np.asarray(d["offered_rate"], dtype=float)
+        ok = np.asarray(d["stable"], dtype=bool)
+        for ax, key in zip(axes, ("slot_util", "hw_compute")):
+            y = np.asarray(d[key], dtype=float)
+            ls = "--" if "32" in name else "-"
+            ax.plot(x, y, ls, color=c, lw=1.2, label=name)
+            ax.plot(x[ok], y[ok], "o", color=c, ms=4)
+            ax.plot(x[~ok], y[~ok], "o", color=c, ms=4, mfc="white")
+    xs = np.concatenate([np.asarray(d["offered_rate"], dtype=float) for d in sweep.values()])
+    for ax, t in zip(axes, ("slot utilization", "hardware compute utilization (all FLOPs)")):
         ax.set_title(t, fontsize=9)
         ax.set_xscale("log")
         _log_ticks(ax, xs.min(), xs.max())
@@ -411,54 +416,53 @@ def rate_util_figure(
         ax.set_xlabel("offered rate (req/s)")
         if trace_rate:
             ax.axvline(trace_rate, color="#999999", lw=1, ls=":")
-    axes[0].legend(loc="upper left")
+    marks = [
+        Line2D([], [], marker="o", color="#666666", ls="none", label="stable"),
+        Line2D([], [], marker="o", color="#666666", mfc="white", ls="none", label="queue grows"),
+    ]
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(
+        handles + marks, names + ["stable", "queue grows"], loc="outside lower center", ncol=3, fontsize=8
+    )
     return fig
 
 
-def latency_throughput_figure(
-    sweep: Mapping[str, Mapping[str, np.ndarray]], label_scales: Sequence[float] = ()
-) -> Figure:
-    """7.2: p50 and p99 end-to-end latency vs achieved throughput in requests/s (the unit of
-    the page's table), one point per rate; points whose replay speed is in ``label_scales``
-    are labelled with it ("0.75x"), so a curve that bends back can be followed."""
-    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.2), sharey=True)
-    # One side per curve (above, right, below), so labels of curves that start together at
-    # light load do not stack; any that still collide are dropped by _drop_overlapping.
-    sides = [((3, 5), "left"), ((6, -3), "left"), ((3, -12), "left")]
-    labels: list[Any] = []
-    for i, (name, d) in enumerate(sweep.items()):
-        c = SCHEDULER_COLORS.get(name.split()[0])
-        offset, ha = sides[i % len(sides)]
-        for ax, key in zip(axes, ("e2e_p50", "e2e_p99")):
-            ax.plot(d["throughput_req"], d[key], "o-", color=c, ms=3.5, label=name)
-            for x, y, k in zip(d["throughput_req"], d[key], d["time_scale"]):
-                if any(math.isclose(k, s) for s in label_scales):
-                    labels.append(
-                        ax.annotate(
-                            f"{k:g}x",
-                            (x, y),
-                            xytext=offset,
-                            textcoords="offset points",
-                            ha=ha,
-                            fontsize=7,
-                            color=c,
-                        )
-                    )
-    for ax, t in zip(axes, ("p50 end-to-end latency", "p99 end-to-end latency")):
-        ax.set_yscale("log")
-        ax.set_xlabel("achieved throughput (requests/s)")
-        ax.set_title(t, fontsize=9)
-    axes[0].set_ylabel("seconds (log scale)")
-    ys = np.concatenate(
-        [np.asarray(d[k], dtype=float) for d in sweep.values() for k in ("e2e_p50", "e2e_p99")]
+def real_schedulers_figure(rs: Mapping[str, Any]) -> Figure:
+    """7.2, measured: slot utilization, p99 end-to-end latency and output tokens/s of each
+    scheduler of :func:`~batching.book.checks.real_schedulers` on the real engine (solid bars);
+    where a profile of this machine exists, the simulator's prediction beside them (hatched)."""
+    keys = (
+        ("slot_util", "slot utilization"),
+        ("e2e_p99", "p99 end-to-end (s)"),
+        ("throughput_tok", "output tokens/s"),
     )
-    xs = np.concatenate([np.asarray(d["throughput_req"], dtype=float) for d in sweep.values()])
-    axes[0].set_ylim(ys.min() / 3, ys.max() * 2.2)  # room for the labels around the curves
-    for ax in axes:
-        ax.set_xlim(0, xs.max() * 1.12)
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=len(names))
-    _drop_overlapping(fig, labels)
+    names = list(rs["real"])
+    sim = rs.get("sim")
+    fig, axes = plt.subplots(1, len(keys), figsize=(WIDTH, 2.6))
+    w = 0.38 if sim else 0.7
+    for ax, (key, title) in zip(axes, keys):
+        for i, n in enumerate(names):
+            c = _config_color(n)
+            x = i - w / 2 if sim else i
+            ax.bar(x, rs["real"][n][key], width=w, color=c, label="measured" if i == 0 else None)
+            if sim:
+                ax.bar(
+                    i + w / 2,
+                    sim[n][key],
+                    width=w,
+                    color="white",
+                    edgecolor=c,
+                    hatch="////",
+                    label="simulated" if i == 0 else None,
+                )
+        ax.set_xticks(range(len(names)), names)
+        ax.set_title(title, fontsize=9)
+        ax.grid(axis="x", visible=False)
+        if key == "slot_util":
+            ax.set_ylim(0, 1.02)
+            _pct(ax)
+    if sim:
+        axes[0].legend(loc="upper left", fontsize=8)
     return fig
 
 
@@ -516,6 +520,8 @@ def iterations_figure(its: Mapping[str, Mapping[str, np.ndarray]], probe: int) -
     axes[0].set_xlim(left=probe / 2)
     axes[0].set_xlabel("engine iterations from arrival to last token (log)")
     axes[1].set_xscale("log")
+    service = np.concatenate([np.asarray(d["service"], dtype=float) for d in its.values()])
+    _log_ticks(axes[1], float(service.min()), float(service.max()))
     axes[1].set_xlabel("seconds from admission to last token (log)")
     for ax in axes:
         ax.set_ylabel("fraction of probes")

@@ -16,6 +16,7 @@ from ..engine import RunResult
 from ..metrics import summarize
 from ..plan import StepWork
 from ..workload import Workload
+from .capacity import queue_growth
 from .common import _OCC_KIND, metrics, simulate
 
 
@@ -386,23 +387,6 @@ def sweep_agreement(sweep: Mapping[str, np.ndarray], tol: float = 1e-9) -> dict[
     }
 
 
-#: A replay's queue *grows* (the run is unstable: its latencies depend on how long the replay
-#: is) when the last fifth of the arrivals waits, median, this many seconds longer than the
-#: first fifth, and at least ``QUEUE_GROWTH_X`` times as long.
-QUEUE_GROWTH_S = 2.0
-QUEUE_GROWTH_X = 2.0
-
-
-def queue_grows(result: RunResult) -> bool:
-    """Whether the queue of a replay grew (:data:`QUEUE_GROWTH_S`, :data:`QUEUE_GROWTH_X`): the
-    server did not keep up, so its queueing delay is not a value, only a lower bound."""
-    reqs = sorted(result.requests, key=lambda r: (r.arrival, r.rid))
-    q = np.array([math.nan if r.admit_time is None else r.admit_time - r.arrival for r in reqs])
-    k = max(1, len(q) // 5)
-    first, last = float(np.median(q[:k])), float(np.median(q[-k:]))
-    return bool(last > first + QUEUE_GROWTH_S and last > QUEUE_GROWTH_X * first)
-
-
 def wait_sweep(
     workload: Workload,
     cost: Any,
@@ -414,7 +398,8 @@ def wait_sweep(
     (``max_wait``) batching. Per scheduler, arrays over ``wait``: ``queue_mean``,
     ``slot_util``, ``e2e_p99``, ``ttft_p99``, ``throughput_req``, ``padding_fraction``,
     ``mean_batch`` (requests per dispatched batch) and ``stable`` (1.0 where the queue did not
-    grow over the replay, :func:`queue_grows`; 0.0 where it did). KV memory not limited."""
+    grow over the replay, :func:`~batching.book.capacity.queue_growth`; 0.0 where it did: its
+    queueing delay is then no value, only a lower bound). KV memory not limited."""
     res: dict[str, dict[str, np.ndarray]] = {}
     keys = ("queue_mean", "slot_util", "e2e_p99", "ttft_p99", "throughput_req", "padding_fraction")
     for name in schedulers:
@@ -427,7 +412,7 @@ def wait_sweep(
             L = r.log.cols
             batches = sum(1 for p in L["prefill"] if p > 0)
             acc["mean_batch"].append(len(workload) / batches)
-            acc["stable"].append(0.0 if queue_grows(r) else 1.0)
+            acc["stable"].append(1.0 - queue_growth(r)["growing"])
         res[name] = {"wait": np.asarray(waits, dtype=float), **{k: np.asarray(v) for k, v in acc.items()}}
     return res
 

@@ -98,7 +98,7 @@ def real_padding(
     what the batch pays, against ``positions_ratio`` = 2 long / (short + long) in
     positions. Also ``pad_tokens`` and ``padding_fraction`` from the static run's
     step log, ``executor`` (what ran) and ``model``. ``model`` None and ``long`` None take
-    the device's defaults (:data:`~batching.experiments.checks.REAL_MODELS`,
+    the device's defaults (:data:`~batching.book.checks.REAL_MODELS`,
     :data:`REAL_PADDING_LONG`).
     """
     from .checks import real_kind, real_runner, serve_real

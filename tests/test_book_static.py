@@ -176,6 +176,8 @@ def test_real_padding_runs_the_padding_and_reports_its_measured_cost():
     assert per["padded"] == pytest.approx(rp["padded_ms"] / 80)
     assert per["packed"] == pytest.approx(rp["packed_ms"] / 48)
     assert rp["executor"]["model"] == "tiny" and rp["executor"]["device"] == "cpu"
+    assert rp["cpus"] >= 1 and isinstance(rp["busy"], bool)
+    assert rp["busy"] == (rp["load"] > rp["cpus"])  # nan (no load average) is never busy
     for bad, field in (
         (dict(short=0), "short=0"),
         (dict(short=40, long=40), "long=40"),

@@ -297,6 +297,8 @@ def batch_sweep_figure(sweep: Mapping[str, np.ndarray]) -> Figure:
     ax.plot(b, sweep["analytic"], "-", color="#999999", lw=2.5, label="formula: Σ outputs / (B · Σ longest)")
     ax.plot(b, sweep["slot_util"], "o", color=SCHEDULER_COLORS["static"], label="simulated")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(b, [f"{x:g}" for x in b])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("static batch size B")
     ax.set_ylabel("slot utilization")
     ax.set_ylim(0, 1.05)
@@ -305,6 +307,8 @@ def batch_sweep_figure(sweep: Mapping[str, np.ndarray]) -> Figure:
     ax = axes[1]
     ax.plot(b, sweep["padding_fraction"], "o-", color=PHASE_COLORS["padding"])
     ax.set_xscale("log", base=2)
+    ax.set_xticks(b, [f"{x:g}" for x in b])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("static batch size B")
     ax.set_ylabel("padding / prefill positions")
     ax.set_ylim(0, 1.05)
@@ -317,8 +321,9 @@ WAIT_LABEL_CLEAR_PX = 3.0
 
 
 def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | None = None) -> Figure:
-    """7.1 (d): mean queueing delay vs slot utilization as the collection timeout grows."""
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.0))
+    """7.1 (d): mean queueing delay vs slot utilization as the collection timeout grows; a run
+    whose queue grew over the replay (``stable`` 0) is drawn hollow."""
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.3))
     top = max(0.6, (ceiling or 0) * 1.25)
     qs, labels = [], []
     unstable = False
@@ -391,7 +396,7 @@ def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | 
     if unstable:
         handles.append(Line2D([], [], ls="none", marker="o", color="#666666", mfc="white"))
         names.append("hollow: queue grows over the replay")
-    ax.legend(handles, names, loc="upper left")
+    fig.legend(handles, names, loc="outside lower center", ncol=len(names))
     if ceiling is not None:
         # The best points sit just under the ceiling, so a label written above its point can
         # land on (or touch) the dashed line: such a label moves just above the line, at its

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -97,7 +98,10 @@ def real_padding(
     positions multiply by ``token_ratio``); ``time_ratio_batch`` = padded_ms / packed_ms is
     what the batch pays, against ``positions_ratio`` = 2 long / (short + long) in
     positions. Also ``pad_tokens`` and ``padding_fraction`` from the static run's
-    step log, ``executor`` (what ran) and ``model``. ``model`` None and ``long`` None take
+    step log, ``executor`` (what ran) and ``model``. ``load`` is the highest 1-minute load
+    average seen before and after the runs (nan where the OS has none), ``cpus`` the machine's
+    CPU count, and ``busy`` whether the load exceeded it: other work then shared the cores,
+    which inflates short steps most. ``model`` None and ``long`` None take
     the device's defaults (:data:`~batching.book.checks.REAL_MODELS`,
     :data:`REAL_PADDING_LONG`).
     """
@@ -121,6 +125,7 @@ def real_padding(
         "long": (alone["long"], "continuous", {"slots": 1}),
     }
     times: dict[str, list[float]] = {k: [] for k in runs}
+    load = _load_average()
     for _ in range(reps):
         for key, (w, sched, opts) in runs.items():
             res = serve_real(runner, w, sched, **opts)
@@ -131,6 +136,8 @@ def real_padding(
             if key == "padded":
                 pad, needed = float(L["pad"][0]), float(L["prefill"][0])
                 executor = res.executor
+    load = max(load, _load_average())
+    cpus = float(os.cpu_count() or 1)
     out: dict[str, Any] = {f"{k}_ms": float(np.median(v)) * 1e3 for k, v in times.items()}
     out.update(
         short=float(short),
@@ -144,8 +151,17 @@ def real_padding(
         time_ratio_batch=out["padded_ms"] / out["packed_ms"],
         model=executor["model"],
         executor=executor,
+        load=load,
+        cpus=cpus,
+        busy=bool(load > cpus),
     )
     return out
+
+
+def _load_average() -> float:
+    """The 1-minute load average, nan where the OS has none (Windows)."""
+    getloadavg = getattr(os, "getloadavg", None)
+    return float(getloadavg()[0]) if getloadavg is not None else math.nan
 
 
 class Scaling(str, enum.Enum):

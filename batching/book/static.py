@@ -159,9 +159,12 @@ def real_padding(
 
 
 def _load_average() -> float:
-    """The 1-minute load average, nan where the OS has none (Windows)."""
-    getloadavg = getattr(os, "getloadavg", None)
-    return float(getloadavg()[0]) if getloadavg is not None else math.nan
+    """The 1-minute load average (:func:`batching.real.measure.load_average`), nan where the
+    platform has none."""
+    from ..real.measure import load_average
+
+    load = load_average()
+    return math.nan if load is None else load
 
 
 class Scaling(str, enum.Enum):

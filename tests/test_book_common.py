@@ -81,8 +81,13 @@ def test_every_figure_draws_and_saves(tmp_path):
         "timeline": plots.timeline_figure([("static", static.timeline(ff))], marks=[[(0.1, "mark")]]),
         "batch": plots.batch_sweep_figure(static.static_batch_sweep(w, H100_8B, [1, 4])),
         "wait": plots.wait_figure(static.wait_sweep(w, H100_8B, [0, 1], slots=4), ceiling=0.4),
-        "rate": plots.rate_util_figure(sw, trace_rate=common.offered_rate(w)),
-        "latency": plots.latency_throughput_figure(sw),
+        "utilization": plots.utilization_load_figure(sw, trace_rate=common.offered_rate(w)),
+        "real": plots.real_schedulers_figure(
+            {
+                "real": {n: {"slot_util": 0.5, "e2e_p99": 2.0, "throughput_tok": 90.0} for n in cfg},
+                "sim": {n: {"slot_util": 0.6, "e2e_p99": 1.5, "throughput_tok": 95.0} for n in cfg},
+            }
+        ),
         "iters": plots.iterations_figure(continuous.probe_runs(wl, H100_8B, cfg, probes), 20),
         "itl": plots.itl_figure(st["series"], 0.5, st["first_token"]),
         "roofline": plots.chunk_roofline_figure(rt["chunk"], rt["step_s"], rt["decode_s"], rt["bstar"]),

@@ -13,12 +13,7 @@ import numpy as np
 import pytest
 from helpers import LinearCost, _texts, reqs
 
-from batching.book import (
-    checks,
-    common,
-    plots,
-    static,
-)
+from batching.book import common, plots, static
 from batching.costs import get_cost_model
 from batching.engine import SimExecutor, run
 from batching.schedulers import ContinuousScheduler, StaticScheduler
@@ -150,6 +145,9 @@ def test_wait_sweep_trades_queueing_for_fuller_batches():
     assert np.all(np.diff(st["mean_batch"]) >= 0)  # longer timeout, fuller batches
     assert dy["mean_batch"][0] > st["mean_batch"][0]  # dynamic fills batches from the queue
     assert dy["queue_mean"][-1] >= dy["queue_mean"][0]  # waiting longer on purpose costs delay
+    # One request per batch cannot keep up with 4 requests/s: that queue grows over the replay
+    # (its delay is no value); dynamic batching's does not.
+    assert st["stable"][0] == 0 and np.all(st["stable"][1:] == 1) and np.all(dy["stable"] == 1)
 
 
 def test_timeline_panels_share_the_time_axis_on_request():
@@ -174,9 +172,12 @@ def test_real_padding_runs_the_padding_and_reports_its_measured_cost():
         assert math.isfinite(rp[k]) and rp[k] > 0, k
     assert rp["time_ratio_short"] == pytest.approx(rp["long_ms"] / rp["short_ms"])
     assert rp["time_ratio_batch"] == pytest.approx(rp["padded_ms"] / rp["packed_ms"])
-    header, rows = static.real_padding_rows(rp)
-    assert [r[1] for r in rows] == ["8", "40", "48", "80"] and len(header) == 3
-    assert checks.executor_text(rp["executor"]).startswith("tiny, 0.1M parameters, float32")
+    per = static.per_position_ms(rp)
+    assert per["padded"] == pytest.approx(rp["padded_ms"] / 80)
+    assert per["packed"] == pytest.approx(rp["packed_ms"] / 48)
+    assert rp["executor"]["model"] == "tiny" and rp["executor"]["device"] == "cpu"
+    assert rp["cpus"] >= 1 and isinstance(rp["busy"], bool)
+    assert rp["busy"] == (rp["load"] > rp["cpus"])  # nan (no load average) is never busy
     for bad, field in (
         (dict(short=0), "short=0"),
         (dict(short=40, long=40), "long=40"),
@@ -217,18 +218,37 @@ def test_static_sweep_equals_the_formula_over_the_batches_the_scheduler_forms():
     assert sweep["closed_early"][1:].min() >= 1 and np.all(sweep["batches"] >= sweep["batches_full"])
     np.testing.assert_allclose(sweep["slot_util"], sweep["analytic_formed"], rtol=1e-12)
     assert np.any(np.abs(sweep["slot_util"] - sweep["analytic"]) > 1e-6)
-    text = static.sweep_agreement_text(sweep, 16, H100_8B.model.max_context)
-    assert (
-        "not equal to it" in text
-        and "8,192-token context" in text
-        and "exactly at every *B* of this sweep" in text
-    )
-    assert "$" not in text  # glued markdown shows $B$ raw: italics instead
+    ag = static.sweep_agreement(sweep)
+    assert not ag["equal"] and ag["formed_equal"] and ag["max_gap"] > 1e-6
+    k = int(np.flatnonzero(sweep["batch"] == ag["worst_batch"])[0])
+    assert ag["max_gap"] == pytest.approx(abs(sweep["slot_util"][k] - sweep["analytic"][k]))
+    assert ag["closed_early"] >= 1 and ag["batches"] >= ag["batches_full"]
     plain = static.static_batch_sweep(small_trace(128), H100_8B, [1, 4, 16])
     assert np.all(plain["closed_early"] == 0)
-    assert static.sweep_agreement_text(plain, 4, 8192).startswith(
-        "The simulated slot utilization equals the formula"
-    )
+    ag = static.sweep_agreement(plain)
+    assert ag["equal"] and ag["formed_equal"] and ag["closed_early"] == 0
+
+
+def test_sweep_agreement_by_hand():
+    sweep = {
+        "batch": np.array([1.0, 2.0, 4.0]),
+        "slot_util": np.array([1.0, 0.50, 0.30]),
+        "analytic": np.array([1.0, 0.52, 0.30]),
+        "analytic_formed": np.array([1.0, 0.50, 0.30]),
+        "closed_early": np.array([0.0, 3.0, 0.0]),
+        "batches": np.array([10.0, 8.0, 3.0]),
+        "batches_full": np.array([10.0, 5.0, 3.0]),
+    }
+    ag = static.sweep_agreement(sweep)
+    assert ag == {
+        "equal": False,
+        "max_gap": pytest.approx(0.02),
+        "worst_batch": 2.0,
+        "closed_early": 3.0,
+        "batches": 8.0,
+        "batches_full": 5.0,
+        "formed_equal": True,
+    }
 
 
 def _wait_sweep_by_hand() -> dict:
@@ -247,83 +267,60 @@ def _wait_sweep_by_hand() -> dict:
     }
 
 
-def test_wait_summary_and_takeaway_say_where_dynamic_batching_helps():
+def test_wait_summary_says_where_dynamic_batching_helps_by_hand():
     ws = _wait_sweep_by_hand()
-    s = static.wait_summary(ws, rate=2.35, batch=32)
+    s = static.wait_summary(ws, rate=2.35, batch=32, ceiling=0.46)
     assert s["fill_s"] == pytest.approx(32 / 2.35) and s["converge_wait"] == 8.0 and s["converge_i"] == 2
-    text = static.wait_takeaway(ws, s)
-    assert (
-        "ahead where the timeout is short: at *T* = 0 s" in text and "From *T* = 8 s on the two agree" in text
-    )
-    assert "$" not in text
-    # Each number at the one precision the prose prints it at too (wait_point): 3.0% and
-    # 800 s for static at T = 0, 12% and 1.6 s for dynamic, 45% and 6.3 s at T = 16 s.
-    assert (
-        "it reached 12% slot utilization at 1.6 s of queueing, static batching 3.0% slot utilization at 800 s"
-        in text
-    )
-    assert "static 45% slot utilization at 6.3 s of queueing" in text
-    assert static.wait_point(ws["static"], 0) == {"util": "3.0%", "queue": "800 s"}
-    assert static.wait_point(ws["static"], -1) == {"util": "45%", "queue": "6.3 s"}
-    assert static.wait_point({"slot_util": [0.0999], "queue_mean": [99.94]}, 0) == {
-        "util": "10.0%",
-        "queue": "99.9 s",
-    }
-    assert static.wait_point({"slot_util": [0.1], "queue_mean": [1234.5]}, 0) == {
-        "util": "10%",
-        "queue": "1,234 s",
-    }
+    # At T = 0 dynamic queues 1.6 s against 800 s and fills 12% of its slots against 3%.
+    assert s["ahead"] is True and s["best_util"] == 0.45 and s["below_ceiling"] is True
+    assert "below_ceiling" not in static.wait_summary(ws, rate=2.35, batch=32)
+    assert static.wait_summary(ws, rate=2.35, batch=32, ceiling=0.40)["below_ceiling"] is False
+    # Static ahead at the shortest timeout: dynamic is not "ahead".
+    behind = {**ws, "dynamic": {**ws["dynamic"], "queue_mean": np.array([900.0, 1.6, 4.2, 6.3])}}
+    assert static.wait_summary(behind, rate=2.35, batch=32)["ahead"] is False
     # A later point that disagrees again: no convergence "from T on".
     ws["dynamic"]["queue_mean"][-1] = 3.0
     s2 = static.wait_summary(ws, rate=2.35, batch=32)
-    assert s2["converge_wait"] == -1.0 and "At no timeout of the sweep" in static.wait_takeaway(ws, s2)
+    assert s2["converge_wait"] == -1.0 and s2["converge_i"] == -1.0
     with pytest.raises(ValueError):
         static.wait_summary(ws, rate=0.0, batch=32)
 
 
-def test_real_padding_text_follows_the_measured_ratios():
-    base = dict(
-        short=50.0,
-        long=2000.0,
-        short_ms=34.6,
-        long_ms=1144.0,
-        packed_ms=1141.2,
-        token_ratio=40.0,
-        positions_ratio=4000 / 2050,
-        time_ratio_short=1144 / 34.6,
-        executor={"device": "cpu"},
+def test_scaling_verdict_on_padding_by_hand():
+    S = static.Scaling
+    # The H100 roofline: 80x the positions in 12.8x the time (a 50-token prefill is memory-bound).
+    assert static.scaling(12.75, 80.0) is S.LESS
+    # The committed CPU run: 35.2x the time for 40x the positions (88% per position), and the
+    # padded pair 2.07x the packed one for 1.95x the positions: both in proportion.
+    assert static.scaling(35.2, 40.0) is S.PROPORTIONAL
+    assert static.scaling(2.074, 4000 / 2050) is S.PROPORTIONAL
+    # The thresholds, on time per position: within 25% is proportional.
+    assert static.scaling(0.76, 1.0) is S.PROPORTIONAL and static.scaling(0.74, 1.0) is S.LESS
+    assert static.scaling(1.24, 1.0) is S.PROPORTIONAL and static.scaling(1.26, 1.0) is S.MORE
+    assert static.scaling(1.05, 1.0, tol=0.03) is S.MORE
+    assert S.LESS.value == "less"  # the label a notebook may glue
+    for bad in ((0.0, 1.0), (1.0, -2.0), (1.0, 1.0, 1.0)):
+        with pytest.raises(ValueError):
+            static.scaling(*bad)
+
+
+def test_per_position_ms_by_hand():
+    rp = dict(short=50.0, long=2000.0, short_ms=35.0, long_ms=1200.0, packed_ms=1230.0, padded_ms=2400.0)
+    assert static.per_position_ms(rp) == pytest.approx(
+        {"short": 0.7, "long": 0.6, "packed": 0.6, "padded": 0.6}
     )
-    more = static.real_padding_text({**base, "padded_ms": 2653.9, "time_ratio_batch": 2653.9 / 1141.2})
-    assert "The short prompt's time grew less than its positions" in more
-    assert "batch's time grew more than its positions" in more and "costs more per position" in more
-    assert "0.663 ms" in more and "0.557 ms" in more and "On a GPU the roofline" in more
-    even = static.real_padding_text({**base, "padded_ms": 2230.0, "time_ratio_batch": 2230.0 / 1141.2})
-    assert "batch's time grew in proportion to its positions" in even and "more per position" not in even
-    # The build's run: 2.12x the time for 1.95x the positions, 9% more per position: not "in proportion".
-    slight = static.real_padding_text({**base, "padded_ms": 2420.0, "time_ratio_batch": 2420.0 / 1141.2})
-    assert (
-        "batch's time grew slightly more than in proportion to its positions (9% more per position): "
-        "per position, the padded 4,000-position step cost 0.605 ms"
-    ) in slight
-    assert "costs more per position" not in slight
-    less = static.real_padding_text({**base, "padded_ms": 2100.0, "time_ratio_batch": 2100.0 / 1141.2})
-    assert "slightly less than in proportion to its positions (6% less per position)" in less
-    # The thresholds, on the per-position ratio r: in proportion to 3%, slightly to 10%, beyond that not.
-    pr = base["positions_ratio"]
-    for r, words in (
-        (1.02, "in proportion"),
-        (0.975, "in proportion"),
-        (1.05, "slightly more than in"),
-        (0.92, "slightly less than in"),
-        (1.12, "more than its positions"),
-        (0.85, "less than its positions"),
-    ):
-        text = static.real_padding_text({**base, "padded_ms": 2230.0, "time_ratio_batch": pr * r})
-        assert f"The padded batch's time grew {words}" in text, (r, text)
-    gpu = static.real_padding_text(
-        {**base, "padded_ms": 2230.0, "time_ratio_batch": 1.95, "executor": {"device": "cuda:0"}}
-    )
-    assert "On a GPU the roofline" not in gpu
+
+
+def test_real_padding_figure_draws_the_four_measured_steps():
+    plots.style()
+    rp = dict(short=50.0, long=2000.0, short_ms=35.2, long_ms=1238.0, packed_ms=1169.4, padded_ms=2425.4)
+    fig = plots.real_padding_figure(rp)
+    ax = fig.axes[0]
+    assert [round(p.get_width(), 1) for p in ax.patches] == [35.2, 1238.0, 1169.4, 2425.4]
+    assert set(_texts(ax)) == {" 35.2 ms", " 1,238 ms", " 1,169 ms", " 2,425 ms"}
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels[0].endswith("50 positions") and labels[3].endswith("4,000 positions")
+    matplotlib.pyplot.close(fig)
 
 
 def test_wait_figure_labels_every_point_even_where_they_bunch():

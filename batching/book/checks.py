@@ -318,82 +318,13 @@ def real_schedulers_rows(
     return ["measured" + (" (simulated)" if sim is not None else "")] + names, rows
 
 
-def real_schedulers_text(rs: Mapping[str, Any], a: str = "static", b: str = "continuous") -> str:
-    """7.2: what :func:`real_schedulers` measured, scheduler ``b`` against ``a``, and how the
-    simulator did where there was a profile of this machine (MyST)."""
-    ra, rb = rs["real"][a], rs["real"][b]
-    text = (
-        f"{b.capitalize()} batching kept {rb['slot_util']:.0%} of its slot-steps producing kept tokens "
-        f"against {ra['slot_util']:.0%} for {a} batching, and cut p99 end-to-end latency from "
-        f"{ra['e2e_p99']:.1f} s to {rb['e2e_p99']:.1f} s while serving "
-        f"{rb['throughput_tok'] / ra['throughput_tok']:.1f}x the output tokens per second."
-    )
-    if "sim" not in rs:
-        return text + (
-            " No profile measured on this machine is committed, so no simulation is set beside "
-            "these runs (a profile of another machine would not predict this one)."
-        )
-    rel = Path(rs["profile"]).resolve()
-    try:
-        rel = rel.relative_to(ROOT)
-    except ValueError:
-        pass
-    sa, sb = rs["sim"][a], rs["sim"][b]
-    same = all(rs["sim"][n]["steps"] == rs["real"][n]["steps"] for n in rs["real"])
-    steps = (
-        "it takes every step the real runs took"
-        if same
-        else f"it takes {sa['steps']:,.0f} steps for {a} batching and {sb['steps']:,.0f} for {b}, where the real "
-        f"runs took {ra['steps']:,.0f} and {rb['steps']:,.0f}"
-    )
-
-    def against(x: float) -> str:
-        # A difference that rounds to 0% would print as "-0%": said as what it is.
-        return "within 1% of" if abs(x) < 0.005 else f"{abs(x):.0%} {'below' if x < 0 else 'above'}"
-
-    text += (
-        f" In parentheses, the simulator on the profile measured on this machine (`{rel}`): {steps}, and "
-        f"its busy time comes out {against(sb['busy_s'] / rb['busy_s'] - 1)} the measured one for {b} "
-        f"batching and {against(sa['busy_s'] / ra['busy_s'] - 1)} it for {a}."
-    )
-    # The cost model's own error, free of schedule divergence: the real runs' own steps, each
-    # priced by the profile, over their measured time.
-    kinds = {n: [(k, r) for k, r in rs["steps_pred_over_real"][n].items() if r is not None] for n in (a, b)}
-    if not kinds[a] or not kinds[b]:
-        return text
-    (k0, r0), *rest = kinds[a]
-    first = f"{a}'s {k0} steps come to {r0:.0%} of their measured time" + "".join(
-        f" and its {k} steps {r:.0%}" for k, r in rest
-    )
-    if [k for k, _ in kinds[b]] == [k for k, _ in kinds[a]]:
-        second = f"{b}'s " + " and ".join(f"{r:.0%}" for _, r in kinds[b])
-    else:
-        second = f"{b}'s " + " and ".join(f"{k} steps {r:.0%}" for k, r in kinds[b])
-    return text + f" Priced by the profile, {first}; {second}."
-
-
-def crosscheck_text(cc: Mapping[str, Any]) -> str:
-    """7.2: one paragraph (MyST) reporting :func:`real_crosscheck`, whether it ran or not."""
+def crosscheck_agrees(cc: Mapping[str, Any]) -> bool:
+    """7.2: whether :func:`real_crosscheck` ran and every scheduler's step count and every
+    probe's iteration count came out the same on the real engine as in the simulator."""
     if not cc.get("available"):
-        return (
-            f"The real engine could not be used when this page was built ({cc.get('reason', 'unknown')}), "
-            "so this cross-check was skipped."
-        )
-    per = cc["per"]
-    agree = all(p["steps_sim"] == p["steps_real"] and p["iters_sim"] == p["iters_real"] for p in per.values())
-    parts = []
-    for name, p in per.items():
-        parts.append(
-            f"{name}: {p['steps_real']} steps, slot utilization {p['slot_util_real']:.1%}, "
-            f"{p['busy_real_s']:.2f} s measured"
-        )
-    verdict = (
-        "The step counts and every probe's iteration count agree exactly with the simulator"
-        if agree
-        else "The step counts or iteration counts DIFFER from the simulator"
-    )
-    return (
-        f"On the real engine ({executor_text(cc.get('executor', {}))}): " + "; ".join(parts) + f". {verdict}."
+        return False
+    return all(
+        p["steps_sim"] == p["steps_real"] and p["iters_sim"] == p["iters_real"] for p in cc["per"].values()
     )
 
 

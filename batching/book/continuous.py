@@ -1,88 +1,55 @@
-"""7.2 Continuous batching: schedulers compared on real traffic, rate sweeps, how many
-iterations a short request lives through, and the first finisher's freed slot.
+"""7.2 Continuous batching: the first finisher's freed slot, how many iterations a short
+request lives through, capacity at a latency target, and the seed's utilization claim.
+
+Numbers, verdict labels and rows only: every sentence of the page lives in its notebook.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ..costs import MEM_RESERVE
 from ..engine import RunResult
 from ..metrics import request_record
 from ..workload import Workload, preset
-from .common import at, flat, metrics, simulate
+from .capacity import capacity, run_point
+from .common import simulate
+
+
+class Claim(enum.Enum):
+    """How a seed claim fares against the numbers that test it; the notebook words each one."""
+
+    HOLDS = "holds"
+    #: Utilization: holds counted in slots, not in hardware FLOPs at any slot count tried.
+    SLOT_LEVEL_ONLY = "slot-level-only"
+    #: Utilization: holds in slots, and in hardware FLOPs only once the slot cap is lifted.
+    NEEDS_WIDE_BATCH = "needs-wide-batch"
+    DOES_NOT_HOLD = "does-not-hold"
 
 
 # ------------------------------------------------------------------------------- 7.2
-def compare_schedulers(
-    workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]]
-) -> dict[str, dict[str, float]]:
-    """7.2: one run per named configuration on the same workload; returns :func:`metrics`
-    per name. A config is ``{"scheduler": ..., "slots": ..., **options}`` (see :func:`simulate`)."""
-    out = {}
-    for name, cfg in configs.items():
-        cfg = dict(cfg)
-        out[name] = metrics(simulate(workload, cost, cfg.pop("scheduler"), **cfg))
-    return out
-
-
 def rate_sweep(
     workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], time_scales: Sequence[float]
 ) -> dict[str, dict[str, np.ndarray]]:
-    """7.2 / 7.3: every configuration at every arrival rate.
+    """7.2: every configuration at every arrival rate (:func:`~batching.book.capacity.run_point`).
 
     The workload is replayed ``k`` times faster for each ``k`` in ``time_scales`` (the same
     requests, arrivals compressed), so the offered rate is ``k`` x the trace's. Per config,
-    arrays over the sweep: ``time_scale``, ``offered_rate`` (req/s) and every key of
-    :func:`metrics`.
+    arrays over the sweep: ``time_scale``, ``offered_rate`` (req/s), ``stable`` (bool: the
+    queue did not grow over the replay) and every key of :func:`~batching.book.common.metrics`.
+    A config is ``{"scheduler": ..., "slots": ..., **options}`` (see :func:`simulate`).
     """
-    n = len(workload)
-    span = workload.duration
-    out: dict[str, dict[str, list[float]]] = {name: {} for name in configs}
+    out: dict[str, dict[str, list[Any]]] = {name: {} for name in configs}
     for k in time_scales:
-        w = workload.scale(time=float(k))
-        res = compare_schedulers(w, cost, configs)
-        for name, m in res.items():
-            d = out[name]
-            d.setdefault("time_scale", []).append(float(k))
-            d.setdefault("offered_rate", []).append(n / (span / float(k)) if span > 0 else math.inf)
-            for key, v in m.items():
-                d.setdefault(key, []).append(v)
+        for name, cfg in configs.items():
+            p = run_point(workload, cost, cfg, float(k))
+            for key, v in p.items():
+                out[name].setdefault(key, []).append(v)
     return {name: {k: np.asarray(v) for k, v in d.items()} for name, d in out.items()}
-
-
-def sweep_numbers(
-    sweep: Mapping[str, Mapping[str, np.ndarray]],
-    points: Mapping[str, float],
-    keys: Sequence[str],
-    key: str = "time_scale",
-) -> dict[str, float]:
-    """7.2: glue-ready numbers of a :func:`rate_sweep`: ``<tag>_<config>_<metric>`` for each
-    ``{tag: value of key}`` in ``points`` and each metric in ``keys``, plus
-    ``sat_<config>_throughput_{req,tok}`` (:func:`saturation`)."""
-    out: dict[str, float] = {}
-    for name, d in sweep.items():
-        for tag, value in points.items():
-            out.update(flat(f"{tag}_{name}", at(d, key, value), keys))
-    for name, sat in saturation(sweep).items():
-        out.update(flat(f"sat_{name}", sat))
-    return out
-
-
-def saturation(sweep: Mapping[str, Mapping[str, np.ndarray]]) -> dict[str, dict[str, float]]:
-    """7.2: the highest throughput each configuration reached over a rate sweep (its capacity,
-    if the sweep went past it): ``throughput_req`` and ``throughput_tok``."""
-    return {
-        name: {
-            "throughput_req": float(d["throughput_req"].max()),
-            "throughput_tok": float(d["throughput_tok"].max()),
-        }
-        for name, d in sweep.items()
-    }
 
 
 def with_probes(workload: Workload, every: int = 10, output: int = 20) -> tuple[Workload, list[int]]:
@@ -220,118 +187,88 @@ def probe_summary(its: Mapping[str, np.ndarray], probe: int) -> dict[str, float]
     }
 
 
-def dense_batches(result: RunResult) -> dict[str, float]:
-    """7.2: how full a dense batcher's (static or dynamic) batches were. Every member of a
-    dense batch is admitted by the batch's one prefill step, so requests admitted at the same
-    instant form one batch. Returns ``n`` (batches), ``mean`` and ``p50`` members per batch,
-    and ``full_share``, the share of batches with ``max_slots`` members."""
-    if result.scheduler.get("scheduler") not in ("static", "dynamic"):
-        raise ValueError(f"dense_batches(): {result.scheduler.get('scheduler')!r} does not run dense batches")
-    adm = np.array([r.admit_time for r in result.requests], dtype=float)
-    _, members = np.unique(adm, return_counts=True)
-    return {
-        "n": float(len(members)),
-        "mean": float(members.mean()),
-        "p50": float(np.median(members)),
-        "full_share": float(np.mean(members == int(result.scheduler["max_slots"]))),
-    }
+def iterations_claim(summary: Mapping[str, float], probe: int, slack: float = 2.0) -> Claim:
+    """The seed's "a 20-token request finishes after about 20 iterations" on :func:`probe_summary`:
+    holds if every probe took exactly ``probe`` iterations from admission and the median
+    probe at most ``probe + slack`` from arrival."""
+    ok = summary["exact_fraction"] == 1.0 and summary["arrival_p50"] <= probe + slack
+    return Claim.HOLDS if ok else Claim.DOES_NOT_HOLD
 
 
-def batch_fill(
-    workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]]
+def utilization_at_capacity(
+    workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], itl_slo_ms: float, **options: Any
 ) -> dict[str, dict[str, float]]:
-    """7.2: :func:`dense_batches` of every static or dynamic configuration (configs as
-    :func:`compare_schedulers`; the others are skipped), each run once on ``workload``. Static
-    configurations also get ``timeout_expect``: 1 + offered rate x timeout, the members a
-    batch sealed by its timeout holds when requests arrive at the mean rate."""
+    """7.2 (70B): each configuration at its own capacity under ``itl_slo_ms``
+    (:func:`~batching.book.capacity.capacity`; ``options`` go to it): ``rate`` (req/s),
+    ``time_scale``, ``slot_util``, ``hw_compute``, ``useful_compute``, ``hw_bandwidth`` and
+    ``running_peak`` of the run at that rate (NaN where no rate met the SLO)."""
+    keys = ("slot_util", "hw_compute", "useful_compute", "hw_bandwidth", "running_peak")
     out = {}
-    rate = len(workload) / workload.duration if workload.duration > 0 else math.inf
     for name, cfg in configs.items():
-        cfg = dict(cfg)
-        kind = cfg.pop("scheduler")
-        if kind not in ("static", "dynamic"):
-            continue
-        out[name] = dense_batches(simulate(workload, cost, kind, **cfg))
-        if kind == "static":
-            out[name]["timeout_expect"] = float(1 + rate * cfg.get("timeout", 0.0))
+        c = capacity(workload, cost, cfg, itl_slo_ms, **options)
+        p = c["point"]
+        out[name] = {
+            "rate": float(c["rate"]),
+            "time_scale": float(c["time_scale"]),
+            **{k: float(p[k]) if p else math.nan for k in keys},
+        }
     return out
 
 
-def metric_range(
-    sweep: Mapping[str, Mapping[str, np.ndarray]], metric: str, value: float, key: str = "time_scale"
-) -> dict[str, Any]:
-    """7.2: the lowest and highest ``metric`` over the configurations of a :func:`rate_sweep`
-    where ``sweep[key] == value``: ``lo``, ``hi`` and the configurations ``lo_name``, ``hi_name``."""
-    vals = {name: at(d, key, value)[metric] for name, d in sweep.items()}
-    lo, hi = min(vals, key=vals.__getitem__), max(vals, key=vals.__getitem__)
-    return {"lo": vals[lo], "hi": vals[hi], "lo_name": lo, "hi_name": hi}
+def utilization_claim(slot_capped: float, hw_capped: float, hw_wide: float, target: float = 0.60) -> Claim:
+    """The seed's "utilization rises to 60-80% with continuous batching" at capacity:
+    ``slot_capped`` and ``hw_capped`` (all-FLOP hardware compute utilization) with the usual
+    slot cap, ``hw_wide`` with the slots the devices' KV allows. Holds if the capped run
+    reaches ``target`` in both measures; :attr:`Claim.NEEDS_WIDE_BATCH` if only the wide run
+    reaches it in FLOPs; :attr:`Claim.SLOT_LEVEL_ONLY` if neither does."""
+    if slot_capped < target:
+        return Claim.DOES_NOT_HOLD
+    if hw_capped >= target:
+        return Claim.HOLDS
+    return Claim.NEEDS_WIDE_BATCH if hw_wide >= target else Claim.SLOT_LEVEL_ONLY
 
 
-def hw_compute_text(
-    hw: Mapping[str, float], static_batch: float, slots: int, timeout: float, tol: float = 0.10
-) -> str:
-    """7.2, the verdict on hardware utilization: all-FLOP compute utilization of dynamic
-    batching against continuous batching (``hw``: {"static", "dynamic", "continuous": share
-    of peak} at one load), within ``tol`` (relative) said to be "about as busy", and where
-    static batching sits: below continuous batching, because its ``timeout`` seals batches
-    of ``static_batch`` requests on average out of ``slots`` (a decode step of few rows does
-    few FLOPs); otherwise its share alone. One or two sentences, MyST."""
-    dy, co, st = (float(hw[k]) for k in ("dynamic", "continuous", "static"))
-    if abs(dy - co) <= tol * co:
-        how = "about as busy as"
-    else:
-        how = "busier than" if dy > co else "less busy than"
-    text = (
-        f"Counting every FLOP, dynamic batching keeps the device {how} continuous batching ({dy:.0%} "
-        f"against {co:.0%})"
-    )
-    text += (
-        ", because padding and dead rows are real FLOPs."
-        if dy >= co * (1 - tol)
-        else ", even with its padding and dead rows counted as the real FLOPs they are."
-    )
-    if st < co * (1 - tol):
-        return text + (
-            f" Static batching's {st:.0%} is lower because its batches are small: its {timeout:g} s "
-            f"timeout seals them at {static_batch:.1f} requests on average, of {slots} slots, and a "
-            f"decode step of few rows does few FLOPs."
-        )
-    return text + f" Static batching keeps it at {st:.0%}."
+def kv_rows(cost: Any, mean_tokens: float, cap: int = 256) -> dict[str, int]:
+    """How many requests the devices' KV memory holds at once: ``slabs`` (one full-context
+    slab each, at most ``cap``) and ``exact`` (``mean_tokens`` each, at most ``cap``), plus
+    ``capacity`` (KV tokens that fit after the weights)."""
+    kv = float(cost.kv_capacity())
+    if mean_tokens <= 0:
+        raise ValueError(f"mean_tokens={mean_tokens}: must be positive")
+    return {
+        "capacity": int(kv),
+        "slabs": int(min(cap, kv // cost.model.max_context)),
+        "exact": int(min(cap, kv // mean_tokens)),
+    }
 
 
-def slab_text(cost: Any, slots: int) -> str:
-    """7.2: the KV reservation every simulation of the page uses, in one sentence: each
-    admitted request reserves a slab of the model's full context (``kv_policy="slab"``, the
-    :func:`simulate` default) out of what the devices' memory leaves after the weights, and
-    whether that many slabs or the ``slots`` limit how many requests run at once."""
-    cap, ctx = int(cost.kv_capacity()), int(cost.model.max_context)
-    slabs = cap // ctx
-    limit = (
-        f"{slabs} slabs, more than the {slots} slots, so memory never limits these runs"
-        if slabs >= slots
-        else f"only {slabs} slabs for {slots} slots, so memory, not the slots, limits how many requests run at once"
-    )
-    return (
-        f"Each simulated request reserves its KV cache as one slab of the model's full context "
-        f'({ctx:,} tokens) when it is admitted (`kv_policy="slab"`; the KV page compares it with '
-        f"exact reservations), out of the {cap:,} KV tokens that fit in the devices' memory after "
-        f"the weights and a {MEM_RESERVE:.0%} reserve: {limit}."
-    )
+def p99_at(
+    workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], time_scale: float
+) -> dict[str, dict[str, Any]]:
+    """7.2: every configuration at one replay speed: ``stable``, ``offered_rate``,
+    ``throughput_req`` and, for stable runs only, ``e2e_p99`` and ``ttft_p99`` (s; NaN for an
+    unstable run, whose percentiles grow with the replay's length and are not values)."""
+    out = {}
+    for name, cfg in configs.items():
+        p = run_point(workload, cost, cfg, time_scale)
+        ok = bool(p["stable"])
+        out[name] = {
+            "stable": ok,
+            "offered_rate": float(p["offered_rate"]),
+            "throughput_req": float(p["throughput_req"]),
+            "e2e_p99": float(p["e2e_p99"]) if ok else math.nan,
+            "ttft_p99": float(p["ttft_p99"]) if ok else math.nan,
+        }
+    return out
 
 
-def bend_text(
-    sweep: Mapping[str, Mapping[str, np.ndarray]], name: str, timeout: float, metric: str = "e2e_p99"
-) -> str:
-    """7.2: one sentence on whether configuration ``name`` of a :func:`rate_sweep` (a static
-    batcher with ``timeout``) bends back on the throughput-latency plot: its ``metric``
-    peaks at some replay speed and then falls while the load keeps rising."""
-    d = sweep[name]
-    k, y = np.asarray(d["time_scale"], dtype=float), np.asarray(d[metric], dtype=float)
-    i = int(np.argmax(y))
-    if i == len(y) - 1:
-        return f"The {name} curve rises with the load over the whole sweep."
-    return (
-        f"The {name} curve bends back: past {k[i]:g}x its latency falls as the load rises "
-        f"({y[i]:,.0f} s to {y[-1]:,.0f} s at {metric.split('_')[-1]} by {k[-1]:g}x), because faster "
-        f"arrivals fill more of each batch before its {timeout:g} s timeout seals it."
-    )
+def p99_claim(p99: Mapping[str, Mapping[str, Any]], dense: str, cont: str, factor: float = 2.0) -> Claim:
+    """The seed's "p99 latency shrinks sharply" at one load (:func:`p99_at`): holds if the
+    continuous configuration is stable and its p99 end-to-end latency is at most 1/``factor``
+    of the dense one's, or the dense one is unstable there."""
+    c, d = p99[cont], p99[dense]
+    if not c["stable"]:
+        return Claim.DOES_NOT_HOLD
+    if not d["stable"] or c["e2e_p99"] * factor <= d["e2e_p99"]:
+        return Claim.HOLDS
+    return Claim.DOES_NOT_HOLD

@@ -171,15 +171,33 @@ def _pct(ax: Any, axis: str = "y") -> None:
 
 
 # ------------------------------------------------------------------------------ 7.1
-def padding_figure(pc: Mapping[str, float]) -> Figure:
-    """7.1 (a): prefill tokens computed and roofline prefill time, padded vs not."""
-    short, long = int(pc["short"]), int(pc["long"])
-    labels = [
+#: The padding figures' bar colours: unpadded prefills light blue, padded ones orange.
+_UNPADDED_COLOR = "#7fb3d5"
+
+
+def _padding_labels(short: int, long: int) -> list[str]:
+    return [
         f"{short}-token prompt\nalone",
         f"{short}-token prompt\npadded to {long:,}",
         "batch of both,\nno padding",
         "batch of both,\npadded (static)",
     ]
+
+
+def _prefill_time_bars(ax: Any, y: np.ndarray, times_ms: np.ndarray, xlabel: str) -> None:
+    """Horizontal bars of four prefill times (alone, padded, packed, padded pair), labelled in ms."""
+    ax.barh(y, times_ms, color=[_UNPADDED_COLOR, PHASE_COLORS["padding"]] * 2)
+    for yi, t in zip(y, times_ms):
+        ax.text(t, yi, f" {t:,.1f} ms" if t < 100 else f" {t:,.0f} ms", va="center", fontsize=8.5)
+    ax.set_xlabel(xlabel)
+    ax.set_xlim(0, times_ms.max() * 1.3)
+    ax.grid(axis="y", visible=False)
+
+
+def padding_figure(pc: Mapping[str, float]) -> Figure:
+    """7.1 (a): prefill tokens computed and roofline prefill time, padded vs not."""
+    short, long = int(pc["short"]), int(pc["long"])
+    labels = _padding_labels(short, long)
     useful = np.array([short, short, short + long, short + long], dtype=float)
     padding = np.array([0, long - short, 0, long - short], dtype=float)
     times = (
@@ -194,13 +212,22 @@ def padding_figure(pc: Mapping[str, float]) -> Figure:
     ax.set_xlabel("tokens computed in the prefill step")
     ax.legend(loc="upper right")
     ax.grid(axis="y", visible=False)
-    ax = axes[1]
-    ax.barh(y, times, color=["#7fb3d5", PHASE_COLORS["padding"], "#7fb3d5", PHASE_COLORS["padding"]])
-    for yi, t in zip(y, times):
-        ax.text(t, yi, f" {t:.1f} ms", va="center", fontsize=8.5)
-    ax.set_xlabel("roofline prefill time (ms)")
-    ax.set_xlim(0, times.max() * 1.3)
-    ax.grid(axis="y", visible=False)
+    _prefill_time_bars(axes[1], y, times, "roofline prefill time (ms)")
+    return fig
+
+
+def real_padding_figure(rp: Mapping[str, Any]) -> Figure:
+    """7.1 (a), measured: the four prefill steps of :func:`~batching.book.static.real_padding`
+    (the short prompt alone, padded to the long one, the pair packed and the pair padded),
+    median measured time of each, with the positions it computed beside its label."""
+    short, long = int(rp["short"]), int(rp["long"])
+    positions = [short, long, short + long, 2 * long]
+    labels = [f"{lab}\n{n:,} positions" for lab, n in zip(_padding_labels(short, long), positions)]
+    times = np.array([rp["short_ms"], rp["long_ms"], rp["packed_ms"], rp["padded_ms"]], dtype=float)
+    fig, ax = plt.subplots(figsize=(WIDTH, 2.6))
+    y = np.arange(len(labels))[::-1]
+    ax.set_yticks(y, labels)
+    _prefill_time_bars(ax, y, times, "measured prefill time (ms)")
     return fig
 
 
@@ -262,39 +289,30 @@ def timeline_figure(
 
 
 def batch_sweep_figure(sweep: Mapping[str, np.ndarray]) -> Figure:
-    """7.1 (c): slot utilization and padding fraction of static batching vs batch size."""
+    """7.1 (c): slot utilization (simulated and the formula) and padding fraction of static
+    batching vs batch size."""
     b = sweep["batch"]
-    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.8))
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.6))
     ax = axes[0]
-    ax.plot(b, sweep["analytic"], "-", color="#999999", lw=2.5, label="analytic: Σ outputs / (B · Σ longest)")
-    ax.plot(b, sweep["slot_util"], "o", color=SCHEDULER_COLORS["static"], label="simulated (per step)")
-    ax.plot(
-        b,
-        sweep["slot_util_tw"],
-        "s--",
-        color=SCHEDULER_COLORS["static"],
-        mfc="white",
-        ms=4,
-        label="simulated (time-weighted)",
-    )
+    ax.plot(b, sweep["analytic"], "-", color="#999999", lw=2.5, label="formula: Σ outputs / (B · Σ longest)")
+    ax.plot(b, sweep["slot_util"], "o", color=SCHEDULER_COLORS["static"], label="simulated")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(b, [f"{x:g}" for x in b])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("static batch size B")
     ax.set_ylabel("slot utilization")
     ax.set_ylim(0, 1.05)
     _pct(ax)
     ax.legend(loc="lower left")
     ax = axes[1]
-    ax.plot(
-        b, sweep["padding_fraction"], "o-", color=PHASE_COLORS["padding"], label="padding / prefill tokens"
-    )
-    ax.plot(b, sweep["hw_compute"], "^-", color="#555555", label="hardware compute util. (all FLOPs)")
-    ax.plot(b, sweep["useful_compute"], "v--", color="#555555", mfc="white", label="same, useful FLOPs only")
+    ax.plot(b, sweep["padding_fraction"], "o-", color=PHASE_COLORS["padding"])
     ax.set_xscale("log", base=2)
+    ax.set_xticks(b, [f"{x:g}" for x in b])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("static batch size B")
-    ax.set_ylabel("fraction")
+    ax.set_ylabel("padding / prefill positions")
     ax.set_ylim(0, 1.05)
     _pct(ax)
-    ax.legend(loc="upper left")
     return fig
 
 
@@ -303,10 +321,12 @@ WAIT_LABEL_CLEAR_PX = 3.0
 
 
 def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | None = None) -> Figure:
-    """7.1 (d): mean queueing delay vs slot utilization as the collection timeout grows."""
-    fig, ax = plt.subplots(figsize=(WIDTH, 3.0))
+    """7.1 (d): mean queueing delay vs slot utilization as the collection timeout grows; a run
+    whose queue grew over the replay (``stable`` 0) is drawn hollow."""
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.3))
     top = max(0.6, (ceiling or 0) * 1.25)
     qs, labels = [], []
+    unstable = False
     for name, d in sweep.items():
         q = np.maximum(d["queue_mean"], 1e-3)
         qs.append(q)
@@ -317,6 +337,11 @@ def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | 
             color=SCHEDULER_COLORS[name],
             label=f"{name} ({'timeout' if name == 'static' else 'max_wait'} T, s)",
         )
+        # A run whose queue grew over the replay: hollow, its delay is only a lower bound.
+        grew = np.asarray(d["stable"]) == 0 if "stable" in d else np.zeros(len(q), dtype=bool)
+        if grew.any():
+            ax.plot(q[grew], np.asarray(d["slot_util"])[grew], "o", color=SCHEDULER_COLORS[name], mfc="white")
+            unstable = True
         # Points that bunch up (small T) share one label listing every T of the bunch,
         # written below it, where the curves leave room; a lone point keeps its own label.
         groups: list[list[int]] = []
@@ -367,7 +392,11 @@ def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | 
     ax.set_ylabel("slot utilization")
     ax.set_ylim(0, top)
     _pct(ax)
-    ax.legend(loc="upper left")
+    handles, names = ax.get_legend_handles_labels()
+    if unstable:
+        handles.append(Line2D([], [], ls="none", marker="o", color="#666666", mfc="white"))
+        names.append("hollow: queue grows over the replay")
+    fig.legend(handles, names, loc="outside lower center", ncol=len(names))
     if ceiling is not None:
         # The best points sit just under the ceiling, so a label written above its point can
         # land on (or touch) the dashed line: such a label moves just above the line, at its
@@ -379,30 +408,35 @@ def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | 
             if box.y0 - WAIT_LABEL_CLEAR_PX <= y_line <= box.y1 + WAIT_LABEL_CLEAR_PX:
                 t.xy = (t.xy[0], ceiling)
                 t.xyann = (t.xyann[0], 3)
-                t.set_va("bottom")
+                t.set_verticalalignment("bottom")
     return fig
 
 
 # ------------------------------------------------------------------------------ 7.2
-def rate_util_figure(
+def _config_color(name: str) -> str:
+    """A 7.2 configuration's colour from the scheduler its label starts with."""
+    return SCHEDULER_COLORS.get(name.split()[0].rstrip(","), "#999999")
+
+
+def utilization_load_figure(
     sweep: Mapping[str, Mapping[str, np.ndarray]], trace_rate: float | None = None
 ) -> Figure:
-    """7.2: slot utilization, hardware compute and bandwidth utilization vs offered rate."""
-    fig, axes = plt.subplots(1, 3, figsize=(WIDTH, 2.8), sharex=True)
+    """7.2 (70B): slot utilization (left) and all-FLOP hardware compute utilization (right)
+    against offered rate, one line per configuration of a :func:`~batching.book.continuous.rate_sweep`;
+    filled markers where the run is stable, hollow where its queue grows over the replay."""
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.0), sharex=True)
     for name, d in sweep.items():
-        c = SCHEDULER_COLORS.get(name.split()[0])
-        x = d["offered_rate"]
-        axes[0].plot(x, d["slot_util"], "o-", color=c, ms=3.5, label=name)
-        axes[1].plot(x, d["hw_compute"], "o-", color=c, ms=3.5)
-        axes[1].plot(x, d["useful_compute"], "o--", color=c, ms=3.5, mfc="white")
-        axes[2].plot(x, d["hw_bandwidth"], "o-", color=c, ms=3.5)
-    titles = [
-        "slot utilization",
-        "hardware compute utilization\n(solid: all FLOPs, dashed: useful)",
-        "hardware bandwidth\nutilization",
-    ]
-    xs = np.concatenate([d["offered_rate"] for d in sweep.values()])
-    for ax, t in zip(axes, titles):
+        c = _config_color(name)
+        x = np.asarray(d["offered_rate"], dtype=float)
+        ok = np.asarray(d["stable"], dtype=bool)
+        for ax, key in zip(axes, ("slot_util", "hw_compute")):
+            y = np.asarray(d[key], dtype=float)
+            ls = "--" if "32" in name else "-"
+            ax.plot(x, y, ls, color=c, lw=1.2, label=name)
+            ax.plot(x[ok], y[ok], "o", color=c, ms=4)
+            ax.plot(x[~ok], y[~ok], "o", color=c, ms=4, mfc="white")
+    xs = np.concatenate([np.asarray(d["offered_rate"], dtype=float) for d in sweep.values()])
+    for ax, t in zip(axes, ("slot utilization", "hardware compute utilization (all FLOPs)")):
         ax.set_title(t, fontsize=9)
         ax.set_xscale("log")
         _log_ticks(ax, xs.min(), xs.max())
@@ -411,54 +445,53 @@ def rate_util_figure(
         ax.set_xlabel("offered rate (req/s)")
         if trace_rate:
             ax.axvline(trace_rate, color="#999999", lw=1, ls=":")
-    axes[0].legend(loc="upper left")
+    marks = [
+        Line2D([], [], marker="o", color="#666666", ls="none", label="stable"),
+        Line2D([], [], marker="o", color="#666666", mfc="white", ls="none", label="queue grows"),
+    ]
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(
+        handles + marks, names + ["stable", "queue grows"], loc="outside lower center", ncol=3, fontsize=8
+    )
     return fig
 
 
-def latency_throughput_figure(
-    sweep: Mapping[str, Mapping[str, np.ndarray]], label_scales: Sequence[float] = ()
-) -> Figure:
-    """7.2: p50 and p99 end-to-end latency vs achieved throughput in requests/s (the unit of
-    the page's table), one point per rate; points whose replay speed is in ``label_scales``
-    are labelled with it ("0.75x"), so a curve that bends back can be followed."""
-    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.2), sharey=True)
-    # One side per curve (above, right, below), so labels of curves that start together at
-    # light load do not stack; any that still collide are dropped by _drop_overlapping.
-    sides = [((3, 5), "left"), ((6, -3), "left"), ((3, -12), "left")]
-    labels: list[Any] = []
-    for i, (name, d) in enumerate(sweep.items()):
-        c = SCHEDULER_COLORS.get(name.split()[0])
-        offset, ha = sides[i % len(sides)]
-        for ax, key in zip(axes, ("e2e_p50", "e2e_p99")):
-            ax.plot(d["throughput_req"], d[key], "o-", color=c, ms=3.5, label=name)
-            for x, y, k in zip(d["throughput_req"], d[key], d["time_scale"]):
-                if any(math.isclose(k, s) for s in label_scales):
-                    labels.append(
-                        ax.annotate(
-                            f"{k:g}x",
-                            (x, y),
-                            xytext=offset,
-                            textcoords="offset points",
-                            ha=ha,
-                            fontsize=7,
-                            color=c,
-                        )
-                    )
-    for ax, t in zip(axes, ("p50 end-to-end latency", "p99 end-to-end latency")):
-        ax.set_yscale("log")
-        ax.set_xlabel("achieved throughput (requests/s)")
-        ax.set_title(t, fontsize=9)
-    axes[0].set_ylabel("seconds (log scale)")
-    ys = np.concatenate(
-        [np.asarray(d[k], dtype=float) for d in sweep.values() for k in ("e2e_p50", "e2e_p99")]
+def real_schedulers_figure(rs: Mapping[str, Any]) -> Figure:
+    """7.2, measured: slot utilization, p99 end-to-end latency and output tokens/s of each
+    scheduler of :func:`~batching.book.checks.real_schedulers` on the real engine (solid bars);
+    where a profile of this machine exists, the simulator's prediction beside them (hatched)."""
+    keys = (
+        ("slot_util", "slot utilization"),
+        ("e2e_p99", "p99 end-to-end (s)"),
+        ("throughput_tok", "output tokens/s"),
     )
-    xs = np.concatenate([np.asarray(d["throughput_req"], dtype=float) for d in sweep.values()])
-    axes[0].set_ylim(ys.min() / 3, ys.max() * 2.2)  # room for the labels around the curves
-    for ax in axes:
-        ax.set_xlim(0, xs.max() * 1.12)
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=len(names))
-    _drop_overlapping(fig, labels)
+    names = list(rs["real"])
+    sim = rs.get("sim")
+    fig, axes = plt.subplots(1, len(keys), figsize=(WIDTH, 2.6))
+    w = 0.38 if sim else 0.7
+    for ax, (key, title) in zip(axes, keys):
+        for i, n in enumerate(names):
+            c = _config_color(n)
+            x = i - w / 2 if sim else i
+            ax.bar(x, rs["real"][n][key], width=w, color=c, label="measured" if i == 0 else None)
+            if sim:
+                ax.bar(
+                    i + w / 2,
+                    sim[n][key],
+                    width=w,
+                    color="white",
+                    edgecolor=c,
+                    hatch="////",
+                    label="simulated" if i == 0 else None,
+                )
+        ax.set_xticks(range(len(names)), names)
+        ax.set_title(title, fontsize=9)
+        ax.grid(axis="x", visible=False)
+        if key == "slot_util":
+            ax.set_ylim(0, 1.02)
+            _pct(ax)
+    if sim:
+        axes[0].legend(loc="upper left", fontsize=8)
     return fig
 
 
@@ -516,6 +549,8 @@ def iterations_figure(its: Mapping[str, Mapping[str, np.ndarray]], probe: int) -
     axes[0].set_xlim(left=probe / 2)
     axes[0].set_xlabel("engine iterations from arrival to last token (log)")
     axes[1].set_xscale("log")
+    service = np.concatenate([np.asarray(d["service"], dtype=float) for d in its.values()])
+    _log_ticks(axes[1], float(service.min()), float(service.max()))
     axes[1].set_xlabel("seconds from admission to last token (log)")
     for ax in axes:
         ax.set_ylabel("fraction of probes")

@@ -4,7 +4,9 @@ against batch size, and what a timeout (dynamic batching) changes.
 
 from __future__ import annotations
 
+import enum
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -15,11 +17,12 @@ from ..engine import RunResult
 from ..metrics import summarize
 from ..plan import StepWork
 from ..workload import Workload
+from .capacity import queue_growth
 from .common import _OCC_KIND, metrics, simulate
 
 
 # ------------------------------------------------------------------------------- 7.1
-def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000, output: int = 20) -> dict[str, float]:
+def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000, output: int = 20) -> dict[str, Any]:
     """7.1 (a): what padding a ``short`` prompt to a ``long`` one costs.
 
     Runs the ``padding-pair`` shape (one short and one long prompt at t=0) through the
@@ -66,7 +69,7 @@ def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000, output: 
     out["time_ratio_batch"] = out["t_batch_padded"] / out["t_batch_unpadded"]
     out["bstar"] = float(cost.bstar())
     terms = cost.terms(work(short)), cost.terms(work(long))
-    return {**out, "bound_short": terms[0]["bound"], "bound_padded": terms[1]["bound"]}  # type: ignore[dict-item]
+    return {**out, "bound_short": terms[0]["bound"], "bound_padded": terms[1]["bound"]}
 
 
 #: The long prompt of :func:`real_padding` per device type: as long as cpu-s's 2,048-token
@@ -95,8 +98,11 @@ def real_padding(
     positions multiply by ``token_ratio``); ``time_ratio_batch`` = padded_ms / packed_ms is
     what the batch pays, against ``positions_ratio`` = 2 long / (short + long) in
     positions. Also ``pad_tokens`` and ``padding_fraction`` from the static run's
-    step log, ``executor`` (what ran) and ``model``. ``model`` None and ``long`` None take
-    the device's defaults (:data:`~batching.experiments.checks.REAL_MODELS`,
+    step log, ``executor`` (what ran) and ``model``. ``load`` is the highest 1-minute load
+    average seen before and after the runs (nan where the OS has none), ``cpus`` the machine's
+    CPU count, and ``busy`` whether the load exceeded it: other work then shared the cores,
+    which inflates short steps most. ``model`` None and ``long`` None take
+    the device's defaults (:data:`~batching.book.checks.REAL_MODELS`,
     :data:`REAL_PADDING_LONG`).
     """
     from .checks import real_kind, real_runner, serve_real
@@ -119,6 +125,7 @@ def real_padding(
         "long": (alone["long"], "continuous", {"slots": 1}),
     }
     times: dict[str, list[float]] = {k: [] for k in runs}
+    load = _load_average()
     for _ in range(reps):
         for key, (w, sched, opts) in runs.items():
             res = serve_real(runner, w, sched, **opts)
@@ -129,6 +136,8 @@ def real_padding(
             if key == "padded":
                 pad, needed = float(L["pad"][0]), float(L["prefill"][0])
                 executor = res.executor
+    load = max(load, _load_average())
+    cpus = float(os.cpu_count() or 1)
     out: dict[str, Any] = {f"{k}_ms": float(np.median(v)) * 1e3 for k, v in times.items()}
     out.update(
         short=float(short),
@@ -142,38 +151,61 @@ def real_padding(
         time_ratio_batch=out["padded_ms"] / out["packed_ms"],
         model=executor["model"],
         executor=executor,
+        load=load,
+        cpus=cpus,
+        busy=bool(load > cpus),
     )
     return out
 
 
-def real_padding_rows(rp: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """7.1: header and rows of the measured padding table (:func:`real_padding`)."""
-    s, lg = int(rp["short"]), int(rp["long"])
-    header = ["prefill step", "positions computed", "measured (ms)"]
-    rows = [
-        [f"{s}-token prompt alone", f"{s:,}", f"{rp['short_ms']:.1f}"],
-        [f"{lg:,}-token prompt alone (= the short one padded)", f"{lg:,}", f"{rp['long_ms']:.1f}"],
-        ["both, packed (continuous batching)", f"{s + lg:,}", f"{rp['packed_ms']:.1f}"],
-        ["both, padded (static batching, B = 2)", f"{2 * lg:,}", f"{rp['padded_ms']:.1f}"],
-    ]
-    return header, rows
+def _load_average() -> float:
+    """The 1-minute load average (:func:`batching.real.measure.load_average`), nan where the
+    platform has none."""
+    from ..real.measure import load_average
+
+    load = load_average()
+    return math.nan if load is None else load
 
 
-def committed_padding_text(docs: Sequence[Mapping[str, Any]]) -> str:
-    """7.1: one sentence per committed ``bench_stall.py`` result
-    (:func:`~batching.experiments.checks.committed_real_runs`) on what padding cost there."""
-    from .checks import committed_text
+class Scaling(str, enum.Enum):
+    """How a longer step's time grew against its positions (7.1 (a)): the verdict on padding."""
 
-    def sentence(d: Mapping[str, Any]) -> str:
-        p = d["padding"]
-        return (
-            f"padded to {p['long']:,.0f} tokens, the {p['short']:.0f}-token prompt's prefill took "
-            f"{p['time_ratio_short']:.0f}x its own time ({p['short_ms']:.1f} vs {p['long_ms']:.1f} ms) for "
-            f"{p['token_ratio']:.0f}x the positions, and the padded pair {p['time_ratio_batch']:.1f}x the "
-            f"packed one"
+    #: Time grew about as much as positions: padding costs in full.
+    PROPORTIONAL = "proportional"
+    #: Time grew clearly less: the shorter step was bound by something other than its
+    #: arithmetic (weight reads on a GPU), so padding it costs less than its positions.
+    LESS = "less"
+    #: Time grew clearly more than positions (attention's quadratic part, cache effects).
+    MORE = "more"
+
+
+def scaling(time_ratio: float, positions_ratio: float, tol: float = 0.25) -> Scaling:
+    """:class:`Scaling` of a step that computed ``positions_ratio`` times the positions of
+    another in ``time_ratio`` times its time: proportional while the time per position of
+    the two agrees within ``tol`` (relative), else less or more."""
+    if not (time_ratio > 0 and positions_ratio > 0 and 0 <= tol < 1):
+        raise ValueError(
+            f"time_ratio={time_ratio}, positions_ratio={positions_ratio}, tol={tol}: need positive "
+            "ratios and 0 <= tol < 1"
         )
+    r = time_ratio / positions_ratio
+    if r < 1 - tol:
+        return Scaling.LESS
+    if r > 1 + tol:
+        return Scaling.MORE
+    return Scaling.PROPORTIONAL
 
-    return committed_text(docs, "the same runs", sentence)
+
+def per_position_ms(rp: Mapping[str, Any]) -> dict[str, float]:
+    """7.1 (a), measured: milliseconds per computed position of each run of :func:`real_padding`
+    (``short``, ``long``, ``packed``, ``padded``): what the measured page compares."""
+    s, lg = float(rp["short"]), float(rp["long"])
+    return {
+        "short": rp["short_ms"] / s,
+        "long": rp["long_ms"] / lg,
+        "packed": rp["packed_ms"] / (s + lg),
+        "padded": rp["padded_ms"] / (2 * lg),
+    }
 
 
 class Segment(NamedTuple):
@@ -353,48 +385,25 @@ def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]
     return {"batch": np.asarray(batch_sizes, dtype=float), **{k: np.asarray(v) for k, v in out.items()}}
 
 
-def sweep_agreement_text(
-    sweep: Mapping[str, np.ndarray], batch: int, max_context: int, tol: float = 1e-9
-) -> str:
-    """7.1 (c): how the simulated slot utilization of :func:`static_batch_sweep` sits beside
-    the formula of full batches, and why they differ where they do: batches the scheduler
-    closed early because a request could not be padded beside them within ``max_context``
-    (the formula over the batches actually formed is checked too). ``batch`` is the B the
-    prose quotes."""
-    # Glued markdown is not run through dollarmath ($B$ would show raw): the letters are
-    # written in italics, which it does render.
+def sweep_agreement(sweep: Mapping[str, np.ndarray], tol: float = 1e-9) -> dict[str, float | bool]:
+    """7.1 (c): how the simulated slot utilization of :func:`static_batch_sweep` sits beside the
+    formula. ``equal``: it equals the formula of full batches at every B (within ``tol``);
+    ``max_gap``: the largest difference (a fraction, not points), at batch ``worst_batch``,
+    where the scheduler closed ``closed_early`` batches early at the model's context and ran
+    ``batches`` where ``batches_full`` full ones would hold the requests; ``formed_equal``:
+    the formula over the batches actually formed gives the simulated value at every B."""
     b, sim, full = sweep["batch"], sweep["slot_util"], sweep["analytic"]
-    formed, early = sweep["analytic_formed"], sweep["closed_early"]
-    i, last = int(np.flatnonzero(np.isclose(b, batch))[0]), len(b) - 1
-    if np.all(np.abs(sim - full) <= tol):
-        return (
-            f"The simulated slot utilization equals the formula at every *B*: at *B* = {batch} both give "
-            f"{sim[i]:.1%}."
-        )
-    k = int(np.argmax(np.abs(sim - full)))
-    quoted = sorted({i, k, last})
-    pairs = "; ".join(f"{sim[j]:.1%} against {full[j]:.1%} at *B* = {b[j]:.0f}" for j in quoted)
-    why = (
-        f"A dense batch gives every row the longest prompt plus the longest output, which must fit the "
-        f"model's {max_context:,}-token context, so the scheduler closes a batch early before a request "
-        f"it cannot pad to, and every later batch boundary shifts. At *B* = {b[k]:.0f} it closed "
-        f"{early[k]:.0f} batch{'es' if early[k] != 1 else ''} early and ran {sweep['batches'][k]:.0f} "
-        f"batches where {sweep['batches_full'][k]:.0f} full ones would hold the requests."
-    )
-    if np.all(np.abs(sim - formed) <= tol):
-        check = (
-            "Applied to the batches the scheduler actually formed, the formula gives the simulated value "
-            "exactly at every *B* of this sweep."
-        )
-    else:
-        check = (
-            f"Even applied to the batches the scheduler formed, the formula differs by up to "
-            f"{np.max(np.abs(sim - formed)) * 100:.1f} points."
-        )
-    return (
-        f"The simulated slot utilization is within {np.max(np.abs(sim - full)) * 100:.1f} percentage points "
-        f"of the formula of full batches, not equal to it: {pairs}. {why} {check}"
-    )
+    gap = np.abs(sim - full)
+    k = int(np.argmax(gap))
+    return {
+        "equal": bool(np.all(gap <= tol)),
+        "max_gap": float(gap[k]),
+        "worst_batch": float(b[k]),
+        "closed_early": float(sweep["closed_early"][k]),
+        "batches": float(sweep["batches"][k]),
+        "batches_full": float(sweep["batches_full"][k]),
+        "formed_equal": bool(np.all(np.abs(sim - sweep["analytic_formed"]) <= tol)),
+    }
 
 
 def wait_sweep(
@@ -407,31 +416,44 @@ def wait_sweep(
     """7.1 (d): the collection timeout trade-off of static (``timeout``) and dynamic
     (``max_wait``) batching. Per scheduler, arrays over ``wait``: ``queue_mean``,
     ``slot_util``, ``e2e_p99``, ``ttft_p99``, ``throughput_req``, ``padding_fraction``,
-    ``mean_batch`` (requests per dispatched batch). KV memory not limited."""
+    ``mean_batch`` (requests per dispatched batch) and ``stable`` (1.0 where the queue did not
+    grow over the replay, :func:`~batching.book.capacity.queue_growth`; 0.0 where it did: its
+    queueing delay is then no value, only a lower bound). KV memory not limited."""
     res: dict[str, dict[str, np.ndarray]] = {}
     keys = ("queue_mean", "slot_util", "e2e_p99", "ttft_p99", "throughput_req", "padding_fraction")
     for name in schedulers:
-        acc: dict[str, list[float]] = {k: [] for k in (*keys, "mean_batch")}
+        acc: dict[str, list[float]] = {k: [] for k in (*keys, "mean_batch", "stable")}
         for T in waits:
             r = simulate(workload, cost, name, slots=slots, kv_tokens=None, timeout=float(T))
             m = metrics(r)
             for k in keys:
                 acc[k].append(m[k])
             L = r.log.cols
-            batches = sum(1 for p, d in zip(L["prefill"], L["decode"]) if p > 0)
+            batches = sum(1 for p in L["prefill"] if p > 0)
             acc["mean_batch"].append(len(workload) / batches)
+            acc["stable"].append(1.0 - queue_growth(r)["growing"])
         res[name] = {"wait": np.asarray(waits, dtype=float), **{k: np.asarray(v) for k, v in acc.items()}}
     return res
 
 
 def wait_summary(
-    sweep: Mapping[str, Mapping[str, np.ndarray]], rate: float, batch: int, rel_tol: float = 0.10
-) -> dict[str, float]:
-    """7.1 (d): the numbers the timeout section quotes from a :func:`wait_sweep` of
-    ``static`` and ``dynamic``: ``fill_s`` (B / rate, the timeout a static batch needs to fill
-    at that rate), and ``converge_wait``, the smallest timeout from which on the two agree
-    within ``rel_tol`` in both mean queueing delay and slot utilization (-1 if they never do),
-    with ``converge_i`` its index (-1 likewise)."""
+    sweep: Mapping[str, Mapping[str, np.ndarray]],
+    rate: float,
+    batch: int,
+    ceiling: float | None = None,
+    rel_tol: float = 0.10,
+) -> dict[str, float | bool]:
+    """7.1 (d): the numbers and verdicts the timeout section quotes from a :func:`wait_sweep`
+    of ``static`` and ``dynamic``.
+
+    ``fill_s``: B / rate, the timeout a static batch needs to fill at that rate.
+    ``converge_wait``: the smallest timeout from which on the two agree within ``rel_tol``
+    in both mean queueing delay and slot utilization (-1 if they never do), with
+    ``converge_i`` its index (-1 likewise). ``ahead``: at the shortest timeout dynamic
+    batching queues less and uses its slots at least as well as static. ``best_util``: the
+    highest slot utilization of any point; with a ``ceiling`` (the full-batch utilization),
+    ``below_ceiling``: no point of either sweep gets above it (to within ``1e-9``).
+    """
     if not (rate > 0 and batch >= 1):
         raise ValueError(f"rate={rate}, batch={batch}: need a positive rate and batch >= 1")
     st, dy = sweep["static"], sweep["dynamic"]
@@ -442,117 +464,18 @@ def wait_summary(
     # From some timeout on: every later point must agree too.
     tail = np.flip(np.logical_and.accumulate(np.flip(close)))
     idx = int(np.argmax(tail)) if tail.any() else -1
-    return {
+    best = max(float(np.max(st["slot_util"])), float(np.max(dy["slot_util"])))
+    out: dict[str, float | bool] = {
         "fill_s": batch / rate,
         "converge_i": float(idx),
         "converge_wait": float(st["wait"][idx]) if idx >= 0 else -1.0,
         "rel_tol": rel_tol,
+        "ahead": bool(dy["queue_mean"][0] < st["queue_mean"][0] and dy["slot_util"][0] >= st["slot_util"][0]),
+        "best_util": best,
     }
-
-
-def wait_point(sweep: Mapping[str, np.ndarray], j: int) -> dict[str, str]:
-    """7.1 (d): point ``j`` of one scheduler's :func:`wait_sweep` as the prose and the
-    takeaway both print it, so that one number never shows at two precisions: ``util``
-    (slot utilization, one decimal below 10%, whole percent above) and ``queue`` (mean
-    queueing delay with its unit, whole seconds from 100 s, one decimal below)."""
-    u, q = float(sweep["slot_util"][j]), float(sweep["queue_mean"][j])
-    return {
-        "util": f"{u:.1%}" if u < 0.1 else f"{u:.0%}",
-        "queue": f"{q:,.0f} s" if q >= 100 else f"{q:.1f} s",
-    }
-
-
-def wait_takeaway(sweep: Mapping[str, Mapping[str, np.ndarray]], summary: Mapping[str, float]) -> str:
-    """7.1 (d): the takeaway's sentences on static against dynamic batching, from the sweep:
-    where dynamic batching is ahead (the shortest timeout) and from which timeout on the two
-    measure the same (:func:`wait_summary`); numbers as :func:`wait_point` prints them."""
-    st, dy = sweep["static"], sweep["dynamic"]
-
-    def point(s: Mapping[str, np.ndarray], j: int) -> str:
-        p = wait_point(s, j)
-        return f"{p['util']} slot utilization at {p['queue']} of queueing"
-
-    t0 = f"{st['wait'][0]:g}"
-    ahead = (dy["queue_mean"][0] < st["queue_mean"][0]) and (dy["slot_util"][0] >= st["slot_util"][0])
-    first = (
-        f"Dynamic batching is ahead where the timeout is short: at *T* = {t0} s it reached "
-        f"{point(dy, 0)}, static batching {point(st, 0)}, because the queue that builds up during one "
-        f"batch forms the next."
-        if ahead
-        else f"At *T* = {t0} s dynamic batching measured {point(dy, 0)}, static batching {point(st, 0)}."
-    )
-    j = int(summary["converge_i"])
-    if j < 0:
-        second = f"At no timeout of the sweep do the two agree within {summary['rel_tol']:.0%}."
-    else:
-        last = len(st["wait"]) - 1
-        second = (
-            f"From *T* = {st['wait'][j]:g} s on the two agree within {summary['rel_tol']:.0%}: the "
-            f"timeout, not the scheduler, sets the batch (at *T* = {st['wait'][last]:g} s, static "
-            f"{point(st, last)}, dynamic {point(dy, last)})."
-        )
-    return f"{first} {second}"
-
-
-def real_padding_text(rp: Mapping[str, Any], tol: float = 0.03, slight: float = 0.10) -> str:
-    """7.1 (a), measured: what the real model's padding runs (:func:`real_padding`) say about
-    how prefill time follows positions on the device that ran them: per position, the short
-    prompt against the long one, and the padded batch against the packed one. The time per
-    position of the longer step over the shorter one's decides the words: "in proportion"
-    within ``tol``, "slightly more (less) than in proportion", with the difference, within
-    ``slight``, and beyond it "more (less) than its positions" with the reason."""
-    s, lg = rp["short"], rp["long"]
-    per = {
-        "short": rp["short_ms"] / s,
-        "long": rp["long_ms"] / lg,
-        "packed": rp["packed_ms"] / (s + lg),
-        "padded": rp["padded_ms"] / (2 * lg),
-    }
-
-    def how(ratio: float, positions: float) -> str:
-        r = ratio / positions  # the longer step's time per position over the shorter's
-        if abs(r - 1) <= tol:
-            return "in proportion to its positions"
-        if abs(r - 1) <= slight:
-            more = r > 1
-            return (
-                f"slightly {'more' if more else 'less'} than in proportion to its positions "
-                f"({abs(r - 1):.0%} {'more' if more else 'less'} per position)"
-            )
-        return "less than its positions" if ratio < positions else "more than its positions"
-
-    a = (
-        f"The short prompt's time grew {how(rp['time_ratio_short'], rp['token_ratio'])}: per position, its "
-        f"{s:,.0f}-token prefill cost {per['short']:.3f} ms and the {lg:,.0f}-token one {per['long']:.3f} ms"
-    )
-    if rp["time_ratio_short"] < rp["token_ratio"] * (1 - slight):
-        a += (
-            ", because part of a step's cost does not grow with its length and weighs more on a short prompt."
-        )
-    elif rp["time_ratio_short"] > rp["token_ratio"] * (1 + slight):
-        a += ", so on this device a longer prefill costs more per position."
-    else:
-        a += "."
-    b = (
-        f"The padded batch's time grew {how(rp['time_ratio_batch'], rp['positions_ratio'])}: per position, the "
-        f"padded {2 * lg:,.0f}-position step cost {per['padded']:.3f} ms and the packed "
-        f"{s + lg:,.0f}-position one {per['packed']:.3f} ms"
-    )
-    if rp["time_ratio_batch"] > rp["positions_ratio"] * (1 + slight):
-        b += (
-            ", so on this device a step of more positions costs more per position, and padding costs more "
-            "than the positions it adds."
-        )
-    elif rp["time_ratio_batch"] < rp["positions_ratio"] * (1 - slight):
-        b += ", so on this device a step of more positions costs less per position."
-    else:
-        b += "."
-    if str(rp.get("executor", {}).get("device", "cpu")).startswith("cuda"):
-        return f"{a} {b}"
-    return (
-        f"{a} {b} On a GPU the roofline above predicts otherwise: a short prefill is memory-bound there, "
-        f"and padding it costs far less time than positions."
-    )
+    if ceiling is not None:
+        out["below_ceiling"] = bool(best <= ceiling + 1e-9)
+    return out
 
 
 def first_finisher_summary(result: RunResult) -> dict[str, float]:
@@ -563,7 +486,9 @@ def first_finisher_summary(result: RunResult) -> dict[str, float]:
     ``after_first_fraction`` (share of the run's time after the first request finished).
     """
     ss = slot_steps(result)
-    fins = [r.finish_time for r in result.requests]
+    fins = [float(r.finish_time) for r in result.requests if r.finish_time is not None]
+    if len(fins) != len(result.requests):
+        raise ValueError("first_finisher_summary() needs a run in which every request finished")
     start = min(r.arrival for r in result.requests)
     span = max(fins) - start
     out: dict[str, float] = {k: float(v) for k, v in ss.items()}

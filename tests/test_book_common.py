@@ -50,6 +50,9 @@ def test_glue_helpers():
         "llama-70b (bf16 weights, bf16 KV cache) on 2 x H200-SXM, tensor parallel"
     )
     assert plots.plain(np.float64(2.5)) == 2.5 and type(plots.plain(np.int64(3))) is int
+    # A phrase that names an existing path is pasted as itself, not read as that file.
+    for text in (".", "README.md", "", "a *short* phrase"):
+        assert plots.markdown(text)._repr_markdown_() == text
 
 
 def test_phase_colours_are_distinct_and_cover_every_kind():

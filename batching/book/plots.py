@@ -1234,13 +1234,23 @@ def glue_markdown(values: Mapping[str, str]) -> None:
     ``{glue:md}`key``` as MyST, so a generated sentence or paragraph (which device a
     measurement ran on, which profiles exist) reads as plain text, code spans included,
     where ``{glue:text}`` would paste it verbatim in bold."""
-    from IPython.display import Markdown
     from myst_nb import glue
 
     for key, v in values.items():
         if not isinstance(v, str):
             raise TypeError(f"glue_markdown {key!r}={v!r}: must be a str")
-        glue(key, Markdown(v), display=False)
+        glue(key, markdown(v), display=False)
+
+
+def markdown(text: str) -> Any:
+    """An IPython ``Markdown`` object holding ``text`` itself. ``Markdown(text)`` reads a
+    string that names an existing path as that file ("." raised IsADirectoryError, a phrase
+    equal to a file name would paste the file), so the text is set after construction."""
+    from IPython.display import Markdown
+
+    md = Markdown("")
+    md.data = text
+    return md
 
 
 # ------------------------------------------------------------------ capacity (7.2, 7.3)

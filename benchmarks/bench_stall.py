@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from batching.book import chunked, static  # noqa: E402
+from batching.book import chunked_real, static  # noqa: E402
 from batching.real.executor import resolve_device  # noqa: E402
 from batching.real.measure import registry_device  # noqa: E402
 
@@ -72,7 +72,7 @@ def main() -> int:
     pad = static.real_padding(
         model=a.model, device=a.device, short=a.short, long=a.long, reps=a.reps, threads=a.threads
     )
-    st = chunked.real_stall(
+    st = chunked_real.real_stall(
         model=a.model, device=a.device, running=a.running, prompt=a.prompt, chunk=a.chunk, threads=a.threads
     )
     ex = st["executor"]

@@ -254,6 +254,21 @@ def chunk_step_times(cost: Any, chunks: Sequence[int], decodes: int = 30, ctx: i
     }
 
 
+def chunk_within(cost: Any, limit_s: float, decodes: int = 30, ctx: int = 300) -> int:
+    """The largest prefill chunk whose step, beside ``decodes`` decodes of ``ctx`` KV tokens,
+    takes at most ``limit_s`` on the roofline (0 if even the decode-only step exceeds it)."""
+    if chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["step_s"][0] > limit_s:
+        return 0
+    lo, hi = 1, 1 << 20  # step time grows with the chunk: bisect on the largest that fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if chunk_step_times(cost, [mid], decodes=decodes, ctx=ctx)["step_s"][0] <= limit_s:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def chunk_for_itl(
     cost: Any, factor: float = 2.0, decodes: int = 30, ctx: int = 300, reference: Sequence[int] = ()
 ) -> dict[str, float]:
@@ -262,15 +277,9 @@ def chunk_for_itl(
     ``chunk`` (tokens), ``step_ms``, ``decode_ms`` and ``share``: its prefill throughput
     over the best of ``reference`` chunk sizes and itself (the figure's right panel)."""
     base = chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["decode_s"]
-    if chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["step_s"][0] > factor * base:
+    lo = chunk_within(cost, factor * base, decodes=decodes, ctx=ctx)
+    if lo == 0:
         raise ValueError(f"factor={factor}: even a 1-token chunk exceeds it")
-    lo, hi = 1, 1 << 20  # step time grows with the chunk: bisect on the largest that fits
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if chunk_step_times(cost, [mid], decodes=decodes, ctx=ctx)["step_s"][0] <= factor * base:
-            lo = mid
-        else:
-            hi = mid
     d = chunk_step_times(cost, [lo] + list(reference), decodes=decodes, ctx=ctx)
     return {
         "chunk": float(lo),
@@ -278,6 +287,27 @@ def chunk_for_itl(
         "decode_ms": base * 1e3,
         "share": float(d["prefill_tps"][0] / d["prefill_tps"].max()),
     }
+
+
+def slo_steps(
+    cost: Any, slo_ms: float, budgets: Sequence[int], decodes: int = 32, ctx: int = 4096
+) -> dict[str, float]:
+    """7.3's capacity derivation on the roofline, for the decode batch the SLOs are taken at:
+    ``slo_tokens``, the most prompt tokens one step can prefill beside ``decodes`` decodes of
+    ``ctx`` tokens within ``slo_ms``; ``token_us``, the compute time of one prompt token at peak
+    (matrices only); and ``budget_<b>_ms``, the step that fills each token budget ``b``
+    (``b - decodes`` prompt tokens beside the decodes)."""
+    m = cost.model
+    out = {
+        "slo_tokens": float(chunk_within(cost, slo_ms / 1e3, decodes=decodes, ctx=ctx)),
+        "token_us": 2 * m.layers * m.layer_matmul_params / cost.peak_flops * 1e6,
+    }
+    for b in budgets:
+        if b <= decodes:
+            raise ValueError(f"budget={b}: must exceed the {decodes} decodes")
+        t = chunk_step_times(cost, [b - decodes], decodes=decodes, ctx=ctx)["step_s"][0]
+        out[f"budget_{b}_ms"] = float(t) * 1e3
+    return out
 
 
 def trace_contrast(workload: Workload, other: Workload) -> dict[str, float]:

@@ -421,3 +421,19 @@ def test_chunk_profile_figure_reads_the_itl_multiplier_as_1x_2x_5x():
     fig.canvas.draw()
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["1x", "2x", "5x", "10x"]
     matplotlib.pyplot.close(fig)
+
+
+def test_slo_steps_by_hand():
+    # llama-8b on an H100: a prompt token is 13.96 GFLOP in the matrices, 14.11 us at 989 TFLOP/s.
+    # Beside 32 decodes of 4,096 tokens (15.0 GB of weights + 17.2 GB of KV: 9.9 ms, memory-bound)
+    # a 480-token chunk still rides under the memory time; the 2,048 budget is compute-bound.
+    ss = chunked.slo_steps(H100_8B, 49.55, [512, 2048])
+    assert ss["token_us"] == pytest.approx(14.114, abs=1e-3)
+    assert ss["budget_512_ms"] == pytest.approx(9.93, abs=0.01)
+    assert 2016 * ss["token_us"] / 1e3 < ss["budget_2048_ms"] < 2048 * 16 / 989 + 0.3 + 1.5
+    n = int(ss["slo_tokens"])
+    t = chunked.chunk_step_times(H100_8B, [n, n + 1], decodes=32, ctx=4096)["step_s"]
+    assert t[0] <= 49.55e-3 < t[1] and 3000 < n < 3500  # about (49.55 - 0.3) ms / 14.1 us, less the decodes
+    assert chunked.chunk_within(H100_8B, 1e-3, decodes=32, ctx=4096) == 0  # below the decode-only step
+    with pytest.raises(ValueError, match="budget=32"):
+        chunked.slo_steps(H100_8B, 49.55, [32])

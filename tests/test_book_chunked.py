@@ -95,7 +95,7 @@ def test_spike_summary_splits_the_slow_steps_around_the_long_prompt():
     # The measured page's row of such a run: the slow steps split 1 / 3 / 0 around the prompt.
     st = chunked.stall_summary({"chk": ("chunked", res)}, [0, 1], 2)
     rows = chunked_real.live_stall_rows({**st, "labels": {"chk": "chunked"}})
-    assert rows == [["chunked", "9000", "3000.0", "9000", "1 / 3 / 0", "25,000"]]
+    assert rows == [["chunked", "9000", "3000.0", "9000", "25,000", "1 / 3 / 0"]]
 
 
 def test_stall_verdict_removed_spread_or_not_cut():

@@ -46,3 +46,41 @@ def test_no_chunks_off_the_curve_where_chunks_beat_its_ttft_too():
         7.2,
         2048.0,
     )
+
+
+def test_tradeoff_rows_by_hand():
+    sweep = {
+        1.0: {
+            **_load([3.0, 1.0, 0.8], [0.01, 0.02, 0.04], 0.7, 0.15),
+            "itl_p50": np.array([0.005, 0.005, 0.005]),
+        },
+        4.0: {
+            **_load([30.0, 7.7, 7.4], [0.01, 0.02, 0.04], 8.0, 0.2),
+            "itl_p50": np.array([0.005, 0.0083, 0.031]),
+        },
+    }
+    header, rows = chunked.tradeoff_rows(sweep, [128, 2048], [1.0, 4.0])
+    assert header == [
+        "chunk (tokens)",
+        "median ITL, 1x (ms)",
+        "median ITL, 4x (ms)",
+        "p99 TTFT, 1x (s)",
+        "p99 TTFT, 4x (s)",
+    ]
+    assert rows == [["128", "5.0", "5.0", "3.0", "30.0"], ["2,048", "5.0", "31.0", "0.8", "7.4"]]
+
+
+def test_capacity_numbers_by_hand():
+    rows = [
+        {"config": "continuous, mixed prefill", "slo": "strict", "rate": 14.7, "itl_p99_ms": 49.1},
+        {"config": "chunked, budget 2048", "slo": "relaxed", "rate": 39.0, "itl_p99_ms": 32.5},
+        {"config": "static", "slo": "strict", "rate": 1.6, "itl_p99_ms": 40.0},  # not on this page
+        {"config": "chunked, budget 512", "slo": "strict", "rate": 0.0, "itl_p99_ms": float("nan")},
+    ]
+    assert chunked.capacity_numbers(rows) == {
+        "mix_strict": 14.7,
+        "mix_strict_itl_ms": 49.1,
+        "b2048_relaxed": 39.0,
+        "b2048_relaxed_itl_ms": 32.5,
+        "b512_strict": 0.0,
+    }

@@ -421,3 +421,45 @@ def nochunk_place(sweep: Mapping[float, Mapping[str, np.ndarray]]) -> dict[str, 
         "best_ttft_p99": float(d["ttft_p99"][b]),
         "best_chunk": float(d["chunk"][b]),
     }
+
+
+def tradeoff_rows(
+    sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Sequence[int], loads: Sequence[float]
+) -> tuple[list[str], list[list[str]]]:
+    """The page's table of a :func:`chunk_sweep`: per chunk size, the median ITL (ms) and the p99
+    TTFT (s) at each of ``loads``. Returns ``(header, rows)``."""
+    header = ["chunk (tokens)"]
+    header += [f"median ITL, {k:g}x (ms)" for k in loads] + [f"p99 TTFT, {k:g}x (s)" for k in loads]
+    rows = []
+    for c in chunks:
+        pts = [at(sweep[float(k)], "chunk", c) for k in loads]
+        rows.append(
+            [f"{c:,.0f}"] + [f"{p['itl_p50'] * 1e3:.1f}" for p in pts] + [f"{p['ttft_p99']:.1f}" for p in pts]
+        )
+    return header, rows
+
+
+#: The configurations of capacity.CONFIGS this page compares, with their glue tags.
+CAPACITY_TAGS: dict[str, str] = {
+    "continuous, separate prefill": "sep",
+    "continuous, mixed prefill": "mix",
+    "chunked, budget 2048": "b2048",
+    "chunked, budget 512": "b512",
+}
+
+
+def capacity_numbers(
+    rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str] = CAPACITY_TAGS
+) -> dict[str, float]:
+    """Glue-ready numbers of :func:`~batching.book.capacity.capacity_table` rows for the
+    configurations in ``tags``: ``<tag>_<slo>`` (capacity, req/s) and ``<tag>_<slo>_itl_ms``
+    (p99 ITL at capacity; left out where no rate met the SLO)."""
+    out: dict[str, float] = {}
+    for r in rows:
+        if r["config"] not in tags:
+            continue
+        k = f"{tags[r['config']]}_{r['slo']}"
+        out[k] = float(r["rate"])
+        if math.isfinite(r["itl_p99_ms"]):
+            out[f"{k}_itl_ms"] = float(r["itl_p99_ms"])
+    return out

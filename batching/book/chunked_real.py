@@ -283,16 +283,16 @@ LIVE_STALL_HEADER = (
     "configuration",
     "worst ITL (ms)",
     "median ITL (ms)",
-    "median step during its prefill (ms)",
-    "steps > 2x median: before / during / after",
+    "median step in its prefill (ms)",
     "newcomer's TTFT (ms)",
+    "slow steps before / during / after",
 )
 
 
 def live_stall_rows(rs: Mapping[str, Any]) -> list[list[Any]]:
     """One row per configuration of a :func:`real_stall` run for the measured page (columns
-    :data:`LIVE_STALL_HEADER`): the slow steps split by when they came (before the long prompt
-    arrived, during its prefill, after its first token)."""
+    :data:`LIVE_STALL_HEADER`): the slow steps (over twice the median ITL) split by when they
+    came (before the long prompt arrived, during its prefill, after its first token)."""
     n = rs["numbers"]
     rows = []
     for tag, label in rs["labels"].items():
@@ -303,8 +303,8 @@ def live_stall_rows(rs: Mapping[str, Any]) -> list[list[Any]]:
                 f"{n[f'{tag}_itl_max_ms']:.0f}",
                 f"{n[f'{tag}_itl_p50_ms']:.1f}",
                 f"{n[f'{tag}_prefill_itl_p50_ms']:.0f}",
-                split,
                 f"{n[f'{tag}_ttft_ms']:,.0f}",
+                split,
             ]
         )
     return rows

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import results
+from . import results, serve_cli
 from .costs import get_cost_model
 from .engine import SimExecutor, run
 from .metrics import SLO
@@ -211,6 +211,8 @@ def summary_table(doc: dict[str, Any]) -> str:
     """The end-of-run table: throughput, utilization, latency percentiles."""
     s, c = doc["summary"], doc["config"]
     sch = c["scheduler"]
+    if s["steps"] is None:  # measured on a server (replay, import-vllm): no step log
+        return _served_table(doc)
     lines = [
         f"{sch['scheduler']} | {c['workload']['name']} ({s['num_requests']} requests) | "
         f"{c.get('model')} on {c.get('device')} | {s['steps']:,} steps, "
@@ -225,14 +227,41 @@ def summary_table(doc: dict[str, Any]) -> str:
             f"  hardware utilization: compute {s['hw_compute_utilization']:.1%}, "
             f"bandwidth {s['hw_bandwidth_utilization']:.1%}"
         )
-    lines.append(f"  {'ms':8}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
-    for k in ("queue", "ttft", "tpot", "itl", "e2e"):
-        d = s[k]
-        lines.append(f"  {k:8}" + "".join(f"{_ms(d[f]):>10}" for f in ("mean", "p50", "p90", "p99", "max")))
+    lines += _latency_lines(s)
     if "goodput" in s:
         g = s["goodput"]
         lines.append(
             f"  goodput {g['request_goodput']:.2f} req/s ({g['fraction']:.1%} of requests meet {g['slo']})"
+        )
+    return "\n".join(lines)
+
+
+def _latency_lines(s: dict[str, Any]) -> list[str]:
+    lines = [f"  {'ms':8}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}"]
+    for k in ("queue", "ttft", "tpot", "itl", "e2e"):
+        d = s[k]
+        lines.append(f"  {k:8}" + "".join(f"{_ms(d[f]):>10}" for f in ("mean", "p50", "p90", "p99", "max")))
+    return lines
+
+
+def _served_table(doc: dict[str, Any]) -> str:
+    """The end-of-run table of a run measured on a server: what a client can see."""
+    s, c, m = doc["summary"], doc["config"], doc["meta"]
+    rate = lambda x, f: "-" if x is None else format(x, f)
+    late = s["dispatch_lateness"]
+    lines = [
+        f"{c['scheduler']['scheduler']} | {c['workload']['name']} ({s['num_requests']} requests, "
+        f"{s['completed']} complete) | {c.get('model')} at {c.get('url') or c.get('source')} | "
+        f"wall {m['wall_s']:.2f} s",
+        f"  duration {rate(s['duration_s'], ',.1f')} s   throughput {rate(s['request_throughput'], '.2f')} "
+        f"req/s, {rate(s['output_throughput'], ',.0f')} out tok/s",
+        f"  client dispatch lateness p50 {_ms(late['p50'])} ms, p99 {_ms(late['p99'])} ms",
+    ]
+    lines += _latency_lines(s)
+    if "goodput" in s:
+        g = s["goodput"]
+        lines.append(
+            f"  goodput {rate(g['request_goodput'], '.2f')} req/s ({g['fraction']:.1%} of requests meet {g['slo']})"
         )
     return "\n".join(lines)
 
@@ -403,6 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", help="profile JSON, e.g. data/profiles/cpu-here-cpu-m.json")
     m.add_argument("--no-progress", action="store_true")
     m.set_defaults(func=cmd_measure)
+
+    # replay, export, import-vllm: the same workload options and summary table.
+    serve_cli.add_parsers(sub, add_workload_args, add_output_args, load_workload, summary_table)
     return p
 
 

@@ -386,16 +386,15 @@ def chunk_sweep(
 
 
 #: Columns of the page's table of the three ways to serve the long prompt (:func:`stall_rows`).
-STALL_HEADER = ("configuration", "worst ITL (ms)", "median ITL (ms)", "newcomer's TTFT (ms)")
+STALL_HEADER = ("configuration", "running requests' worst ITL (ms)", "newcomer's TTFT (ms)")
 
 
 def stall_rows(st: Mapping[str, Any], labels: Mapping[str, str]) -> list[list[Any]]:
     """One row per ``{tag: label}`` of a :func:`stall_summary` result ``st`` (columns
-    :data:`STALL_HEADER`): the running requests' worst and median ITL, the newcomer's TTFT."""
+    :data:`STALL_HEADER`): the running requests' worst ITL and the newcomer's TTFT."""
     n = st["numbers"]
     return [
-        [label, f"{n[f'{t}_itl_max_ms']:.1f}", f"{n[f'{t}_itl_p50_ms']:.1f}", f"{n[f'{t}_ttft_ms']:,.0f}"]
-        for t, label in labels.items()
+        [label, f"{n[f'{t}_itl_max_ms']:.1f}", f"{n[f'{t}_ttft_ms']:,.0f}"] for t, label in labels.items()
     ]
 
 
@@ -424,17 +423,21 @@ def nochunk_place(sweep: Mapping[float, Mapping[str, np.ndarray]]) -> dict[str, 
 
 
 def tradeoff_rows(
-    sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Sequence[int], loads: Sequence[float]
+    sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Sequence[int], low: float, high: float
 ) -> tuple[list[str], list[list[str]]]:
-    """The page's table of a :func:`chunk_sweep`: per chunk size, the median ITL (ms) and the p99
-    TTFT (s) at each of ``loads``. Returns ``(header, rows)``."""
-    header = ["chunk (tokens)"]
-    header += [f"median ITL, {k:g}x (ms)" for k in loads] + [f"p99 TTFT, {k:g}x (s)" for k in loads]
+    """The page's table of a :func:`chunk_sweep`: per chunk size, the median ITL (ms) at the
+    ``high`` load and the p99 TTFT (s) at the ``low`` and ``high`` loads. Returns ``(header, rows)``."""
+    header = [
+        "chunk (tokens)",
+        f"median ITL, {high:g}x (ms)",
+        f"p99 TTFT, {low:g}x (s)",
+        f"p99 TTFT, {high:g}x (s)",
+    ]
     rows = []
     for c in chunks:
-        pts = [at(sweep[float(k)], "chunk", c) for k in loads]
+        lo, hi = at(sweep[float(low)], "chunk", c), at(sweep[float(high)], "chunk", c)
         rows.append(
-            [f"{c:,.0f}"] + [f"{p['itl_p50'] * 1e3:.1f}" for p in pts] + [f"{p['ttft_p99']:.1f}" for p in pts]
+            [f"{c:,.0f}", f"{hi['itl_p50'] * 1e3:.1f}", f"{lo['ttft_p99']:.1f}", f"{hi['ttft_p99']:.1f}"]
         )
     return header, rows
 

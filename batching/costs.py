@@ -73,7 +73,8 @@ class _VectorCost:
         free = self.usable_bytes(mem_fraction) - self.model.weight_bytes
         return max(0, int(free // self.model.kv_bytes_per_token))
 
-    def _times(self, pt: np.ndarray, pa: np.ndarray, rows: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+    def _times(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
+        # float64 arrays (decode_run) or Python floats (step_time): the same expressions
         raise NotImplementedError
 
     def step_time(self, work: StepWork) -> float:
@@ -511,16 +512,15 @@ class ProfileCost(_VectorCost):
             dtype = canonical_dtype(meta["dtype"])
         except ValueError as e:
             raise ProfileError(f"profile field 'meta.dtype': {e}") from None
-        for key, getter in (("model", get_model), ("device", get_device)):
-            if (model if key == "model" else device) is None:
-                try:
-                    found = getter(meta[key])
-                except ValueError as e:
-                    raise ProfileError(f"profile field 'meta.{key}': {e}") from None
-                if key == "model":
-                    model = found
-                else:
-                    device = found
+        try:
+            if model is None:
+                key = "model"
+                model = get_model(meta[key])
+            if device is None:
+                key = "device"
+                device = get_device(meta[key])
+        except ValueError as e:
+            raise ProfileError(f"profile field 'meta.{key}': {e}") from None
         assert model is not None and device is not None
         model = model.with_dtype(dtype)
         if dtype not in device.peak_flops:
@@ -582,6 +582,7 @@ class ProfileCost(_VectorCost):
         line drawn through the attention of two fresh prompts, then stripped of a much larger
         prompt's attention, priced a 2,205-token step of many short prompts below the same
         positions prefilled alone (681 against 1,007 ms, cpu-s)."""
+        assert self.mixed_grid is not None, "called only where the profile has mixed steps"
         P, R, ms, c = self.mixed_grid
         lin = ms - self.attn_s * _pairs(P)[:, None]
         at = np.minimum(pt, P[-1])

@@ -96,7 +96,7 @@ def request_records(reqs: list[Request], times: tuple | None = None) -> list[dic
                 "arrival": r.arrival,
                 "prompt_len": r.prompt_len,
                 "output_len": r.output_len,
-                "queue": r.admit_time - r.arrival,
+                "queue": r.admit_time - r.arrival,  # type: ignore[operator]  # asserted above
                 "ttft": ttft,
                 "e2e": e2e,
                 "tpot": (e2e - ttft) / (r.output_len - 1) if r.output_len > 1 else None,
@@ -139,7 +139,7 @@ def summarize(
     n_steps, dur = L["n"], L["dur"]
     busy = float(dur.sum())
     start = min(r.arrival for r in reqs)
-    window = max(r.finish_time for r in reqs) - start
+    window = max(float(r.finish_time) for r in reqs) - start  # type: ignore[arg-type]
     out_tokens = sum(r.output_len for r in reqs)
     slot_steps = float((L["slots"] * n_steps).sum())
     prefill_all = float(L["prefill"].sum() + L["pad"].sum())

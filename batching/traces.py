@@ -526,7 +526,7 @@ def merge(
     use_epoch = has_epoch and align != "start"
     offsets = [0.0] * len(workloads)
     if use_epoch:
-        scales = {float(i.get("time_scale", 1.0)) for i in infos}
+        scales = {float(i.get("time_scale", 1.0)) for i in infos}  # type: ignore[arg-type]
         if len(scales) != 1:
             raise WorkloadError(
                 f"cannot align on epoch workloads replayed at different time_scale {sorted(scales)}"

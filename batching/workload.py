@@ -201,8 +201,9 @@ class Workload:
     @overload
     def __getitem__(self, i: slice) -> list[Request]: ...
     def __getitem__(self, i: int | slice) -> Request | list[Request]:
-        r = self._requests[i]
-        return list(r) if isinstance(i, slice) else r
+        if isinstance(i, slice):
+            return list(self._requests[i])
+        return self._requests[i]
 
     def __repr__(self) -> str:
         return (
@@ -289,8 +290,8 @@ class Workload:
             prompts,
             outputs,
             {
-                "scale_lengths": float(self._info.get("scale_lengths", 1.0)) * k,
-                "time_scale": float(self._info.get("time_scale", 1.0)) * t,
+                "scale_lengths": float(self._info.get("scale_lengths", 1.0)) * k,  # type: ignore[arg-type]
+                "time_scale": float(self._info.get("time_scale", 1.0)) * t,  # type: ignore[arg-type]
             },
         )
 
@@ -502,7 +503,7 @@ def as_length_dist(spec: int | LengthDist, field: str = "length") -> LengthDist:
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
         return Fixed(int(spec))
     if callable(getattr(spec, "sample", None)):
-        return spec
+        return spec  # type: ignore[return-value]
     raise WorkloadError(f"{field}={spec!r}: must be an int or have a sample(n, rng) method")
 
 

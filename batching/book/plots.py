@@ -1207,3 +1207,49 @@ def glue_markdown(values: Mapping[str, str]) -> None:
         if not isinstance(v, str):
             raise TypeError(f"glue_markdown {key!r}={v!r}: must be a str")
         glue(key, Markdown(v), display=False)
+
+
+# ------------------------------------------------------------------ capacity (7.2, 7.3)
+def capacity_figure(
+    rows: Sequence[Mapping[str, Any]],
+    trace_rate: float | None = None,
+    slo_labels: Mapping[str, str] | None = None,
+) -> Figure:
+    """Capacity at a latency target (:func:`batching.book.capacity.capacity_table`): one row of
+    bars per configuration, one bar per SLO, the sustained request rate written at its end.
+    ``trace_rate``: the trace's own rate (req/s), drawn as a dotted line for scale."""
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    slos = list(dict.fromkeys(r["slo"] for r in rows))
+    rate = {(r["config"], r["slo"]): float(r["rate"]) for r in rows}
+    labels = dict(slo_labels or {})
+    fig, ax = plt.subplots(figsize=(WIDTH, 0.27 * len(configs) * len(slos) + 1.0))
+    h = 0.8 / len(slos)
+    shades = {0: 1.0, 1: 0.45}
+    top = max(rate.values()) if rate else 1.0
+    for j, slo in enumerate(slos):
+        for i, name in enumerate(configs):
+            v = rate.get((name, slo), float("nan"))
+            c = SCHEDULER_COLORS.get(name.split(",")[0].split()[0], "#555555")
+            y = i + (j - (len(slos) - 1) / 2) * h
+            ax.barh(
+                y,
+                v,
+                height=h * 0.9,
+                color=c,
+                alpha=shades.get(j, 0.3),
+                label=labels.get(slo, slo) if i == 0 else None,
+            )
+            ax.text(v + top * 0.01, y, f"{v:.1f}" if v > 0 else "0 (none met)", va="center", fontsize=7.5)
+    ax.set_yticks(range(len(configs)), configs)
+    ax.invert_yaxis()
+    ax.set_xlabel("capacity: highest sustained request rate (req/s)")
+    ax.set_xlim(0, top * 1.15)
+    if trace_rate:
+        ax.axvline(trace_rate, color="#999999", ls=":", lw=1.0)
+        ax.text(trace_rate, -0.75, " trace's own rate", fontsize=7, color="#666666", va="bottom")
+    handles = [
+        Patch(facecolor="#555555", alpha=shades.get(j, 0.3), label=labels.get(s, s))
+        for j, s in enumerate(slos)
+    ]
+    ax.legend(handles=handles, loc="upper right", fontsize=7.5, frameon=False)
+    return fig

@@ -1,5 +1,7 @@
 """The four schedulers of chapter 7, all torch-free (see ``base.py`` for the contract)."""
 
+from typing import Any
+
 from .base import Scheduler
 from .chunked import ChunkedPrefillScheduler
 from .continuous import ContinuousScheduler
@@ -38,7 +40,7 @@ def make_scheduler(
 ) -> Scheduler:
     """Build a scheduler by name with the CLI's option names (``slots`` is the batch size
     for static and dynamic batching, ``timeout`` their collection timeout / max wait)."""
-    kv = {"kv_capacity": kv_capacity, "kv_policy": kv_policy}
+    kv: dict[str, Any] = {"kv_capacity": kv_capacity, "kv_policy": kv_policy}
     if name == "static":
         return StaticScheduler(slots, max_context, timeout=timeout, **kv)
     if name == "dynamic":

@@ -134,6 +134,7 @@ class Scheduler:
         self.running.append(req)
 
     def _release(self, req: Request) -> None:
+        assert req.slot is not None, f"request {req.rid} released without a slot"
         heapq.heappush(self._free_slots, req.slot)
         self.running.remove(req)
         self.kv.free_request(req)

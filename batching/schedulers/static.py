@@ -112,8 +112,10 @@ class StaticScheduler(DenseBatchScheduler):
         return {**super().config(), "timeout": self.timeout}
 
     def _seal_due(self, t: float, strict: bool = False) -> None:
-        due = self.forming and self.forming[0].arrival + self.timeout
-        if self.forming and (due < t if strict else due <= t):
+        if not self.forming:
+            return
+        due = self.forming[0].arrival + self.timeout
+        if due < t if strict else due <= t:
             self.sealed.append(self.forming)
             self.forming = []
 

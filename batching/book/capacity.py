@@ -1,0 +1,235 @@
+"""Capacity at a latency target (7.2 and 7.3): the highest request rate a scheduler sustains.
+
+This is Sarathi-Serve's measure (Agrawal et al., OSDI 2024, section 5.1): the capacity of a
+configuration is the largest request rate at which it keeps the 99th-percentile time between
+tokens (here: inter-token latency, ITL) under an SLO *and* the median scheduling delay (here:
+queueing delay, arrival to admission) under 2 s. The SLOs derive from the time of one decode
+step with no prefill in it: strict = 5x and relaxed = 25x that step, which the paper takes at
+a batch of 32 requests of 4,096 tokens of context each.
+
+The rate is swept by replaying the same requests faster (:meth:`Workload.scale`), so the trace's
+burstiness and length mix are kept and only its rate changes. A run whose queue grows over the
+replay is *unstable*: its latency percentiles depend on how long the replay is, so they are
+not values to tabulate; :func:`run_point` flags it and :func:`meets` never accepts it.
+
+Numbers only (no sentences): rates in requests per second, latencies in seconds unless the
+name says ``_ms``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..workload import Workload
+from .common import metrics, offered_rate, simulate
+
+#: SLO multipliers of the decode step time (Sarathi-Serve, section 5.1).
+STRICT_X = 5.0
+RELAXED_X = 25.0
+#: The decode step the SLOs are multiples of: 32 rows of 4,096 context tokens, no prefill.
+SLO_BATCH = 32
+SLO_CONTEXT = 4096
+#: Median queueing delay a configuration may have at its capacity (s).
+QUEUE_P50_MAX_S = 2.0
+#: A queue "grows" when the last fifth of the arrivals waits this much longer (median, s)...
+GROWTH_S = 2.0
+#: ...and at least this many times as long as the first fifth.
+GROWTH_X = 2.0
+
+#: The six configurations of the capacity figure. Continuous and chunked batching run with up
+#: to 256 sequences (vLLM's default ``max_num_seqs``) and reserve KV exactly (as a paged cache
+#: does), so the device's KV memory, not a slot cap, limits them; static and dynamic batching
+#: keep their usual batch of 32 (more rows would only add padding and dead rows) and wait up
+#: to 2 s (static) or not at all (dynamic) to fill it. Static batching's capacity is set by its
+#: queue either way: on the Azure conversation trace with llama-8b on an H100 a 2 s timeout
+#: sustained 1.6 req/s, 1 s 0.95 and 0.25 s 0.64 (fewer requests per batch, each batch still
+#: held until its longest request ends). Chunked prefill at Sarathi-Serve's two token
+#: budgets, 512 and 2,048.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "static": {"scheduler": "static", "slots": 32, "timeout": 2.0, "kv_policy": "exact"},
+    "dynamic": {"scheduler": "dynamic", "slots": 32, "timeout": 0.0, "kv_policy": "exact"},
+    "continuous, separate prefill": {
+        "scheduler": "continuous",
+        "slots": 256,
+        "prefill_mode": "separate",
+        "kv_policy": "exact",
+    },
+    "continuous, mixed prefill": {
+        "scheduler": "continuous",
+        "slots": 256,
+        "prefill_mode": "mixed",
+        "kv_policy": "exact",
+    },
+    "chunked, budget 2048": {
+        "scheduler": "chunked",
+        "slots": 256,
+        "token_budget": 2048,
+        "kv_policy": "exact",
+    },
+    "chunked, budget 512": {"scheduler": "chunked", "slots": 256, "token_budget": 512, "kv_policy": "exact"},
+}
+
+
+def slos(cost: Any, batch: int = SLO_BATCH, ctx: int = SLO_CONTEXT) -> dict[str, float]:
+    """The strict and relaxed p99 ITL SLOs (ms) for ``cost``'s model and device, and the decode
+    step (ms) they are multiples of."""
+    d = float(cost.decode_step(batch, ctx)) * 1e3
+    return {"decode_ms": d, "strict_ms": STRICT_X * d, "relaxed_ms": RELAXED_X * d}
+
+
+def queue_growth(result: Any) -> dict[str, float]:
+    """Median queueing delay (s) of the first and the last fifth of the requests by arrival,
+    and whether the queue grew between them (``growing``: 1.0 or 0.0)."""
+    reqs = sorted(result.requests, key=lambda r: (r.arrival, r.rid))
+    q = np.array(
+        [(math.nan if r.admit_time is None else r.admit_time) - r.arrival for r in reqs], dtype=float
+    )
+    k = max(1, len(q) // 5)
+    first, last = float(np.median(q[:k])), float(np.median(q[-k:]))
+    growing = last > first + GROWTH_S and last > GROWTH_X * first
+    return {"queue_first_p50": first, "queue_last_p50": last, "growing": float(growing)}
+
+
+def run_point(workload: Workload, cost: Any, config: Mapping[str, Any], time_scale: float) -> dict[str, Any]:
+    """One run of ``config`` on ``workload`` replayed ``time_scale`` times faster: every key of
+    :func:`~batching.book.common.metrics`, plus ``time_scale``, ``offered_rate`` (req/s),
+    ``stable`` (the queue did not grow over the replay) and the two fifths' queueing medians."""
+    if not (isinstance(time_scale, (int, float)) and math.isfinite(time_scale) and time_scale > 0):
+        raise ValueError(f"time_scale={time_scale!r}: must be a positive number")
+    w = workload.scale(time=float(time_scale))
+    cfg = dict(config)
+    result = simulate(w, cost, cfg.pop("scheduler"), **cfg)
+    growth = queue_growth(result)
+    return {
+        **metrics(result),
+        "time_scale": float(time_scale),
+        "offered_rate": offered_rate(w),
+        "stable": not growth["growing"],
+        "queue_first_p50": growth["queue_first_p50"],
+        "queue_last_p50": growth["queue_last_p50"],
+    }
+
+
+def meets(point: Mapping[str, Any], itl_slo_ms: float, queue_p50_max_s: float = QUEUE_P50_MAX_S) -> bool:
+    """Whether a run sustains its load within the SLO: stable, p99 ITL at most ``itl_slo_ms``
+    and median queueing delay at most ``queue_p50_max_s``."""
+    return (
+        bool(point["stable"])
+        and point["itl_p99"] * 1e3 <= itl_slo_ms
+        and point["queue_p50"] <= queue_p50_max_s
+    )
+
+
+def capacity(
+    workload: Workload,
+    cost: Any,
+    config: Mapping[str, Any],
+    itl_slo_ms: float,
+    *,
+    queue_p50_max_s: float = QUEUE_P50_MAX_S,
+    start: float = 1.0,
+    lo: float = 1 / 64,
+    hi: float = 256.0,
+    iters: int = 6,
+    cache: dict[float, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The highest replay speed (and so request rate) at which ``config`` meets the SLO.
+
+    Brackets the boundary by doubling or halving the replay speed from ``start`` (between
+    ``lo`` and ``hi``), then bisects ``iters`` times in log space, so the answer is within a
+    factor ``2 ** (1 / 2 ** iters)`` of the boundary (6 iterations: 1.1%). Assumes that a
+    configuration that meets the SLO at some rate also meets it at every lower rate, as
+    queueing does on average; ``cache`` (time scale -> point) lets callers share runs between
+    SLOs. Returns ``rate`` (req/s; 0.0 if even ``lo`` fails), ``time_scale``, ``point`` (the
+    run at that speed, None if none met) and ``bracket`` (last speed that met, first that
+    failed; ``math.inf`` if ``hi`` still met).
+    """
+    if not (lo <= start <= hi):
+        raise ValueError(f"start={start}: must lie between lo={lo} and hi={hi}")
+    runs = cache if cache is not None else {}
+
+    def point(s: float) -> dict[str, Any]:
+        if s not in runs:
+            runs[s] = run_point(workload, cost, config, s)
+        return runs[s]
+
+    ok = lambda s: meets(point(s), itl_slo_ms, queue_p50_max_s)
+    s = start
+    if ok(s):
+        good, bad = s, math.inf
+        while s * 2 <= hi:
+            s *= 2
+            if not ok(s):
+                bad = s
+                break
+            good = s
+    else:
+        good, bad = 0.0, s
+        while s / 2 >= lo:
+            s /= 2
+            if ok(s):
+                good = s
+                break
+            bad = s
+    if good > 0 and math.isfinite(bad):
+        for _ in range(iters):
+            mid = math.sqrt(good * bad)
+            if ok(mid):
+                good = mid
+            else:
+                bad = mid
+    best = runs[good] if good > 0 else None
+    return {
+        "rate": best["offered_rate"] if best else 0.0,
+        "time_scale": good,
+        "point": best,
+        "bracket": (good, bad),
+    }
+
+
+def capacity_table(
+    workload: Workload,
+    cost: Any,
+    configs: Mapping[str, Mapping[str, Any]] = CONFIGS,
+    slo_ms: Mapping[str, float] | None = None,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """Capacity of every configuration under every SLO (default :func:`slos`' strict and
+    relaxed), one row each: ``config``, ``slo``, ``slo_ms``, ``rate`` (req/s), ``time_scale``,
+    ``itl_p99_ms``, ``queue_p50_s``, ``throughput_tok`` (output tokens/s) at capacity (NaN
+    where no rate met the SLO). ``options`` go to :func:`capacity`."""
+    if slo_ms is None:
+        s = slos(cost)
+        slo_ms = {"strict": s["strict_ms"], "relaxed": s["relaxed_ms"]}
+    rows = []
+    for name, cfg in configs.items():
+        cache: dict[float, dict[str, Any]] = {}
+        for slo, ms in slo_ms.items():
+            c = capacity(workload, cost, cfg, ms, cache=cache, **options)
+            p = c["point"]
+            nan = float("nan")
+            rows.append(
+                {
+                    "config": name,
+                    "slo": slo,
+                    "slo_ms": float(ms),
+                    "rate": c["rate"],
+                    "time_scale": c["time_scale"],
+                    "itl_p99_ms": p["itl_p99"] * 1e3 if p else nan,
+                    "queue_p50_s": p["queue_p50"] if p else nan,
+                    "throughput_tok": p["throughput_tok"] if p else nan,
+                }
+            )
+    return rows
+
+
+def capacity_by_config(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """:func:`capacity_table`'s rows as ``{config: {slo: rate}}`` (for figures and glue)."""
+    out: dict[str, dict[str, float]] = {}
+    for r in rows:
+        out.setdefault(r["config"], {})[r["slo"]] = r["rate"]
+    return out

@@ -171,9 +171,9 @@ def test_fidelity_rows_one_per_run_and_scheduler_cpu_first(tmp_path) -> None:
     assert recs[3]["noise"] is None and recs[3]["busy_ratio"] is None and recs[3]["real_runs"] == 5
     header, rows = checks.fidelity_rows(str(tmp_path))
     assert len(header) == len(rows[0]) == 7
-    assert rows[0] == ["cpu-s, 200 requests at 2x", "continuous", "2%", "-", "-", "1.0%", "1.01"]
+    assert rows[0] == ["200 at 2x", "continuous", "2%", "-", "-", "1.0%", "1.01"]
     assert rows[3][1:] == ["chunked", "20%", "-", "-", "0.5%", "-"]
-    assert rows[4][0] == "llama-1b, 200 requests at 2x, h200"
+    assert rows[4][0] == "200 at 2x, llama-1b on h200"
     # The committed runs: the four CPU results, two schedulers each, every field present.
     committed = checks.fidelity_records()
     assert len(committed) >= 8 and all(r["noise"] is not None for r in committed)

@@ -558,23 +558,25 @@ def fidelity_records(root: str | None = None) -> list[dict[str, Any]]:
 
 def fidelity_rows(root: str | None = None) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the measured page's fidelity table: one row per committed run and
-    scheduler (:func:`fidelity_records`), errors in percent, "-" where a file lacks one."""
+    scheduler (:func:`fidelity_records`), errors in percent, "-" where a file lacks one; a
+    run is named by its requests and replay speed-up (and, off the CPU, model and device)."""
     pct = lambda x: "-" if x is None else f"{x:.0%}"
     header = [
-        "run",
+        "requests, replay",
         "scheduler",
-        "E2E error vs first real run",
-        "vs median of real runs",
+        "E2E vs first run",
+        "vs median",
         "real vs real",
-        "throughput error",
-        "busy predicted / real",
+        "throughput",
+        "busy sim / real",
     ]
     rows = []
     for r in fidelity_records(root):
-        where = "" if r["device"].startswith("cpu") else f", {r['device']}"
+        # The CPU runs share one model and machine (the page says which); a GPU run names its own.
+        where = "" if r["device"].startswith("cpu") else f", {r['model']} on {r['device']}"
         rows.append(
             [
-                f"{r['model']}, {r['requests']} requests at {r['time_scale']:g}x{where}",
+                f"{r['requests']} at {r['time_scale']:g}x{where}",
                 r["scheduler"],
                 pct(r["e2e_err"]),
                 pct(r["e2e_vs_median"]),

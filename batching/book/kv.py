@@ -255,11 +255,10 @@ REAL_KV_ROWS: tuple[tuple[str, str, str], ...] = (
     ("busy (s)", "busy_s", "{:.1f}"),
 )
 
-#: The page's short table of the same runs: how many ran at once, what they delivered, at what cost.
+#: The page's short table of the same runs: how many ran at once, and what they delivered.
 REAL_KV_PAGE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("most requests running at once", "running_peak", "{:.0f}"),
     ("output tokens/s", "throughput_tok", "{:.0f}"),
-    ("preemptions", "preemptions", "{:.0f}"),
 )
 
 

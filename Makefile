@@ -12,7 +12,7 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -e '.[model,test,book,bench]' -c constraints.txt
+	$(PY) -m pip install --disable-pip-version-check -q -e '.[model,test,book,bench,serve]' -c constraints.txt
 	touch $@
 
 # The book test drives headless Chromium; CI machines start without it.

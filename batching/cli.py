@@ -11,10 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from . import results
+from . import results, serve_cli
 from .costs import get_cost_model
 from .engine import SimExecutor, run
 from .metrics import SLO
@@ -162,7 +161,9 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.goodput:
         SLO.parse(a.goodput)
     from .real.executor import run_real  # torch is needed here only
+    from .real.hardware import DeviceMemoryError, resolve_device
 
+    resolve_device(a.device)  # no usable GPU is said first, in one line (a ValueError)
     if a.checkpoint:
         from .real.checkpoint import read_config
 
@@ -175,20 +176,23 @@ def cmd_run(a: argparse.Namespace) -> int:
     # The runner allocates one slab per slot, so the slab layout's capacity is what it holds.
     kv_tokens = a.kv_tokens if a.kv_tokens is not None else a.slots * max_ctx
     sched = _scheduler(a, max_ctx, kv_tokens)
-    res = run_real(
-        w,
-        sched,
-        a.model,
-        device=a.device,
-        dtype=a.dtype,
-        seed=a.seed,
-        threads=a.threads,
-        max_len=a.max_len,
-        checkpoint=a.checkpoint,
-        graphs=False if a.no_graphs else None,
-        record_slots=a.slot_log,
-        progress=not a.no_progress and sys.stderr.isatty(),
-    )
+    try:
+        res = run_real(
+            w,
+            sched,
+            a.model,
+            device=a.device,
+            dtype=a.dtype,
+            seed=a.seed,
+            threads=a.threads,
+            max_len=a.max_len,
+            checkpoint=a.checkpoint,
+            graphs=False if a.no_graphs else None,
+            record_slots=a.slot_log,
+            progress=not a.no_progress and sys.stderr.isatty(),
+        )
+    except DeviceMemoryError as e:  # bad input (too big for this device): one line, exit 2
+        raise ValueError(str(e)) from None
     return _report(
         a,
         res,
@@ -211,6 +215,8 @@ def summary_table(doc: dict[str, Any]) -> str:
     """The end-of-run table: throughput, utilization, latency percentiles."""
     s, c = doc["summary"], doc["config"]
     sch = c["scheduler"]
+    if s["steps"] is None:  # measured on a server (replay, import-vllm): no step log
+        return _served_table(doc)
     lines = [
         f"{sch['scheduler']} | {c['workload']['name']} ({s['num_requests']} requests) | "
         f"{c.get('model')} on {c.get('device')} | {s['steps']:,} steps, "
@@ -225,14 +231,41 @@ def summary_table(doc: dict[str, Any]) -> str:
             f"  hardware utilization: compute {s['hw_compute_utilization']:.1%}, "
             f"bandwidth {s['hw_bandwidth_utilization']:.1%}"
         )
-    lines.append(f"  {'ms':8}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
-    for k in ("queue", "ttft", "tpot", "itl", "e2e"):
-        d = s[k]
-        lines.append(f"  {k:8}" + "".join(f"{_ms(d[f]):>10}" for f in ("mean", "p50", "p90", "p99", "max")))
+    lines += _latency_lines(s)
     if "goodput" in s:
         g = s["goodput"]
         lines.append(
             f"  goodput {g['request_goodput']:.2f} req/s ({g['fraction']:.1%} of requests meet {g['slo']})"
+        )
+    return "\n".join(lines)
+
+
+def _latency_lines(s: dict[str, Any]) -> list[str]:
+    lines = [f"  {'ms':8}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}"]
+    for k in ("queue", "ttft", "tpot", "itl", "e2e"):
+        d = s[k]
+        lines.append(f"  {k:8}" + "".join(f"{_ms(d[f]):>10}" for f in ("mean", "p50", "p90", "p99", "max")))
+    return lines
+
+
+def _served_table(doc: dict[str, Any]) -> str:
+    """The end-of-run table of a run measured on a server: what a client can see."""
+    s, c, m = doc["summary"], doc["config"], doc["meta"]
+    rate = lambda x, f: "-" if x is None else format(x, f)
+    late = s["dispatch_lateness"]
+    lines = [
+        f"{c['scheduler']['scheduler']} | {c['workload']['name']} ({s['num_requests']} requests, "
+        f"{s['completed']} complete) | {c.get('model')} at {c.get('url') or c.get('source')} | "
+        f"wall {m['wall_s']:.2f} s",
+        f"  duration {rate(s['duration_s'], ',.1f')} s   throughput {rate(s['request_throughput'], '.2f')} "
+        f"req/s, {rate(s['output_throughput'], ',.0f')} out tok/s",
+        f"  client dispatch lateness p50 {_ms(late['p50'])} ms, p99 {_ms(late['p99'])} ms",
+    ]
+    lines += _latency_lines(s)
+    if "goodput" in s:
+        g = s["goodput"]
+        lines.append(
+            f"  goodput {rate(g['request_goodput'], '.2f')} req/s ({g['fraction']:.1%} of requests meet {g['slo']})"
         )
     return "\n".join(lines)
 
@@ -252,11 +285,11 @@ def _pairs(text: str) -> list[tuple[int, int]]:
 
 
 def cmd_measure(a: argparse.Namespace) -> int:
-    import json
+    from .real.hardware import DeviceMemoryError, resolve_device
+    from .real.measure import measure, save_json  # torch is needed here only
 
-    from .real.measure import measure  # torch is needed here only
-
-    gpu = a.device == "cuda" or (a.device == "auto" and _cuda())
+    # The device first: the GPU grid's lengths would otherwise be refused before "no GPU".
+    gpu = resolve_device(a.device).type == "cuda"
     # Batch 1 to 256 on every device. On the CPU every batch is padded to a bucket
     # (model.padded_tokens): the grid holds the buckets a step of up to 64 rows lands on.
     batches = a.batches or (
@@ -289,21 +322,26 @@ def cmd_measure(a: argparse.Namespace) -> int:
             else [(2, 512), (8, 128), (4, 512), (16, 128), (4, 1024), (16, 512)]
         )
     )
-    doc = measure(
-        a.model,
-        a.device,
-        a.dtype,
-        batches=batches,
-        ctxs=ctxs,
-        prefill_tokens=prefill,
-        mixed=mixed,
-        prefill_rows=prows,
-        reps=a.reps,
-        rounds=a.rounds,
-        seed=a.seed,
-        graphs=False if a.no_graphs else None,
-        progress=not a.no_progress and sys.stderr.isatty(),
-    )
+    try:
+        doc = measure(
+            a.model,
+            a.device,
+            a.dtype,
+            batches=batches,
+            ctxs=ctxs,
+            prefill_tokens=prefill,
+            mixed=mixed,
+            prefill_rows=prows,
+            reps=a.reps,
+            rounds=a.rounds,
+            seed=a.seed,
+            graphs=False if a.no_graphs else None,
+            progress=not a.no_progress and sys.stderr.isatty(),
+            # A run cut short (a time limit, ^C) keeps what it measured: meta.partial says so.
+            partial=(lambda doc: save_json(a.out, doc)) if a.out else None,
+        )
+    except DeviceMemoryError as e:  # bad input (too big for this device): one line, exit 2
+        raise ValueError(str(e)) from None
     d, m = doc["device"], doc["meta"]
     print(
         f"{m['model']} {m['dtype']} on {m['device_name']} ({m['device']}), torch {m['torch']}, "
@@ -326,17 +364,8 @@ def cmd_measure(a: argparse.Namespace) -> int:
         + "  ".join(f"{t}: {x:.1f}" for t, x in zip(doc["prefill"]["tokens"], doc["prefill"]["ms"]))
     )
     if a.out:
-        out = Path(a.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {out}")
+        print(f"wrote {save_json(a.out, doc)}")
     return 0
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -403,6 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", help="profile JSON, e.g. data/profiles/cpu-here-cpu-m.json")
     m.add_argument("--no-progress", action="store_true")
     m.set_defaults(func=cmd_measure)
+
+    # replay, export, import-vllm: the same workload options and summary table.
+    serve_cli.add_parsers(sub, add_workload_args, add_output_args, load_workload, summary_table)
     return p
 
 

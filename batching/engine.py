@@ -34,7 +34,26 @@ class StepResult:
     token_ids: dict[int, int] | None = None  # rid -> token emitted (real executors)
 
 
+class Accounting(Protocol):
+    """What hardware utilization is computed with (``metrics.summarize``): the peak FLOP/s and
+    the bandwidth a run's steps are judged against; an object that also has ``model`` (a
+    ``ModelShape``) gives each step's FLOPs and bytes (``StepLog.hardware``)."""
+
+    peak_flops: float
+    bandwidth: float
+
+
 class Executor(Protocol):
+    """What the engine loop reads from an executor: each step's duration and tokens
+    (``execute``), runs of decode steps it can predict (``decode_run``), its description for
+    the results file (``describe``), and ``hardware``, the accounting of FLOPs and bytes that
+    hardware utilization is reported with (None: not reported). The simulator's cost model
+    is both its durations and its accounting; the real executor measures durations and
+    accounts with the roofline of the registry device it runs on, if there is one."""
+
+    @property
+    def hardware(self) -> Accounting | None: ...
+
     def execute(self, plan: StepPlan) -> StepResult: ...
 
     def decode_run(self, plan: StepPlan, k: int) -> np.ndarray | None:
@@ -49,6 +68,11 @@ class SimExecutor:
 
     def __init__(self, cost: Any) -> None:
         self.cost = cost
+
+    @property
+    def hardware(self) -> Any:
+        """The cost model: it predicts the durations and accounts for the FLOPs and bytes."""
+        return self.cost
 
     def execute(self, plan: StepPlan) -> StepResult:
         return StepResult(self.cost.step_time(plan.work()))
@@ -141,9 +165,14 @@ class StepLog:
 
 def occupancy(plan: StepPlan) -> list[tuple[int, int, str, int, int]]:
     """(slot, rid, kind, tokens, pad) for every busy row: P prefill chunk, D decode, X dead row."""
-    occ = [(c.req.slot, c.req.rid, "P", c.n, c.pad) for c in plan.prefills]
-    occ += [(r.slot, r.rid, "D", 1, 0) for r in plan.decodes]
-    occ += [(r.slot, r.rid, "X", 1, 0) for r in plan.dead]
+
+    def slot(r: Request) -> int:
+        assert r.slot is not None, f"request {r.rid} is in a plan without a slot"
+        return r.slot
+
+    occ = [(slot(c.req), c.req.rid, "P", c.n, c.pad) for c in plan.prefills]
+    occ += [(slot(r), r.rid, "D", 1, 0) for r in plan.decodes]
+    occ += [(slot(r), r.rid, "X", 1, 0) for r in plan.dead]
     return sorted(occ)
 
 
@@ -156,7 +185,7 @@ class RunResult:
     preemptions: int
     wall_s: float
     fast_steps: int = 0
-    cost: Any = None  # the cost model that predicts (simulator) or accounts for (real engine) FLOPs and bytes
+    cost: Any = None  # the executor's ``hardware``: the accounting of FLOPs and bytes (Executor)
 
     @property
     def num_steps(self) -> int:
@@ -187,7 +216,7 @@ def run(
             raise ValueError(f"request {r.rid} has already run: pass fresh requests (Workload.fresh())")
         scheduler.validate(r)  # refuse up front what could never run
 
-    cost = getattr(executor, "cost", None)
+    cost = executor.hardware
     log = StepLog(record_slots)
     bar = None
     if progress:
@@ -260,7 +289,7 @@ def run(
                 work.decode_ctx,
             )
         )
-        if record_slots:
+        if occ is not None:  # record_slots
             log.occupancy.append(occ)
         if bar is not None:
             bar.n = scheduler.num_finished

@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 
 from batching.models import get_model
-from batching.real.executor import REGISTRY_DTYPE, device_name, resolve_device, resolve_dtype
-from batching.real.measure import StepTimer, bandwidth, matmul_peak, registry_device, time_fn
+from batching.real.executor import REGISTRY_DTYPE, resolve_dtype
+from batching.real.hardware import device_entry, resolve_device
+from batching.real.measure import StepTimer, bandwidth, load_average, matmul_peak, time_fn
 from batching.real.measure import matvec as matvec_op
 from batching.real.runner import ModelRunner
 
@@ -126,7 +127,7 @@ def main() -> None:
     dtype = resolve_dtype(None, dev)
     shape = get_model(a.model).with_dtype(REGISTRY_DTYPE[dtype])
     batches = [int(x) for x in a.batches.split(",")]
-    load0 = os.getloadavg()[0]
+    load0 = load_average()
     runner = ModelRunner.from_shape(
         get_model(a.model), max(batches), device=dev, dtype=dtype, max_len=a.ctx * 3 // 2 + 2
     )
@@ -190,8 +191,9 @@ def main() -> None:
     doc = {
         "benchmark": "decode efficiency and knee",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": registry_device(dev),
-        "device_name": device_name(dev),
+        "device": device_entry(dev).name,
+        "device_name": device_entry(dev).device_name,
+        "datasheet": device_entry(dev).datasheet,
         "model": a.model,
         "dtype": shape.dtype,
         "torch": torch.__version__,
@@ -204,7 +206,7 @@ def main() -> None:
         "linear": runner.model.linear_form,
         "command": f"python benchmarks/bench_decode.py --model {a.model} --device {a.device} --ctx {a.ctx} --reps {a.reps} --rounds {a.rounds} --pairs {a.pairs}",
         "loadavg_before": load0,
-        "loadavg_after": os.getloadavg()[0],
+        "loadavg_after": load_average(),
         "step_ms": {b: steps[b] for b in batches},
         "bytes_read_batch1": read,
         "achieved_GBps_batch1": read / t1 / 1e9,
@@ -228,7 +230,8 @@ def main() -> None:
         "bstar_roofline": bstar,
         "targets": {"efficiency_vs_matvec": 0.70 if dev.type == "cpu" else 0.80},
         "decode_graphs": runner.graphs is not None,
-        "decode_graphs_error": runner.graphs_error,
+        "decode_graphs_info": runner.graphs_info(),
+        "attention": runner.attention_backends(),
     }
     if dev.type == "cpu":
         doc["batch1_breakdown"] = batch1_breakdown(runner, a.ctx, shape.weight_read_bytes)
@@ -236,7 +239,7 @@ def main() -> None:
         doc["eager_step_ms"] = {b: eager[b] for b in batches}
         doc["efficiency_vs_matvec_eager"] = read / (eager[1]["median_ms"] / 1e3) / matvec
         doc["graphs_speedup"] = {b: eager[b]["median_ms"] / steps[b]["median_ms"] for b in batches}
-    out = a.out or ROOT / "benchmarks" / "results" / f"decode-{registry_device(dev)}-{a.model}.json"
+    out = a.out or ROOT / "benchmarks" / "results" / f"decode-{device_entry(dev).name}-{a.model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(

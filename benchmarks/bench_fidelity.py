@@ -31,7 +31,8 @@ from batching.engine import SimExecutor, run
 from batching.metrics import request_records, summarize
 from batching.models import get_model
 from batching.real.executor import resolve_device, run_real
-from batching.real.measure import StepTimer, registry_device
+from batching.real.hardware import device_entry
+from batching.real.measure import StepTimer, load_average, save_json
 from batching.real.runner import ModelRunner
 from batching.schedulers import make_scheduler
 from batching.traces import load_trace
@@ -196,18 +197,22 @@ def main() -> None:
     a = p.parse_args()
 
     dev = resolve_device(a.device)
-    profile = a.profile or str(ROOT / "data" / "profiles" / f"{registry_device(dev)}-{a.model}.json")
+    profile = a.profile or str(ROOT / "data" / "profiles" / f"{device_entry(dev).name}-{a.model}.json")
     doc = json.loads(Path(profile).read_text())
     points = probe_points(doc)
     # One model serves every real run and the probes: measured here, two models built in
     # one process ran batch-1 steps 10-15% apart, whichever was built first the faster.
+    # Built as the profile's runner was (meta.slots, meta.max_len), where the profile says:
+    # the same slabs, the same decode-graph buckets, the same kernels.
+    built = doc["meta"]
     slots = max(
-        [a.slots]
+        [int(built.get("slots") or 0)]
+        + [a.slots]
         + [args[0] for kind, args in points if kind == "decode"]
         + [args[1] + 1 for kind, args in points if kind == "mixed"]
     )
     max_len = max(
-        [a.max_len]
+        [a.max_len, int(built.get("max_len") or 0)]
         + [args[0] for kind, args in points if kind == "prefill"]
         + [args[0] + args[2] + 1 for kind, args in points if kind == "mixed"]
         + [args[1] * 3 // 2 + 2 for kind, args in points if kind == "decode"]
@@ -222,15 +227,17 @@ def main() -> None:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "model": a.model,
-        "device": registry_device(dev),
+        "device": device_entry(dev).name,
         "profile": os.path.relpath(profile, ROOT),
         "workload": w.info | {"requests": len(w)},
         "capped": capped,
         "slots": a.slots,
         "max_len": a.max_len,
         "token_budget": a.token_budget,
+        "runner": {"slots": runner.slots, "max_len": runner.max_len, "as_profile": "slots" in built},
         "decode_graphs": runner.graphs is not None and runner.graphs.capture,
-        "loadavg_before": os.getloadavg()[0],
+        "partial": True,  # until every scheduler has run (a GPU stage may be cut by its limit)
+        "loadavg_before": load_average(),
         "real_runs": a.real_runs,
         "command": "python benchmarks/bench_fidelity.py " + " ".join(sys.argv[1:]),
         "results": {},
@@ -289,9 +296,11 @@ def main() -> None:
                 "sim_vs_real_median_e2e_median_abs_rel_err": sim_vs_real_median(sim, reals),
             }
         print(name, json.dumps(out["results"][name], indent=1))
-    out["loadavg_after"] = os.getloadavg()[0]
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+        save_json(a.out, out)  # each scheduler's result as soon as it exists
+    out["loadavg_after"] = load_average()
+    out["decode_graphs_info"] = runner.graphs_info()
+    out["partial"] = False
+    save_json(a.out, out)
 
 
 if __name__ == "__main__":

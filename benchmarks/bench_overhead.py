@@ -31,8 +31,9 @@ import torch
 
 from batching.engine import RunResult, run
 from batching.models import get_model
-from batching.real.executor import RealExecutor, device_name, resolve_device
-from batching.real.measure import registry_device
+from batching.real.executor import RealExecutor
+from batching.real.hardware import device_entry, resolve_device
+from batching.real.measure import load_average
 from batching.real.runner import ModelRunner
 from batching.schedulers import make_scheduler
 from batching.workload import Workload
@@ -87,7 +88,7 @@ def main() -> None:
         raise SystemExit(
             "the forward pass is timed with the host clock: CPU only (on a GPU it is asynchronous)"
         )
-    load0 = os.getloadavg()[0]
+    load0 = load_average()
     runner = ModelRunner.from_shape(get_model(a.model), a.slots, device=dev, max_len=a.prompt + a.output + 1)
     runner.warmup()
     names = a.schedulers.split(",")
@@ -110,8 +111,8 @@ def main() -> None:
     doc = {
         "benchmark": "scheduler overhead (wall time outside the forward pass)",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": registry_device(dev),
-        "device_name": device_name(dev),
+        "device": device_entry(dev).name,
+        "device_name": device_entry(dev).device_name,
         "model": a.model,
         "dtype": "fp32",
         "torch": torch.__version__,
@@ -127,14 +128,14 @@ def main() -> None:
             "arrivals": "all at t=0",
         },
         "loadavg_before": load0,
-        "loadavg_after": os.getloadavg()[0],
+        "loadavg_after": load_average(),
         "command": f"python benchmarks/bench_overhead.py --model {a.model} --slots {a.slots} "
         f"--prompt {a.prompt} --output {a.output} --rounds {a.rounds}",
         "target": {"overhead_frac": 0.03},
         "summary": summary,
         "rounds": rounds,
     }
-    out = ROOT / "benchmarks" / "results" / f"overhead-{registry_device(dev)}-{a.model}.json"
+    out = ROOT / "benchmarks" / "results" / f"overhead-{device_entry(dev).name}-{a.model}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(summary, indent=1))

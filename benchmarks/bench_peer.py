@@ -128,7 +128,7 @@ def worker_ours(mode: str, spec: dict[str, Any]) -> dict[str, Any]:
     res = run(fresh, sched, ex)
     wall = time.perf_counter() - t0
     tokens = {r.rid: r.token_ids for r in res.requests}
-    prompts = {r.rid: runner.tokens(r.rid)[: r.prompt_len] for r in res.requests}
+    prompts = {r.rid: runner.prompt(r) for r in res.requests}
     return {
         "wall_s": wall,
         "tokens": tokens,
@@ -450,6 +450,7 @@ def main() -> None:
     from batching.models import get_model
     from batching.real.checkpoint import save_hf_checkpoint
     from batching.real.executor import device_name
+    from batching.real.measure import load_average
     from batching.real.model import Llama, ModelConfig
 
     shape = get_model(a.model)
@@ -480,7 +481,7 @@ def main() -> None:
     spec_path = CACHE / "spec.json"
     spec_path.write_text(json.dumps(spec) + "\n")
 
-    load0 = os.getloadavg()
+    load0 = load_average()
     git0 = git_state()
     rounds: list[dict[str, Any]] = []
     tokens: dict[str, dict[str, list[int]]] = {}
@@ -488,7 +489,7 @@ def main() -> None:
     t_start = time.perf_counter()
     for r in range(a.rounds):
         order = modes[r % len(modes) :] + modes[: r % len(modes)]  # rotate: each mode takes each place
-        row: dict[str, Any] = {"round": r, "order": order, "loadavg_before": os.getloadavg(), "modes": {}}
+        row: dict[str, Any] = {"round": r, "order": order, "loadavg_before": load_average(), "modes": {}}
         for m in order:
             tries = []
             for _ in range(1 + a.retries):  # a run disturbed by other processes is redone, the quietest kept
@@ -513,7 +514,7 @@ def main() -> None:
                 f"others {doc['others_cores'] or 0.0:.2f} cores)",
                 flush=True,
             )
-        row["loadavg_after"] = os.getloadavg()
+        row["loadavg_after"] = load_average()
         rounds.append(row)
     total_s = time.perf_counter() - t_start
 
@@ -575,7 +576,7 @@ def main() -> None:
         "gomp_spincount": os.environ.get("GOMP_SPINCOUNT") or "100000",
         "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE") or "1",
         "loadavg_before": load0,
-        "loadavg_after": os.getloadavg(),
+        "loadavg_after": load_average(),
         "total_s": total_s,
         "git": git0,
         "git_after": git_state(),

@@ -44,7 +44,9 @@ def main() -> None:
     cost = get_cost_model(a.model, a.device)
     runs = []
     for _ in range(a.repeats):
-        load0 = os.getloadavg()[0]
+        # No batching.real.measure.load_average here: it would import torch into a torch-free
+        # benchmark. The same guard: Windows has no getloadavg.
+        load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         sched = make_scheduler("continuous", max_context=8192, slots=a.slots, kv_capacity=cost.kv_capacity())
         reqs = w.fresh()
         t0 = time.perf_counter()

@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from batching.book import chunked, static  # noqa: E402
-from batching.real.executor import resolve_device  # noqa: E402
-from batching.real.measure import registry_device  # noqa: E402
+from batching.real.hardware import device_entry, resolve_device  # noqa: E402
+from batching.real.measure import load_average, save_json  # noqa: E402
 
 
 def series_near(series: dict, t0: float, t1: float) -> dict:
@@ -68,9 +68,14 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
     dev = resolve_device(a.device)
-    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    t0, load0 = time.perf_counter(), load_average()
     pad = static.real_padding(
         model=a.model, device=a.device, short=a.short, long=a.long, reps=a.reps, threads=a.threads
+    )
+    # The padding result first: a stage cut by its time limit during the stall keeps it.
+    floats = {k: v for k, v in pad.items() if isinstance(v, float)}
+    save_json(
+        a.out, {"benchmark": "7.1 padding (7.3 stall not finished)", "partial": True, "padding": floats}
     )
     st = chunked.real_stall(
         model=a.model, device=a.device, running=a.running, prompt=a.prompt, chunk=a.chunk, threads=a.threads
@@ -83,7 +88,7 @@ def main() -> int:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         "host": platform.node(),
-        "device": registry_device(dev),
+        "device": device_entry(dev).name,
         "device_name": ex["device_name"],
         "model": ex["model"],
         "dtype": ex["dtype"],
@@ -91,7 +96,7 @@ def main() -> int:
         "threads": ex["threads"],
         "executor": ex,
         "loadavg_before": load0,
-        "padding": {k: v for k, v in pad.items() if isinstance(v, float)},
+        "padding": floats,
         "stall": {
             "numbers": st["numbers"],
             "at_s": st["at_s"],
@@ -104,11 +109,10 @@ def main() -> int:
             "first_token": st["first_token"],
             "series": series_near(st["series"], st["at_s"] - 8 * step, last + 8 * step),
         },
-        "loadavg_after": os.getloadavg()[0],
+        "loadavg_after": load_average(),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    save_json(a.out, out)
     n = st["numbers"]
     print(
         json.dumps(

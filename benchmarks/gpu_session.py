@@ -8,6 +8,8 @@ lands in ``--out`` (the device tool's ``$OUT``; at most 8 files come back):
 
 0. ``graphs-check.json``: decode graphs give the eager path's tokens (float64, ``tiny``,
    three schedulers; ``check_graphs.py``): a broken capture shows in tokens, not in timings;
+   and in bf16 on ``llama-1b``, graphed against eager logits at three buckets, with every
+   attention path on a fused kernel (math fails the stage);
 1. ``decode-h200-llama-8b.json``: decode efficiency and the knee of the 8B shape in bf16,
    CUDA-graph steps against eager ones (``bench_decode.py``; target efficiency >= 0.80);
 2. ``h200-llama-1b.json``: the 1B shape's step-cost profile (``python -m batching measure``);
@@ -22,6 +24,12 @@ lands in ``--out`` (the device tool's ``$OUT``; at most 8 files come back):
    by those pages beside their live CPU runs; the one stage beyond the 8-minute plan: it
    starts only if the others finished a minute early;
 6. ``session.json`` (each stage's command, exit status, seconds) and ``log.txt``.
+
+Each stage writes its file as results come (a profile after every round and every ten
+seconds, the fidelity run after each scheduler, the stall run after its padding half),
+marked ``partial`` until it finishes: a stage cut by its limit keeps what it measured, and
+``--install`` refuses partial files. Temporary files are removed after every stage, so at
+most the 8 files above come back.
 
 Needs only torch, numpy and tqdm (what the GPU machine has) and the Azure conversation trace
 under ``.gpu/traces`` (``make gpu-prep`` copies it there; ``../shared`` does not travel).
@@ -40,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -53,254 +62,85 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGES: list[tuple[str, int, list[str]]] = [
     (
         "check-graphs",
-        45,
-        ["benchmarks/check_graphs.py", "--device", "cuda", "--out", "{out}/graphs-check.json"],
+        55,
+        shlex.split(
+            "benchmarks/check_graphs.py --device cuda --bf16-model llama-1b --out {out}/graphs-check.json"
+        ),
     ),
     (
         "decode-8b",
         100,
-        [
-            "benchmarks/bench_decode.py",
-            "--model",
-            "llama-8b",
-            "--device",
-            "cuda",
-            "--batches",
-            "1,2,4,8,16,32,64,128,256",
-            "--reps",
-            "10",
-            "--rounds",
-            "2",
-            "--out",
-            "{out}/decode-h200-llama-8b.json",
-        ],
+        shlex.split(
+            "benchmarks/bench_decode.py --model llama-8b --device cuda --batches "
+            "1,2,4,8,16,32,64,128,256 --reps 10 --rounds 2 --out {out}/decode-h200-llama-8b.json"
+        ),
     ),
     (
         "profile-1b",
         90,
-        [
-            "-m",
-            "batching",
-            "measure",
-            "--model",
-            "llama-1b",
-            "--device",
-            "cuda",
-            "--ctxs",
-            "128,1024,4096",
-            "--prefill",
-            "16,64,256,512,1024,2048,4096,8192",
-            "--mixed-chunks",
-            "64,256,512,1024,2048,4096",
-            "--mixed-rows",
-            "1,8,32",
-            "--reps",
-            "5",
-            "--rounds",
-            "2",
-            "--no-progress",
-            "--out",
-            "{out}/h200-llama-1b.json",
-        ],
+        shlex.split(
+            "-m batching measure --model llama-1b --device cuda --ctxs 128,1024,4096 --prefill "
+            "16,64,256,512,1024,2048,4096,8192 --mixed-chunks 64,256,512,1024,2048,4096 "
+            "--mixed-rows 1,8,32 --reps 5 --rounds 2 --no-progress --out {out}/h200-llama-1b.json"
+        ),
     ),
     (
         "fidelity-1b",
         145,
-        [
-            "benchmarks/bench_fidelity.py",
-            "--model",
-            "llama-1b",
-            "--device",
-            "cuda",
-            "--profile",
-            "{out}/h200-llama-1b.json",
-            "--requests",
-            "200",
-            "--scale-lengths",
-            "1",
-            "--time-scale",
-            "8",
-            "--slots",
-            "32",
-            "--max-len",
-            "4352",
-            "--token-budget",
-            "512",
-            "--real-runs",
-            "2",
-            "--out",
-            "{out}/fidelity-h200-llama-1b.json",
-        ],
+        shlex.split(
+            "benchmarks/bench_fidelity.py --model llama-1b --device cuda --profile "
+            "{out}/h200-llama-1b.json --requests 200 --scale-lengths 1 --time-scale 8 --slots 32 "
+            "--max-len 4352 --token-budget 512 --real-runs 2 --out "
+            "{out}/fidelity-h200-llama-1b.json"
+        ),
     ),
     (
         "profile-8b",
         90,
-        [
-            "-m",
-            "batching",
-            "measure",
-            "--model",
-            "llama-8b",
-            "--device",
-            "cuda",
-            "--ctxs",
-            "128,512,1536",
-            "--prefill",
-            "16,64,256,512,1024,2048",
-            "--mixed-chunks",
-            "64,256,512,1024,2048",
-            "--mixed-rows",
-            "1,8,32",
-            "--prefill-rows",
-            "4x512,16x128",
-            "--reps",
-            "5",
-            "--rounds",
-            "1",
-            "--no-progress",
-            "--out",
-            "{out}/h200-llama-8b.json",
-        ],
+        shlex.split(
+            "-m batching measure --model llama-8b --device cuda --ctxs 128,512,1536 --prefill "
+            "16,64,256,512,1024,2048 --mixed-chunks 64,256,512,1024,2048 --mixed-rows 1,8,32 "
+            "--prefill-rows 4x512,16x128 --reps 5 --rounds 1 --no-progress --out "
+            "{out}/h200-llama-8b.json"
+        ),
     ),
     (
         "stall-1b",
         60,
-        ["benchmarks/bench_stall.py", "--device", "cuda", "--out", "{out}/stall-h200-llama-1b.json"],
+        shlex.split("benchmarks/bench_stall.py --device cuda --out {out}/stall-h200-llama-1b.json"),
     ),
 ]
 
 #: The same stages, small enough for a CPU in seconds (``--dry-run``): the pipeline's test.
 DRY: dict[str, list[str]] = {
-    "check-graphs": [
-        "benchmarks/check_graphs.py",
-        "--device",
-        "cpu",
-        "--requests",
-        "8",
-        "--max-len",
-        "64",
-        "--out",
-        "{out}/graphs-check.json",
-    ],
-    "decode-8b": [
-        "benchmarks/bench_decode.py",
-        "--model",
-        "tiny",
-        "--device",
-        "cpu",
-        "--ctx",
-        "16",
-        "--batches",
-        "1,2",
-        "--reps",
-        "2",
-        "--rounds",
-        "1",
-        "--out",
-        "{out}/decode-h200-llama-8b.json",
-    ],
-    "profile-1b": [
-        "-m",
-        "batching",
-        "measure",
-        "--model",
-        "tiny",
-        "--device",
-        "cpu",
-        "--batches",
-        "1,2,16",
-        "--ctxs",
-        "16,128",
-        "--prefill",
-        "16,64",
-        "--mixed-chunks",
-        "16,64",
-        "--mixed-rows",
-        "1,4",
-        "--prefill-rows",
-        "4x16",
-        "--reps",
-        "1",
-        "--rounds",
-        "1",
-        "--no-progress",
-        "--out",
-        "{out}/h200-llama-1b.json",
-    ],
-    "fidelity-1b": [
-        "benchmarks/bench_fidelity.py",
-        "--model",
-        "tiny",
-        "--device",
-        "cpu",
-        "--profile",
-        "{out}/h200-llama-1b.json",
-        "--requests",
-        "12",
-        "--scale-lengths",
-        "32",
-        "--time-scale",
-        "8",
-        "--slots",
-        "4",
-        "--max-len",
-        "256",
-        "--token-budget",
-        "32",
-        "--real-runs",
-        "2",
-        "--out",
-        "{out}/fidelity-h200-llama-1b.json",
-    ],
-    "profile-8b": [
-        "-m",
-        "batching",
-        "measure",
-        "--model",
-        "tiny",
-        "--device",
-        "cpu",
-        "--batches",
-        "1,2",
-        "--ctxs",
-        "16",
-        "--prefill",
-        "16",
-        "--mixed-chunks",
-        "16",
-        "--mixed-rows",
-        "1",
-        "--prefill-rows",
-        "",
-        "--reps",
-        "1",
-        "--rounds",
-        "1",
-        "--no-progress",
-        "--out",
-        "{out}/h200-llama-8b.json",
-    ],
-    "stall-1b": [
-        "benchmarks/bench_stall.py",
-        "--device",
-        "cpu",
-        "--model",
-        "tiny",
-        "--short",
-        "8",
-        "--long",
-        "300",
-        "--reps",
-        "1",
-        "--running",
-        "4",
-        "--prompt",
-        "300",
-        "--chunk",
-        "32",
-        "--out",
-        "{out}/stall-h200-llama-1b.json",
-    ],
+    "check-graphs": shlex.split(
+        "benchmarks/check_graphs.py --device cpu --requests 8 --max-len 64 --bf16-model tiny "
+        "--bf16-buckets 1x16,4x40 --out {out}/graphs-check.json"
+    ),
+    "decode-8b": shlex.split(
+        "benchmarks/bench_decode.py --model tiny --device cpu --ctx 16 --batches 1,2 --reps 2 "
+        "--rounds 1 --out {out}/decode-h200-llama-8b.json"
+    ),
+    "profile-1b": shlex.split(
+        "-m batching measure --model tiny --device cpu --batches 1,2,16 --ctxs 16,128 "
+        "--prefill 16,64 --mixed-chunks 16,64 --mixed-rows 1,4 --prefill-rows 4x16 --reps 1 "
+        "--rounds 1 --no-progress --out {out}/h200-llama-1b.json"
+    ),
+    "fidelity-1b": shlex.split(
+        "benchmarks/bench_fidelity.py --model tiny --device cpu --profile "
+        "{out}/h200-llama-1b.json --requests 12 --scale-lengths 32 --time-scale 8 --slots 4 "
+        "--max-len 256 --token-budget 32 --real-runs 2 --out "
+        "{out}/fidelity-h200-llama-1b.json"
+    ),
+    "profile-8b": shlex.split(
+        "-m batching measure --model tiny --device cpu --batches 1,2 --ctxs 16 --prefill 16 "
+        "--mixed-chunks 16 --mixed-rows 1 --prefill-rows '' --reps 1 --rounds 1 --no-progress "
+        "--out {out}/h200-llama-8b.json"
+    ),
+    "stall-1b": shlex.split(
+        "benchmarks/bench_stall.py --device cpu --model tiny --short 8 --long 300 --reps 1 "
+        "--running 4 --prompt 300 --chunk 32 --out {out}/stall-h200-llama-1b.json"
+    ),
 }
 
 
@@ -323,11 +163,25 @@ def _device_of(doc: dict) -> str:
     return str(doc.get("device_name") or doc.get("device") or "")
 
 
+def _graphs_failure(doc: dict) -> str | None:
+    """Why a GPU profile's decode graphs do not stand for a server's steps, or None."""
+    g = doc["meta"].get("decode_graphs")
+    if not g:
+        return "decode graphs were off"
+    if g.get("error") or g.get("failed"):
+        return f"decode graphs failed: {g.get('error') or g.get('failed')}"
+    if not g.get("replayed_as_graphs"):
+        return "decode steps were not replayed as graphs"
+    return None
+
+
 def install(src: Path, root: Path = ROOT) -> list[Path]:
     """Copy a GPU session's files from ``src`` to their places under ``root``; profiles are
     checked by loading them as the simulator does. Refuses (ValueError, naming the file,
-    before anything is written) anything measured on a CPU, such as a dry run's output,
-    and a folder with none of the files."""
+    before anything is written) anything measured on a CPU, such as a dry run's output, a
+    file its stage left partial, a profile whose decode graphs failed or were off (its
+    decode steps were timed eagerly, not as a server runs them), and a folder with none
+    of the files."""
     from batching.costs import ProfileCost
 
     texts = {n: (src / n).read_text() for n in INSTALL if (src / n).is_file()}
@@ -335,8 +189,12 @@ def install(src: Path, root: Path = ROOT) -> list[Path]:
         raise ValueError(f"{src}: none of {', '.join(INSTALL)}")
     for name, text in texts.items():
         doc = json.loads(text)
+        if doc.get("partial") or doc.get("meta", {}).get("partial"):
+            raise ValueError(f"{src / name}: partial (its stage did not finish); not installed")
         if name.startswith("h200-"):
             ProfileCost.from_dict(doc, source=str(src / name))
+            if (why := _graphs_failure(doc)) is not None:
+                raise ValueError(f"{src / name}: {why}; not installed")
         if name == "session.json":
             if doc.get("dry_run"):
                 raise ValueError(f"{src / name}: a dry run's session; not installed")
@@ -371,10 +229,11 @@ def headline(out: Path) -> dict:
                 "efficiency_vs_matvec_eager",
                 "knee",
                 "bstar_roofline",
-                "decode_graphs_error",
+                "attention",
             )
         }
         h["decode_8b"]["step_ms_batch1"] = d["step_ms"]["1"]["median_ms"]
+        h["decode_8b"]["graphs_failed"] = (d.get("decode_graphs_info") or {}).get("failed")
     for name in ("h200-llama-1b.json", "h200-llama-8b.json"):
         if (prof := load(name)) is not None:
             h[name] = {
@@ -397,7 +256,7 @@ def headline(out: Path) -> dict:
             }
             for k, r in f["results"].items()
         }
-    if (s := load("stall-h200-llama-1b.json")) is not None:
+    if (s := load("stall-h200-llama-1b.json")) is not None and "stall" in s:  # not its partial file
         n = s["stall"]["numbers"]
         h["stall_1b"] = {
             "mixed_itl_max_ms": n["mix_itl_max_ms"],
@@ -407,6 +266,11 @@ def headline(out: Path) -> dict:
             "ttft_chunked_ms": n["chk_ttft_ms"],
             "padding_time_ratio_short": s["padding"]["time_ratio_short"],
         }
+    h["partial"] = [
+        n
+        for n in INSTALL
+        if (d := load(n)) is not None and (d.get("partial") or d.get("meta", {}).get("partial"))
+    ]
     return h
 
 
@@ -469,6 +333,8 @@ def main() -> int:
                 rec["rc"] = "timeout"
             rec["wall_s"] = round(time.perf_counter() - s0, 1)
             log.flush()
+            for tmp in a.out.glob("*.tmp"):  # a stage killed while saving: at most 8 files come back
+                tmp.unlink()
         summary["stages"].append(rec)
         print(json.dumps(rec), flush=True)
         (a.out / "session.json").write_text(json.dumps(summary, indent=1) + "\n")

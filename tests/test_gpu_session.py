@@ -55,6 +55,12 @@ def test_dry_run_writes_every_result_file(tmp_path: Path) -> None:
         assert prof["schema"] == 1 and prof["meta"]["decode_graphs"] is None
     check = json.loads((tmp_path / "graphs-check.json").read_text())
     assert check["ok"] and all(v["requests_equal"] == v["requests"] for v in check["schedulers"].values())
+    # The bf16 stand-in: graphed and eager logits compared at each bucket, backends recorded.
+    bf16 = check["bf16"]
+    assert bf16["ok"] and [(b["rows"], b["ctx"]) for b in bf16["buckets"]] == [(1, 16), (4, 40)]
+    assert all(b["rel_diff"] <= bf16["tolerance"] for b in bf16["buckets"])
+    assert set(bf16["attention"]) == {"decode", "prefill", "chunk"} and bf16["attention_on_math"] == []
+    assert head["partial"] == []  # every stage finished: no file is marked partial
     fid = json.loads((tmp_path / "fidelity-h200-llama-1b.json").read_text())
     assert set(fid["results"]) == {"continuous", "chunked"} and fid["token_budget"] == 32
     # At most 8 files come back from the device machine.
@@ -68,13 +74,35 @@ def test_dry_run_writes_every_result_file(tmp_path: Path) -> None:
     # ... and puts an H200's where the project keeps them (profiles loaded as the simulator does).
     gpu = tmp_path / "gpu"
     gpu.mkdir()
+    graphs_ok = {
+        "captured": 4,
+        "replayed_as_graphs": True,
+        "buckets": [[1, 64]],
+        "failed": {},
+        "eager_steps": 0,
+    }
     for name in ("h200-llama-1b.json", "decode-h200-llama-8b.json"):
         doc = json.loads((tmp_path / name).read_text())
         if "meta" in doc:
             doc["meta"]["device_name"] = "NVIDIA H200"
+            doc["meta"]["decode_graphs"] = graphs_ok
         else:
             doc["device_name"] = "NVIDIA H200"
         (gpu / name).write_text(json.dumps(doc))
+    # A GPU profile whose graphs failed (steps timed eagerly) or that its stage left partial
+    # is refused, naming the file and the reason.
+    prof = json.loads((gpu / "h200-llama-1b.json").read_text())
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for meta, why in (
+        ({"decode_graphs": {**graphs_ok, "failed": {"256x4096": "out of memory"}}}, "decode graphs failed"),
+        ({"decode_graphs": None}, "decode graphs were off"),
+        ({"partial": True}, "partial"),
+    ):
+        (bad / "h200-llama-1b.json").write_text(json.dumps({**prof, "meta": {**prof["meta"], **meta}}))
+        with pytest.raises(ValueError, match=f"h200-llama-1b.json: {why}"):
+            mod.install(bad, root)
+    assert not root.exists()
     done = mod.install(gpu, root)
     assert sorted(p.relative_to(root).as_posix() for p in done) == [
         "benchmarks/results/decode-h200-llama-8b.json",
@@ -90,3 +118,13 @@ def test_stages_fit_the_device_time_and_cover_each_dry_stage() -> None:
     assert [n for n, _, _ in mod.STAGES] == list(mod.DRY)
     for _, _, argv in mod.STAGES:
         assert "cuda" in argv and any(a.startswith("{out}/") for a in argv)
+
+
+def test_the_headline_reads_a_stage_cut_short(tmp_path: Path) -> None:
+    """A stall stage killed after its padding half leaves a partial file: the headline
+    names it partial instead of failing on the missing stall."""
+    mod = load_benchmark("gpu_session")
+    partial = {"benchmark": "7.1 padding (7.3 stall not finished)", "partial": True, "padding": {"x": 1.0}}
+    (tmp_path / "stall-h200-llama-1b.json").write_text(json.dumps(partial))
+    head = mod.headline(tmp_path)
+    assert head["partial"] == ["stall-h200-llama-1b.json"] and "stall_1b" not in head

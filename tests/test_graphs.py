@@ -74,13 +74,95 @@ def test_grouped_query_decode_attention_equals_sdpa_gqa() -> None:
     torch.testing.assert_close(gqa_decode_attention(q, k, v, mask), ref, rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize("rows, bucket", [([(9, 4), (3, 0), (20, 2)], (4, 64)), ([(70, 3)], (1, 128))])
+def test_grouped_query_chunk_attention_equals_sdpa_gqa() -> None:
+    """A prefill chunk after cached context packed as G x m queries per kv head (the eager
+    path's masked call, which must not fall back to the math kernel on a GPU): the same
+    numbers as sdpa's grouped-query call with the same mask."""
+    from batching.real.model import gqa_chunk
+
+    g = torch.Generator().manual_seed(1)
+    m, start = 5, 7
+    q = torch.randn(m, 8, 16, generator=g, dtype=F64)
+    k, v = (torch.randn(1, 2, start + m, 16, generator=g, dtype=F64) for _ in range(2))
+    mask = torch.arange(start + m)[None, :] <= torch.arange(start, start + m)[:, None]  # [m, end]
+    ref = sdpa(q.transpose(0, 1)[None], k, v, mask)[0].transpose(0, 1)
+    torch.testing.assert_close(gqa_chunk(q, k, v, mask), ref, rtol=0, atol=1e-13)
+
+
+def test_attention_backends_are_recorded(model64: Llama) -> None:
+    """Which SDPA kernel each path selects on this device (a GPU check fails bf16 on math)."""
+    from torch.nn.attention import SDPBackend
+
+    got = ModelRunner(model64, slots=2, max_len=16).attention_backends()
+    names = {b.lower() for b in SDPBackend.__members__}
+    assert set(got) == {"decode", "prefill", "chunk"} and set(got.values()) <= names
+
+
+def test_a_decode_graph_reads_the_same_slabs_whatever_the_slot_count(model64: Llama) -> None:
+    """The graphed read depends on the rows and their slots, not on the runner's slot count
+    (a profile built with 257 slots and a run with 33 must time the same kernel): with 6 or
+    40 slots the step lands in the same bucket and gives bit-identical logits."""
+    logits, keys = [], []
+    for slots in (6, 40):
+        runner = ModelRunner(model64, slots=slots, max_len=96, graphs=True)
+        reqs = [admitted(i, 10 + 7 * i, 3, slot=s) for i, s in enumerate((0, 1, 3))]
+        first = StepPlan(prefills=[PrefillChunk(r, r.prompt_len) for r in reqs])
+        commit(first, runner.forward(first), 1.0)
+        out = runner.forward(StepPlan(decodes=reqs))
+        logits.append(torch.stack([out.logits[r.rid] for r in reqs]))
+        keys.append(runner.graphs.keys)
+    assert keys == [[(4, 64)], [(4, 64)]]
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=0)
+
+
+def test_capture_all_makes_only_the_buckets_a_workload_reaches(model64: Llama) -> None:
+    runner = ModelRunner(model64, slots=6, max_len=160, graphs=True)
+    assert runner.graphs.capture_all(max_rows=2, max_ctx=50) == 2
+    assert runner.graphs.keys == [(1, 64), (2, 64)]
+    assert runner.graphs.capture_all() == 4 * 3  # rows 1, 2, 4, 6 x contexts 64, 128, 160
+
+
+def test_a_dropped_runner_is_freed_at_once(model64: Llama) -> None:
+    """The runner holds its graphs, the graphs hold the model and the cache, nothing holds the
+    runner: with the garbage collector off, dropping it frees its slabs and graph pool."""
+    import gc
+    import weakref
+
+    runner = ModelRunner(model64, slots=2, max_len=16, graphs=True)
+    refs = [weakref.ref(runner), weakref.ref(runner.cache), weakref.ref(runner.graphs)]
+    gc.disable()
+    try:
+        del runner
+        assert [r() for r in refs] == [None, None, None]
+    finally:
+        gc.enable()
+
+
+def test_the_graphs_module_does_not_import_the_runner() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, batching.real.graphs; print('batching.real.runner' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    "rows, bucket",
+    [
+        ([(9, 1), (3, 0), (20, 2)], (4, 64)),
+        ([(9, 4), (3, 0), (20, 2)], (6, 64)),
+        ([(70, 3)], (4, 128)),
+        ([(30, 0)], (1, 64)),
+    ],
+)
 def test_fixed_shape_decode_step_equals_the_eager_step(
     model64: Llama, rows: list[tuple[int, int]], bucket: tuple[int, int]
 ) -> None:
-    """(prompt, slot) rows among 6 slots: 3 rows padded to 4 (every slab read as a view,
-    context 64), or 1 row at contexts 70-72 (its slab gathered, context 128). Every row's
-    logits equal the eager runner's; padding rows wrote only the scratch slab."""
+    """(prompt, slot) rows among 6 slots: a bucket holds the rows and every slot up to the
+    highest (3 rows in slots 0-2 padded to 4; in slots 0, 2 and 4 to 6; one row in slot 3
+    to 4 at context 128; one in slot 0 alone) and reads exactly those slabs. Every row's
+    logits equal the eager runner's in float64; padding rows wrote only the scratch slab."""
     eager = ModelRunner(model64, slots=6, max_len=160, graphs=False)
     fixed = ModelRunner(model64, slots=6, max_len=160, graphs=True)
     assert fixed.k_cache.shape[1] == 7 and fixed.kv_bytes == kv_cache_bytes(TINY, 7, 160, F64)
@@ -101,7 +183,13 @@ def test_fixed_shape_decode_step_equals_the_eager_step(
         for rid in e.logits:
             torch.testing.assert_close(f.logits[rid], e.logits[rid], rtol=0, atol=1e-11)
     assert fixed.graphs.keys == [bucket] and fixed.graphs.captures == 0  # nothing captured on a CPU
-    assert fixed.graphs_info() == {"captured": 0, "replayed_as_graphs": False, "buckets": [list(bucket)]}
+    assert fixed.graphs_info() == {
+        "captured": 0,
+        "replayed_as_graphs": False,
+        "buckets": [list(bucket)],
+        "failed": {},
+        "eager_steps": 0,
+    }
     assert eager.graphs_info() is None
     # Slabs no request used are still zero; padding rows (if any) wrote the scratch slab.
     for s in set(range(6)) - {s for _, s in rows}:
@@ -129,39 +217,50 @@ def test_capture_needs_a_cuda_device(model64: Llama) -> None:
 
     runner = ModelRunner(model64, slots=2, max_len=16, graphs=True)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
-        DecodeGraphs(runner, capture=True)
+        DecodeGraphs(runner.model, runner.cache, capture=True)
 
 
 def test_a_failed_capture_falls_back_to_eager_steps_and_says_why(model64: Llama, monkeypatch) -> None:
     """A bucket that cannot be captured (an op CUDA graphs refuse, out of memory) must not
-    lose the run: the step runs eagerly with the same logits, the runner turns graphs off,
-    warns, and records the reason for the results file."""
+    lose the run: its steps run eagerly with the same logits, the runner warns once and
+    records the bucket and the reason for the results file; other buckets still replay."""
     from batching.real.graphs import DecodeGraphs, GraphCaptureError
 
+    make = DecodeGraphs._make
+
     def refuse(self, rows: int, length: int):
-        raise GraphCaptureError(
-            f"capturing the decode graph of {rows} rows x {length} positions failed: nope"
-        )
+        if rows == 2:
+            raise GraphCaptureError(
+                f"capturing the decode graph of {rows} rows x {length} positions failed: nope"
+            )
+        return make(self, rows, length)
 
     eager = ModelRunner(model64, slots=2, max_len=32, graphs=False)
     fixed = ModelRunner(model64, slots=2, max_len=32, graphs=True)
     monkeypatch.setattr(DecodeGraphs, "_make", refuse)
-    outs = []
-    for runner in (eager, fixed):
-        r = admitted(0, 5, 3, slot=1)
-        first = StepPlan(prefills=[PrefillChunk(r, 5)])
+    outs: list[list] = [[], []]
+    for i, runner in enumerate((eager, fixed)):
+        r = admitted(0, 5, 4, slot=1)  # slot 1: the bucket of 2 rows, which fails
+        s = admitted(1, 7, 4, slot=0)  # alone in slot 0: the bucket of 1 row, which replays
+        first = StepPlan(prefills=[PrefillChunk(r, 5), PrefillChunk(s, 7)])
         commit(first, runner.forward(first), 1.0)
-        plan = StepPlan(decodes=[r])
-        if runner is fixed:
-            with pytest.warns(
-                RuntimeWarning, match="1 rows x 32 positions failed: nope; decode steps run eagerly"
-            ):
-                outs.append(runner.forward(plan))
-        else:
-            outs.append(runner.forward(plan))
-    torch.testing.assert_close(outs[1].logits[0], outs[0].logits[0], rtol=0, atol=1e-11)
-    assert fixed.graphs is None and "nope" in fixed.graphs_error
-    assert fixed.graphs_info() == {"error": fixed.graphs_error}
+        for t, plan in enumerate([StepPlan(decodes=[r]), StepPlan(decodes=[r]), StepPlan(decodes=[s])]):
+            if runner is fixed and t == 0:
+                with pytest.warns(
+                    RuntimeWarning, match="2 rows x 32 positions failed: nope; steps of this bucket"
+                ):
+                    out = runner.forward(plan)
+            else:
+                out = runner.forward(plan)
+            commit(plan, out, 2.0 + t)
+            outs[i].append(out)
+    for e, f in zip(*outs):
+        for rid in e.logits:
+            torch.testing.assert_close(f.logits[rid], e.logits[rid], rtol=0, atol=1e-11)
+    info = fixed.graphs_info()
+    assert info is not None and fixed.graphs is not None
+    assert list(info["failed"]) == ["2x32"] and "nope" in info["failed"]["2x32"]
+    assert info["eager_steps"] == 2 and info["buckets"] == [[1, 32]]
 
 
 class _Replayer:
@@ -196,7 +295,9 @@ def test_the_capture_and_replay_path_gives_the_eager_tokens(model64: Llama, monk
         sch = make_scheduler("continuous", max_context=80, slots=3)
         runs.append(run_real(w, sch, None, runner=runner))
     g = runner.graphs
-    assert g.captures == len(g.keys) == 3 * 2  # warm-up captured rows 1, 2, 3 x contexts 64, 80
+    # The warm-up captured the buckets the workload reaches: rows 1, 2, 3 x context 64
+    # (its longest request holds 44 positions; the slab's 80 is never read).
+    assert g.captures == len(g.keys) == 3 and g.keys == [(1, 64), (2, 64), (3, 64)]
     assert sum(x.graph.replays for x in g._graphs.values()) > 0
     assert [r.token_ids for r in runs[0].requests] == [r.token_ids for r in runs[1].requests]
     # Two replays of one bucket: the first step's logits are not overwritten by the second.
@@ -208,3 +309,41 @@ def test_the_capture_and_replay_path_gives_the_eager_tokens(model64: Llama, monk
     commit(StepPlan(decodes=[r]), a, 2.0)
     runner.forward(StepPlan(decodes=[r]))
     torch.testing.assert_close(a.logits[50], kept, rtol=0, atol=0)
+
+
+def test_a_bucket_that_fails_to_capture_runs_eagerly_while_the_others_replay(
+    model64: Llama, monkeypatch
+) -> None:
+    """The capture path's per-bucket bookkeeping through the CPU stand-in: the warm-up
+    captures largest first; the first (3 rows x 64) fails as CUDA would (a RuntimeError in
+    capture, out of memory), is recorded and skipped, the smaller buckets replay, the run's
+    tokens equal the eager run's, and the results file's executor record says it all."""
+    from batching.real.graphs import DecodeGraphs
+
+    calls = {"n": 0}
+
+    def capture(self, step):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("CUDA out of memory")
+        out = step()
+        return _Replayer(step, out), out
+
+    monkeypatch.setattr(DecodeGraphs, "_capture", capture)
+    w = Workload.from_arrays([0.0, 0.0, 0.0, 0.01, 0.02], [5, 17, 3, 40, 9], [6, 2, 9, 4, 7])
+    runs = []
+    for graphs in (False, True):
+        runner = ModelRunner(model64, slots=3, max_len=80, graphs=graphs)
+        if graphs:
+            runner.graphs.capture = True
+        sch = make_scheduler("continuous", max_context=80, slots=3)
+        if graphs:
+            with pytest.warns(RuntimeWarning, match="3 rows x 64 positions failed: CUDA out of memory"):
+                runs.append(run_real(w, sch, None, runner=runner))
+        else:
+            runs.append(run_real(w, sch, None, runner=runner))
+    assert [r.token_ids for r in runs[0].requests] == [r.token_ids for r in runs[1].requests]
+    info = runs[1].executor["decode_graphs"]
+    assert list(info["failed"]) == ["3x64"] and info["eager_steps"] > 0
+    assert info["captured"] == 2 and info["buckets"] == [[1, 64], [2, 64]]
+    assert sum(x.graph.replays for x in runner.graphs._graphs.values()) > 0

@@ -77,6 +77,33 @@ def test_rounds_pool_every_repetition_of_each_point():
             measure("tiny", "cpu", **{**GRID, **bad})
 
 
+def test_a_measurement_hands_out_what_it_has_as_it_goes(tmp_path):
+    """A GPU stage cut by its time limit keeps its points: after each round (and every
+    ``partial_every_s``) the profile so far, marked partial, unmeasured points null; the
+    file written last is always whole JSON (save_json)."""
+    from batching.real.measure import save_json
+
+    seen: list[dict] = []
+    out = tmp_path / "p.json"
+
+    def keep(doc: dict) -> None:
+        seen.append(json.loads(json.dumps(doc)))
+        save_json(out, doc)
+
+    doc = measure("tiny", "cpu", **{**GRID, "reps": 1, "rounds": 2}, partial=keep, partial_every_s=1e9)
+    points = 3 * 2 + 2 + 1
+    assert [d["meta"]["points_done"] for d in seen] == [points]  # the end of round 1 (of 2)
+    assert all(d["meta"]["partial"] and d["meta"]["points"] == 2 * points for d in seen)
+    assert all(p["reps"] == 1 for row in seen[0]["decode"]["spread"] for p in row)
+    assert "partial" not in doc["meta"] and json.loads(out.read_text())["meta"]["partial"]
+    assert not list(tmp_path.glob("*.tmp"))
+    seen.clear()
+    measure("tiny", "cpu", **{**GRID, "reps": 1}, partial=keep, partial_every_s=0.0)
+    done = [d["meta"]["points_done"] for d in seen]
+    assert done == list(range(1, points))  # after every point but the last (the final document)
+    assert seen[0]["decode"]["ms"][0][0] is not None and seen[0]["decode"]["ms"][0][1] is None
+
+
 def test_measure_refuses_lengths_beyond_the_context():
     with pytest.raises(ValueError, match="exceeds tiny's max_context=512"):
         measure("tiny", "cpu", **{**GRID, "prefill_tokens": [8, 4096]})

@@ -8,8 +8,9 @@ torch = pytest.importorskip("torch")
 
 from batching.models import MODELS, get_model
 from batching.plan import PrefillChunk, StepPlan
+from batching.real.hardware import DeviceMemoryError
 from batching.real.model import Llama, ModelConfig
-from batching.real.runner import DeviceMemoryError, ModelRunner, StepOutput, kv_cache_bytes, prompt_ids
+from batching.real.runner import ModelRunner, StepOutput, kv_cache_bytes, prompt_ids
 from batching.request import Request
 
 pytestmark = pytest.mark.model
@@ -65,7 +66,7 @@ def test_chunked_prefill_and_decodes_equal_the_full_forward_pass(model64: Llama)
         out = runner.forward(plan)
         emitted.append(out.logits[r.rid])
         commit(plan, out, 1.0)
-    ids = runner.tokens(r.rid)
+    ids = runner.tokens(r)
     assert ids[:10] == prompt_ids(0, 7, 10, TINY.vocab) and ids[10:] == r.token_ids
     ref = model64.forward_full(torch.tensor(ids))  # [16, V]
     got = torch.stack(emitted)  # logits of positions 9..14
@@ -86,7 +87,7 @@ def test_mixed_step_packs_decodes_chunks_and_padding_without_crosstalk(model64: 
     assert set(out.token_ids) == {0, 1, 2}
     commit(plan, out, 2.0)
     for r in (a, b, c):
-        ids = runner.tokens(r.rid)
+        ids = runner.tokens(r)
         ref = model64.forward_full(torch.tensor(ids))
         torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
 
@@ -114,7 +115,7 @@ def test_decode_rows_in_scattered_slots_read_only_their_own_slabs(
         out = runner.forward(plan)
         commit(plan, out, 2.0)
         for r in reqs:
-            ids = runner.tokens(r.rid)
+            ids = runner.tokens(r)
             ref = model64.forward_full(torch.tensor(ids))
             torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
 
@@ -145,6 +146,22 @@ def test_kv_slab_that_does_not_fit_is_refused_with_both_numbers(model64: Llama) 
     # Weights are checked before they are allocated: 8B in fp32 is 32 GB.
     with pytest.raises(DeviceMemoryError, match="llama-8b.*needed.*available"):
         ModelRunner.from_shape(get_model("llama-8b"), 1, mem_available=8 * 10**9)
+
+
+def test_token_ids_are_the_requests_own(model64: Llama) -> None:
+    """Token ids are stored once: the prompt comes from the seed, generated ids from the
+    request. A request committed without its ids (a simulated run's) is refused, saying so."""
+    runner = ModelRunner(model64, slots=1, max_len=16)
+    r = admitted(3, 4, 3, slot=0)
+    plan = StepPlan(prefills=[PrefillChunk(r, 4)])
+    commit(plan, runner.forward(plan), 1.0)
+    assert runner.tokens(r) == prompt_ids(0, 3, 4, TINY.vocab) + r.token_ids and len(r.token_ids) == 1
+    assert not hasattr(runner, "history")
+    lost = admitted(4, 4, 3, slot=0)
+    lost.on_prefill(4)
+    lost.on_token(1.0)  # no id recorded
+    with pytest.raises(RuntimeError, match="request 4: 1 tokens generated but 0 of their ids recorded"):
+        runner.forward(StepPlan(decodes=[lost]))
 
 
 def test_plan_beyond_the_slab_is_refused(model64: Llama) -> None:

@@ -263,19 +263,20 @@ def live_decode_sweep(
     ``read_gbs`` (best of the bandwidth probe; copy counts read + write), ``peak_tflops``.
     """
     import datetime as dt
-    import os
     import time
 
     import torch
 
     from ..models import get_model
-    from ..real.executor import REGISTRY_DTYPE, device_name, resolve_device, resolve_dtype
-    from ..real.measure import StepTimer, bandwidth, matmul_peak, registry_device
+    from ..real.executor import REGISTRY_DTYPE, resolve_dtype
+    from ..real.hardware import available_bytes, device_entry, device_memory, measured_spec, resolve_device
+    from ..real.measure import StepTimer, bandwidth, load_average, matmul_peak
     from ..real.measure import stats as time_stats
     from ..real.runner import SPAN_PER_ROW, ModelRunner
 
     dev = resolve_device(device)
-    free = float(torch.cuda.mem_get_info(dev)[0]) if dev.type == "cuda" else None
+    entry = device_entry(dev)  # any GPU: one the registry lacks gets its measured figures below
+    free = float(available_bytes(dev) or 0) if dev.type == "cuda" else None
     name, bs = live_defaults(dev.type, model, batches, free)
     tdt = resolve_dtype(dtype, dev)
     if tdt not in REGISTRY_DTYPE:
@@ -283,11 +284,11 @@ def live_decode_sweep(
     shape = get_model(name).with_dtype(REGISTRY_DTYPE[tdt])
     if not (isinstance(ctx, int) and ctx >= 2 and ctx * 3 // 2 + 2 <= shape.max_context):
         raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
-    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    load0, t0 = load_average(), time.perf_counter()
     # The gathered path spreads the rows over more than SPAN_PER_ROW slots each, which is
     # what makes the eager runner copy their slabs (StepTimer.decode, scattered=True). CUDA
-    # steps replay graphs, which read every slab once a batch fills a third of them: extra
-    # slots would only add reads there, and there is no gathered path to time.
+    # steps replay graphs, which read the slabs of slots 0 .. up to the bucket whatever the
+    # slots are (graphs.py): there is no gathered path to time.
     paths = decode_paths(graphs=dev.type == "cuda")
     slots = SPAN_PER_ROW * max(bs) + 1 if "gathered" in paths else max(bs)
     runner = ModelRunner.from_shape(
@@ -316,14 +317,11 @@ def live_decode_sweep(
             acc[f"{path}_ms"].append(st["median_ms"])
             acc[f"{path}_p25_ms"].append(st["p25_ms"])
             acc[f"{path}_p75_ms"].append(st["p75_ms"])
-    try:
-        reg = registry_device(dev)
-    except ValueError:
-        reg = dev.type
     meta = {
-        "device": reg,
+        "device": entry.name,
         "device_type": dev.type,
-        "device_name": device_name(dev),
+        "device_name": entry.device_name,
+        "datasheet": entry.datasheet,
         "model": name,
         "dtype": shape.dtype,
         "params": float(shape.params),
@@ -337,11 +335,15 @@ def live_decode_sweep(
         "peak_n": n,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "loadavg_before": load0,
-        "loadavg_after": os.getloadavg()[0],
+        "loadavg_after": load_average(),
         "wall_s": time.perf_counter() - t0,
         "linear": runner.model.linear_form,
         "matvec_layout": bw["matvec"]["layout"],
+        "decode_graphs": runner.graphs_info(),
+        "attention": runner.attention_backends(),
     }
+    if not entry.registered:  # a GPU the registry lacks: its figures are the ones measured here
+        meta["device_spec"] = measured_spec(entry, bw, peak, shape.dtype, device_memory(dev) or 0.0)
     del runner, timer
     return {
         "meta": meta,

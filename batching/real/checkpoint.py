@@ -98,7 +98,7 @@ def hf_state_dict(model: Llama) -> dict[str, Tensor]:
     cfg = model.cfg
     q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
     out: dict[str, Tensor] = {"model.embed_tokens.weight": model.embed, "model.norm.weight": model.norm}
-    for i, b in enumerate(model.blocks):
+    for i, b in enumerate(model.layers):
         p = f"model.layers.{i}."
         wq, wk, wv = b.wqkv.split([q, kv, kv], dim=0)
         gate, up = b.w_gate_up.split([cfg.ffn, cfg.ffn], dim=0)
@@ -245,7 +245,7 @@ def load_hf_checkpoint(
 
     put(model.embed, "model.embed_tokens.weight")
     put(model.norm, "model.norm.weight")
-    for i, b in enumerate(model.blocks):
+    for i, b in enumerate(model.layers):
         p = f"model.layers.{i}."
         put(b.wqkv, *(p + f"self_attn.{x}_proj.weight" for x in "qkv"))
         put(b.wo, p + "self_attn.o_proj.weight")

@@ -8,7 +8,6 @@ step's duration changes, from a cost model's prediction to a measurement (conven
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,6 +24,7 @@ from ..request import Request, RequestError
 from ..schedulers.base import Scheduler
 from ..workload import Workload
 from .checkpoint import load_hf_checkpoint, read_config
+from .hardware import device_entry, device_name, resolve_device
 from .model import ModelConfig
 from .runner import ModelRunner, check_model_fits
 
@@ -37,15 +37,6 @@ _DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
 }
 REGISTRY_DTYPE: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16"}
-# Substring of torch.cuda.get_device_name() -> registry device (datasheet numbers of the SXM parts).
-CUDA_NAMES: tuple[tuple[str, str], ...] = (("H200", "H200-SXM"), ("H100", "H100-SXM"), ("A100", "A100-SXM"))
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """Where real runs of 7.1-7.3 execute; ``"auto"``: CUDA when present, else the CPU."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -59,20 +50,6 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         return _DTYPES[str(dtype).lower()]
     except KeyError:
         raise ValueError(f"dtype={dtype!r}: must be one of {', '.join(_DTYPES)}") from None
-
-
-def device_name(device: torch.device) -> str:
-    """The GPU's name, or the CPU's model name from /proc/cpuinfo (recorded with every real run)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def registry_shape(cfg: ModelConfig) -> ModelShape | None:
@@ -95,14 +72,10 @@ def hardware_cost(runner: ModelRunner) -> RooflineCost | None:
     dt = REGISTRY_DTYPE.get(runner.dtype)
     if shape is None or dt is None:
         return None
-    if runner.device.type == "cpu":
-        dev = get_device("cpu-here")
-    else:
-        name = device_name(runner.device).upper()
-        match = next((reg for key, reg in CUDA_NAMES if key in name), None)
-        if match is None:
-            return None
-        dev = get_device(match)
+    entry = device_entry(runner.device)
+    if not entry.registered:
+        return None
+    dev = get_device(entry.name)
     try:
         return RooflineCost(shape.with_dtype(dt), dev)
     except ValueError:  # the device has no peak for this dtype, or the registry says it can't fit
@@ -112,9 +85,14 @@ def hardware_cost(runner: ModelRunner) -> RooflineCost | None:
 class RealExecutor:
     """Executes each step plan on the model and reports its measured duration (7.1-7.3).
 
-    ``cost`` is the hardware-accounting object (see :func:`hardware_cost`); ``decode_run``
-    always returns None, so the engine steps one plan at a time: a real model cannot
-    predict its next steps, it has to run them.
+    ``hardware`` is the accounting of FLOPs and bytes the engine reports hardware
+    utilization with (:func:`hardware_cost`; None: not reported), never a source of
+    durations; ``decode_run`` always returns None, so the engine steps one plan at a time:
+    a real model cannot predict its next steps, it has to run them.
+
+    ``graph_rows``/``graph_ctx``: the most rows and the longest context the workload can
+    reach; the warm-up captures only the decode graphs of those buckets (default: all the
+    runner's).
     """
 
     def __init__(
@@ -123,21 +101,25 @@ class RealExecutor:
         device: str | torch.device | None = None,
         warmup: bool = True,
         warmup_tokens: int = 0,
+        graph_rows: int | None = None,
+        graph_ctx: int | None = None,
     ) -> None:
         if device is not None and resolve_device(device).type != runner.device.type:
             raise ValueError(f"device={device!r} but the runner's model is on {runner.device}")
         self.runner = runner
         self.device = runner.device
-        self.cost = hardware_cost(runner)
+        self.hardware = hardware_cost(runner)
         self.steps = 0
         self.warmup_s = 0.0
         if warmup:
             # The first step of a fresh process pays one-off costs (kernel selection,
             # OpenMP/CUDA start-up, first touch of buffers) of up to several step times;
             # run one small step untimed so that it doesn't show up as the first request's TTFT.
-            # On CUDA this also captures every decode graph the runner can replay (graphs.py).
+            # On CUDA this also captures the decode graphs the workload can reach (graphs.py).
             t0 = time.perf_counter()
-            runner.warmup(capture_graphs=True, tokens=warmup_tokens)
+            runner.warmup(
+                capture_graphs=True, tokens=warmup_tokens, graph_rows=graph_rows, graph_ctx=graph_ctx
+            )
             self._sync()
             self.warmup_s = time.perf_counter() - t0
 
@@ -181,13 +163,14 @@ class RealExecutor:
             "linear": r.model.linear_form,
             "batch1_copy_bytes": r.model.batch1_bytes(),
             "decode_graphs": r.graphs_info(),
+            "attention": r.attention_backends(),
             "slots": r.slots,
             "max_len": r.max_len,
             "kv_cache_bytes": r.kv_bytes,
             "seed": r.seed,
             "rope_theta": r.cfg.rope_theta,
             "warmup_s": self.warmup_s,
-            "hardware": None if self.cost is None else self.cost.device.name,
+            "hardware": None if self.hardware is None else self.hardware.device.name,
         }
 
 
@@ -219,6 +202,7 @@ def run_real(
     steps as CUDA graphs (default on CUDA; False runs them eagerly; see ``graphs.py``).
     """
     reqs = workload_requests.fresh() if isinstance(workload_requests, Workload) else list(workload_requests)
+    shape: ModelShape
     if runner is not None:
         if (
             checkpoint is not None
@@ -237,9 +221,9 @@ def run_real(
             raise ValueError(
                 f"the runner has slots={runner.slots} but the scheduler uses max_slots={scheduler.max_slots}"
             )
-        shape: ModelShape = runner.cfg
+        shape = runner.cfg
     elif checkpoint is not None:
-        shape: ModelShape = read_config(checkpoint)
+        shape = read_config(checkpoint)
         if model_name is not None and model_name != shape.name:
             raise ValueError(f"model {model_name!r} but the checkpoint {checkpoint} holds {shape.name!r}")
     elif model_name is None:
@@ -257,20 +241,26 @@ def run_real(
                 f"request {r.rid}: prompt_len={r.prompt_len} + output_len={r.output_len} "
                 f"exceeds the runner's max_len={limit}"
             )
-    if runner is not None:
-        runner.history.clear()
-    elif checkpoint is None:
+    # A given runner serves as it is: each request's prefill overwrites its slabs, and it
+    # stores no token ids (they are the requests').
+    if runner is None and checkpoint is None:
         runner = ModelRunner.from_shape(
             shape, scheduler.max_slots, device=dev, dtype=dt, seed=seed, max_len=max_len, graphs=graphs
         )
-    else:
+    elif runner is None and checkpoint is not None:
         check_model_fits(
             shape, scheduler.max_slots, dev, dt, max_len, graphs=graphs
         )  # before loading the weights
         runner = ModelRunner(
             load_hf_checkpoint(checkpoint, dev, dt), scheduler.max_slots, max_len, seed, graphs=graphs
         )
-    # The warm-up prefills the scheduler's largest step; the runner caps it at its slabs.
-    return run(
-        reqs, scheduler, RealExecutor(runner, warmup_tokens=scheduler.max_step_prompt_tokens), **run_kw
+    assert runner is not None  # given, built, or loaded above
+    # The warm-up prefills the scheduler's largest step (the runner caps it at its slabs) and
+    # captures the decode graphs of the rows and contexts this workload can reach.
+    ex = RealExecutor(
+        runner,
+        warmup_tokens=scheduler.max_step_prompt_tokens,
+        graph_rows=scheduler.max_slots,
+        graph_ctx=max(r.prompt_len + r.output_len for r in reqs) if reqs else None,
     )
+    return run(reqs, scheduler, ex, **run_kw)

@@ -9,45 +9,51 @@ every decode batch size; nano-vllm's ``capture_cudagraph`` in 40 lines).
 
 A graph replays fixed shapes at fixed addresses, so a step is fitted to a bucket:
 
-- rows: the batch is padded to :func:`batch_bucket` (1, 2, 4, 8, then multiples of 8);
-  padding rows decode token :data:`~batching.runner.PAD_ID` at position 0 of a scratch slab
-  that no request owns (the runner allocates one more slab when graphs are on), and their
-  logits are dropped;
+- rows: the batch is padded to :func:`batch_bucket` (1, 2, 4, 8, then multiples of 8) of
+  its rows *and of its highest slot + 1*; padding rows decode token
+  :data:`~batching.real.model.PAD_ID` at distinct positions of a scratch slab that no
+  request owns (the cache allocates one more slab when graphs are on), and their logits
+  are dropped;
 - context: attention reads every row's slab up to :func:`ctx_bucket` of the longest row's
   context (64 .. 1024 by powers of two, then multiples of 512) and masks each row's
   tail, as the eager path masks up to the longest row exactly;
-- slots: a graph cannot take the eager path's slot-range views, whose bounds change every
-  step. A small batch gathers its rows' slabs by index (``index_select``: read, write, read
-  again; at batch 1 that is 1/1000 of the weights' bytes for 8B at 1K context); a batch
-  holding at least a third of the slots (:data:`GATHER_PASSES`) reads every slab as one
-  view instead, its queries placed at their slots, as the eager path does with holes.
+- slabs: a bucket of ``R`` rows reads slabs ``0 .. R-1``, one view at a fixed address,
+  each row's query placed at its slot (the padding rows' queries take the free slots of
+  that prefix; their outputs are dropped). What a step reads depends on its rows and
+  their slots, never on how many slots the runner has: a profile measured with 257 slots
+  and a run with 33 time the same kernels. The schedulers fill the lowest free slot, so a
+  live batch's highest slot stays close to its size; a batch left in high slots (the
+  tail of a run) pays the rows up to its highest slot, at most what reading every slab
+  would cost.
 
 Attention uses no ``enable_gqa``: the G = H/K query heads that share a kv head become G
 query positions of that head (``q.view(B, K, G, D)``), plain multi-head SDPA that every
-backend runs, as decode kernels do (FlashDecoding's "GQA packing").
+backend runs, as decode kernels do (FlashDecoding's "GQA packing"; ``model.gqa_decode``).
 
 Only decode-only plans (decodes, and static batching's dead rows) replay graphs; plans with
 a prefill chunk run eagerly. Graphs are captured lazily, one per (rows bucket, context
-bucket), or all up front by :meth:`DecodeGraphs.capture_all` (the real executor's warm-up,
-so that no timed step pays a capture). On a CPU there is nothing to capture: with
-``capture=False`` the same fixed-shape step runs eagerly, which is how the tests check it
-against the eager path.
+bucket), or up front by :meth:`DecodeGraphs.capture_all` for every bucket a workload can
+reach (the real executor's warm-up, so that no timed step pays a capture). A bucket whose
+capture fails (an op CUDA graphs refuse; out of memory on a bucket the workload never
+needed) is recorded and its steps run eagerly; the other buckets still replay
+(:meth:`DecodeGraphs.info`, every result's and profile's ``decode_graphs``). On a CPU
+there is nothing to capture: with ``capture=False`` the same fixed-shape step runs
+eagerly, which is how the tests check it against the eager path.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from .model import sdpa
-
-if TYPE_CHECKING:
-    from .runner import ModelRunner
+from .cache import SlabCache
+from .model import PAD_ID, Llama, gqa_decode
 
 #: Rows of the largest batch bucket below which buckets double (1, 2, 4, 8), then steps of 8
 #: (16, 24, 32, ...), as vLLM's capture sizes: padding 17 rows to 24 costs little where the
@@ -57,9 +63,6 @@ BATCH_STEP = 8
 #: the bucket wastes at most half of a short context's slab reads (a small share of a
 #: weight-bound step) and at most 511 positions of a long one.
 CTX_MIN, CTX_POW2_MAX, CTX_STEP = 64, 1024, 512
-#: Slab passes per row of a gather (read, write, read back): a batch of ``rows`` rows reads
-#: every slab as a view instead (one pass over all slots) once rows x this >= the slabs.
-GATHER_PASSES = 3
 
 
 def batch_bucket(rows: int, limit: int) -> int:
@@ -81,26 +84,21 @@ def ctx_bucket(length: int, limit: int) -> int:
     return min(b, limit)
 
 
-def gqa_decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """One query per row against its slab (decode): q [B, H, D], k, v [B, K, L, D], mask [B, 1, 1, L]
-    (boolean, or added to the scores) -> [B, H, D].
-
-    Query heads h = j*G .. j*G + G - 1 share kv head j (the repeat_interleave convention of
-    ``sdpa``'s GQA): as G queries of head j they need no copy of K and V."""
-    B, H, D = q.shape
-    K = k.shape[1]
-    o = sdpa(q.view(B, K, H // K, D), k, v, mask)  # [B, K, G, D]
-    return o.reshape(B, H, D)
+def gqa_decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """One query per row against its slab (the graphs' and the eager decode's attention;
+    ``model.gqa_decode``): q [B, H, D], k, v [B, K, L, D] -> [B, H, D]."""
+    return gqa_decode(q, k, v, mask)
 
 
 class GraphCaptureError(RuntimeError):
-    """Capturing a decode graph failed; the runner then runs decode steps eagerly and says so."""
+    """Capturing a decode graph failed; that bucket's steps then run eagerly, and it is recorded."""
 
 
 @dataclass
 class _Graph:
-    """One captured bucket: its static input [3, rows] (ids, positions, slots), its output
-    logits [rows, V], and the graph (None where nothing is captured: CPU, tests)."""
+    """One captured bucket: its static input [4, rows] (ids, positions, the slots written,
+    the slots the queries sit at), its output logits [rows, V], and the graph (None where
+    nothing is captured: CPU, tests)."""
 
     inp: Tensor
     logits: Tensor | None
@@ -108,61 +106,67 @@ class _Graph:
 
 
 class DecodeGraphs:
-    """Fixed-shape decode steps of one runner, replayed as CUDA graphs ("Why batching", 7.2 on a GPU).
+    """Fixed-shape decode steps over one model and its slab cache, replayed as CUDA graphs
+    ("Why batching", 7.2 on a GPU). The runner holds this object; this object holds the
+    model and the cache, not the runner (no reference cycle keeps a dropped runner's
+    weights, slabs and graph pool alive until a garbage collection).
 
     ``capture=False`` runs the same fixed-shape step eagerly (CPU, tests)."""
 
-    def __init__(self, runner: ModelRunner, capture: bool) -> None:
-        if capture and runner.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA device, not {runner.device}")
-        self.r, self.capture = runner, capture
-        self.scratch = runner.slots  # the extra slab padding rows write into
+    def __init__(self, model: Llama, cache: SlabCache, capture: bool) -> None:
+        if capture and model.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, not {model.device}")
+        if cache.scratch is None:
+            raise ValueError("decode graphs need a cache with a scratch slab (SlabCache(scratch=True))")
+        self.model, self.cache, self.capture = model, cache, capture
+        self.scratch: int = cache.scratch  # the extra slab padding rows write into
         self._graphs: dict[tuple[int, int], _Graph] = {}
+        self.failed: dict[tuple[int, int], str] = {}  # buckets whose capture failed, and why
+        self.eager_steps = 0  # decode-only steps that ran eagerly because their bucket failed
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self.captures = 0
 
     @property
     def keys(self) -> list[tuple[int, int]]:
-        """The (rows, context) buckets captured so far."""
+        """The (rows, context) buckets made so far (captured, or on a CPU prepared)."""
         return sorted(self._graphs)
 
-    def bucket(self, rows: int, length: int) -> tuple[int, int]:
-        """The (rows, context) bucket a decode step of ``rows`` rows and longest context ``length`` replays."""
-        return batch_bucket(rows, self.r.slots), ctx_bucket(length, self.r.max_len)
+    def bucket(self, rows: int, length: int, top_slot: int = -1) -> tuple[int, int]:
+        """The (rows, context) bucket of a decode step of ``rows`` rows, longest context
+        ``length`` and highest slot ``top_slot``: the rows bucket holds the rows and every
+        slot up to the highest (module doc, "slabs")."""
+        return batch_bucket(max(rows, top_slot + 1), self.cache.slots), ctx_bucket(length, self.cache.max_len)
 
     def _step(self, inp: Tensor, length: int) -> Tensor:
-        """The fixed-shape step: inp [3, N] (ids, positions, slots) -> logits [N, V]."""
-        r = self.r
-        ids, pos, slot = inp[0], inp[1], inp[2]
-        slabs = r.k_cache.shape[1]  # S + 1 (the scratch slab)
-        view = inp.shape[1] * GATHER_PASSES >= slabs
-        if view:  # every slab's query row: the batch's at its slot, position 0 elsewhere
-            pos = torch.zeros(slabs, dtype=pos.dtype, device=r.device).index_copy_(0, slot, pos)  # [S+1]
-        seen = torch.arange(length, device=r.device)[None, :] <= pos[:, None]  # [N, L]
+        """The fixed-shape step: inp [4, R] (ids, positions, slots written, query slots: a
+        permutation of 0..R-1) -> logits [R, V], reading slabs 0..R-1 up to ``length``."""
+        m, c = self.model, self.cache
+        ids, pos, slot, qslot = inp[0], inp[1], inp[2], inp[3]
+        R = inp.shape[1]
+        # The position each view row's query has: view row qslot[i] holds row i.
+        vpos = torch.zeros(R, dtype=pos.dtype, device=m.device).index_copy_(0, qslot, pos)  # [R]
+        seen = torch.arange(length, device=m.device)[None, :] <= vpos[:, None]  # [R, L]
         # Additive, made once per step: a boolean mask is converted inside every layer's SDPA call.
-        mask = torch.zeros(seen.shape, dtype=r.dtype, device=r.device).masked_fill_(~seen, float("-inf"))[
+        mask = torch.zeros(seen.shape, dtype=m.dtype, device=m.device).masked_fill_(~seen, float("-inf"))[
             :, None, None, :
-        ]  # [N, 1, 1, L]
+        ]  # [R, 1, 1, L]
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            kc, vc = r._layers[layer]  # [S+1, K, max_len, D]
-            kc[slot, :, inp[1]] = k  # k [N, K, D]
-            vc[slot, :, inp[1]] = v
-            if view:
-                qs = q.new_zeros((slabs,) + q.shape[1:]).index_copy_(0, slot, q)  # [S+1, H, D]
-                o = gqa_decode_attention(qs, kc.narrow(2, 0, length), vc.narrow(2, 0, length), mask)
-                return o.index_select(0, slot)  # [N, H, D]
-            ks = kc.narrow(2, 0, length).index_select(0, slot)  # [N, K, L, D]: a gather
-            vs = vc.narrow(2, 0, length).index_select(0, slot)
-            return gqa_decode_attention(q, ks, vs, mask)  # [N, H, D]
+            kc, vc = c.layers[layer]  # [S+1, K, max_len, D]
+            kc[slot, :, pos] = k  # k [R, K, D]
+            vc[slot, :, pos] = v
+            qs = torch.empty_like(q).index_copy_(0, qslot, q)  # [R, H, D], in slot order
+            o = gqa_decode(
+                qs, kc.narrow(0, 0, R).narrow(2, 0, length), vc.narrow(0, 0, R).narrow(2, 0, length), mask
+            )
+            return o.index_select(0, qslot)  # [R, H, D], in row order
 
-        return r.model(ids, inp[1], attend)
+        return m(ids, pos, attend)
 
     def _make(self, rows: int, length: int) -> _Graph:
         """A bucket's static input and, on CUDA, its captured graph."""
-        r = self.r
         # Capture-time inputs are padding rows: warm-up and capture write only the scratch slab.
-        inp = self._padding(rows).to(r.device)
+        inp = self._inputs([], [], [], rows).to(self.model.device)
         if not self.capture:
             return _Graph(inp, None, None)
         try:
@@ -176,7 +180,7 @@ class DecodeGraphs:
 
     def _capture(self, step: Callable[[], Tensor]) -> tuple[Any, Tensor]:
         """Record ``step``'s kernels as a CUDA graph: (the graph, its static output)."""
-        dev = self.r.device
+        dev = self.model.device
         # Warm-up on a side stream before capturing (lazy cuBLAS/allocator set-up must not
         # be recorded), as torch.cuda.graphs' documentation does.
         s = torch.cuda.Stream(dev)
@@ -192,43 +196,75 @@ class DecodeGraphs:
             out = step()
         return g, out
 
-    def _padding(self, rows: int, start: int = 0) -> Tensor:
-        """[3, rows - start] of padding rows: PAD_ID at distinct positions of the scratch slab."""
-        from .runner import PAD_ID
-
-        n = rows - start
-        out = np.empty((3, n), dtype=np.int64)
-        out[0] = PAD_ID
-        out[1] = np.arange(start, rows) % self.r.max_len
-        out[2] = self.scratch
+    def _inputs(self, ids: list[int], pos: list[int], slot: list[int], rows: int) -> Tensor:
+        """[4, rows]: the step's rows, then padding rows (PAD_ID at distinct positions of the
+        scratch slab, their queries at the slots 0..rows-1 the real rows leave free)."""
+        n = len(ids)
+        out = np.empty((4, rows), dtype=np.int64)
+        out[0, :n], out[1, :n], out[2, :n], out[3, :n] = ids, pos, slot, slot
+        out[0, n:] = PAD_ID
+        out[1, n:] = np.arange(n, rows) % self.cache.max_len
+        out[2, n:] = self.scratch
+        free = np.ones(rows, dtype=bool)
+        free[slot] = False
+        out[3, n:] = np.flatnonzero(free)
         return torch.from_numpy(out)
 
-    def graph(self, rows: int, length: int) -> _Graph:
-        """The bucket's graph, captured on first use."""
+    def graph(self, rows: int, length: int) -> _Graph | None:
+        """The bucket's graph, captured on first use; None if its capture failed (then its
+        steps run eagerly: warned once, recorded in :meth:`info`)."""
         key = (rows, length)
+        if key in self.failed:
+            return None
         if key not in self._graphs:
-            self._graphs[key] = self._make(rows, length)
+            try:
+                self._graphs[key] = self._make(rows, length)
+            except GraphCaptureError as e:
+                self.failed[key] = str(e)
+                warnings.warn(f"{e}; steps of this bucket run eagerly", RuntimeWarning, stacklevel=3)
+                return None
         return self._graphs[key]
 
-    def capture_all(self) -> int:
-        """Capture every bucket the runner's slots and slab allow; returns how many graphs
-        exist. The real executor's warm-up, so that no timed step pays a capture."""
-        rows = sorted({batch_bucket(b, self.r.slots) for b in range(1, self.r.slots + 1)})
-        lens = sorted({ctx_bucket(n, self.r.max_len) for n in range(1, self.r.max_len + 1)})
+    def capture_all(self, max_rows: int | None = None, max_ctx: int | None = None) -> int:
+        """Make every bucket of up to ``max_rows`` rows (default: the slots) and a longest
+        context of up to ``max_ctx`` positions (default: the slab): the buckets a workload
+        can reach, so that no timed step pays a capture (the real executor's warm-up).
+        A bucket that fails is skipped (:meth:`graph`). Returns how many graphs exist."""
+        c = self.cache
+        top_r = c.slots if max_rows is None else max(1, min(max_rows, c.slots))
+        top_n = c.max_len if max_ctx is None else max(1, min(max_ctx, c.max_len))
+        rows = sorted({batch_bucket(b, c.slots) for b in range(1, top_r + 1)})
+        lens = sorted({ctx_bucket(n, c.max_len) for n in range(1, top_n + 1)})
         # Largest first, as vLLM captures: the shared pool is then sized by the largest step.
         for b, n in sorted(((b, n) for b in rows for n in lens), reverse=True):
             self.graph(b, n)
         return len(self._graphs)
 
-    def run(self, ids: list[int], pos: list[int], slot: list[int]) -> Tensor:
-        """One decode-only step (rows in any slot order): logits [len(ids), V]."""
+    def run(self, ids: list[int], pos: list[int], slot: list[int]) -> Tensor | None:
+        """One decode-only step (rows in any slot order): logits [len(ids), V], or None if
+        its bucket's capture failed (the caller runs the step eagerly)."""
         n = len(ids)
-        rows, length = self.bucket(n, max(pos) + 1)
+        rows, length = self.bucket(n, max(pos) + 1, max(slot))
         g = self.graph(rows, length)
-        host = torch.cat((torch.tensor([ids, pos, slot], dtype=torch.long), self._padding(rows, n)), dim=1)
-        g.inp.copy_(host)
+        if g is None:
+            self.eager_steps += 1
+            return None
+        g.inp.copy_(self._inputs(ids, pos, slot, rows))
         if g.graph is None:
             return self._step(g.inp, length)[:n]
         g.graph.replay()
+        assert g.logits is not None  # captured with the graph
         # A copy: the next replay overwrites the graph's output (a few MB at most).
         return g.logits[:n].clone()
+
+    def info(self) -> dict[str, Any]:
+        """What the graphs did, for results' executor records and profiles' metadata:
+        buckets made and captured, whether steps replayed as graphs, the buckets whose
+        capture failed (``"ROWSxCTX": error``) and how many steps ran eagerly for it."""
+        return {
+            "captured": self.captures,
+            "replayed_as_graphs": self.capture,
+            "buckets": [list(k) for k in self.keys],
+            "failed": {f"{r}x{n}": e for (r, n), e in sorted(self.failed.items())},
+            "eager_steps": self.eager_steps,
+        }

@@ -14,12 +14,14 @@ the context length being measured (conventions, "Practical notes").
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import socket
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +30,8 @@ from torch import Tensor
 from ..models import get_model
 from ..plan import PrefillChunk, StepPlan
 from ..request import Request
-from .executor import CUDA_NAMES, REGISTRY_DTYPE, device_name, resolve_device, resolve_dtype
+from .executor import REGISTRY_DTYPE, resolve_dtype
+from .hardware import device_entry, device_memory, measured_spec, resolve_device
 from .model import split_ways
 from .runner import SPAN_PER_ROW, ModelRunner
 
@@ -158,30 +161,18 @@ class StepTimer:
         req = Request(rid, 0.0, max(ctx, 1), 1 << 30)
         req.on_admit(slot, 0.0)
         req.on_prefill(req.prompt_len)
-        req.on_token(0.0)
-        self.r.history[rid] = [1] * (req.num_computed + 1)
+        req.on_token(0.0, 1)  # its newest id, which the decode step computes
         return req
 
     @torch.inference_mode()
     def _time(self, key: tuple, plan: StepPlan) -> dict[str, float]:
-        # execute() appends each emitted token to the runner's history; cutting the decode
-        # rows' histories back before each repetition makes every repetition the same step.
-        keep = [(self.r.history[q.rid], q.num_computed + 1) for q in plan.decodes]
-
-        def fn() -> None:
-            for hist, n in keep:
-                del hist[n:]
-            self.r.execute(plan)
-
-        try:
-            ts = time_fn(fn, self.r.device, self.reps, self.warmup)
-            if self.pooled is not None:
-                self.pooled.setdefault(key, []).extend(ts)
-                ts = self.pooled[key]
-            return stats(ts)
-        finally:
-            for q in plan.decodes + [c.req for c in plan.prefills]:
-                self.r.history.pop(q.rid, None)
+        # Nothing commits the step, so the requests stay where they are and every
+        # repetition is the same step.
+        ts = time_fn(lambda: self.r.execute(plan), self.r.device, self.reps, self.warmup)
+        if self.pooled is not None:
+            self.pooled.setdefault(key, []).extend(ts)
+            ts = self.pooled[key]
+        return stats(ts)
 
     def decode(
         self, batch: int, ctx: int, uniform: bool = False, scattered: bool = False
@@ -251,17 +242,29 @@ class StepTimer:
         )
 
 
-def registry_device(device: torch.device) -> str:
-    """The device registry name a profile is filed under (``cpu-here``, ``h200``...)."""
-    if device.type == "cpu":
-        return "cpu-here"
-    name = device_name(device).upper()
-    for key, reg in CUDA_NAMES:
-        if key in name:
-            return reg
-    raise ValueError(
-        f"GPU {device_name(device)!r} is not in the device registry (batching/devices.py): add it first"
-    )
+def load_average() -> float | None:
+    """The 1-minute load average recorded beside every measurement (a busy shared machine
+    explains a slow one), or None where the platform has none (``os.getloadavg`` does not
+    exist on Windows)."""
+    getloadavg = getattr(os, "getloadavg", None)
+    if getloadavg is None:
+        return None
+    try:
+        return float(getloadavg()[0])
+    except OSError:
+        return None
+
+
+def save_json(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
+    """Write ``doc`` to ``path`` whole or not at all (a temporary file beside it, then
+    renamed): a measurement killed by its time limit while saving leaves the previous
+    partial file, never a truncated one. Returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, out)
+    return out
 
 
 def _progress(items: list, desc: str, enabled: bool) -> Iterable:
@@ -281,7 +284,7 @@ def measure(
     ctxs: list[int],
     prefill_tokens: list[int],
     mixed: list[tuple[int, int, int]],
-    prefill_rows: list[tuple[int, int]] = (),
+    prefill_rows: Sequence[tuple[int, int]] = (),
     reps: int = 5,
     rounds: int = 1,
     seed: int = 0,
@@ -289,6 +292,8 @@ def measure(
     peak_n: int | None = None,
     graphs: bool | None = None,
     progress: bool = False,
+    partial: Callable[[dict[str, Any]], object] | None = None,
+    partial_every_s: float = 10.0,
 ) -> dict[str, Any]:
     """Measure one model on one device; returns the profile document (schema 1).
 
@@ -300,13 +305,17 @@ def measure(
     real executor runs them; each (rows, context) bucket is captured in its first warm-up).
     ``prefill_rows``: (rows, tokens) pairs, that many equal prompts prefilled in one pass
     (:meth:`StepTimer.prefill_rows`): set beside single prompts of ``rows x tokens``
-    tokens, they separate the cost of attention from the cost of positions (``ProfileCost``)."""
+    tokens, they separate the cost of attention from the cost of positions (``ProfileCost``).
+    ``partial``: called with the profile so far (``meta.partial`` true, points not yet
+    measured null) at most every ``partial_every_s`` seconds and after each round, so that
+    a run cut by a time limit keeps what it measured (a GPU session's stage)."""
     if not (isinstance(rounds, int) and rounds >= 1):
         raise ValueError(f"rounds={rounds!r}: must be an integer >= 1")
     if not (isinstance(reps, int) and reps >= 1):
         raise ValueError(f"reps={reps!r}: must be an integer >= 1")
+    dev = resolve_device(device)  # the device first: no GPU is said before any length is checked
+    entry = device_entry(dev)
     shape = get_model(model)
-    dev = resolve_device(device)
     tdt = resolve_dtype(dtype, dev)
     if tdt not in REGISTRY_DTYPE:
         raise ValueError(f"dtype={dtype!r}: profiles are fp32 or bf16")
@@ -326,7 +335,7 @@ def measure(
     if max_len > shape.max_context:
         raise ValueError(f"a measured length of {max_len} exceeds {model}'s max_context={shape.max_context}")
     slots = max(batches + [r + 1 for _, r, _ in mixed] + [r for r, _ in prefill_rows])
-    load0 = os.getloadavg()[0]
+    load0 = load_average()
     t_start = time.perf_counter()
     elem = torch.empty(0, dtype=tdt).element_size()
     weight_bytes = shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
@@ -334,6 +343,8 @@ def measure(
     # and its slabs take the memory (an 8B profile's slabs fill most of an H200).
     bw = bandwidth(dev, tdt, bandwidth_bytes or weight_bytes)
     peak = matmul_peak(dev, tdt, peak_n or (2048 if dev.type == "cpu" else 8192))
+    if dev.type == "cuda":  # hand the probes' buffers back (available_bytes counts them anyway)
+        torch.cuda.empty_cache()
     runner = ModelRunner.from_shape(
         shape, slots, device=dev, dtype=tdt, seed=seed, max_len=max_len, graphs=graphs
     )
@@ -349,7 +360,84 @@ def measure(
         + [("mixed", i, 0) for i in range(len(mixed))]
         + [("prefill_rows", i, 0) for i in range(len(prefill_rows))]
     )
-    for kind, i, j in _progress(points * rounds, f"{rounds} round(s)", progress):
+
+    def med(p: dict[str, float] | None) -> float | None:
+        return None if p is None else p["median_ms"]
+
+    def _document(done: int) -> dict[str, Any]:
+        # The profile document (schema 1) of the points measured so far.
+        doc: dict[str, Any] = {
+            "schema": PROFILE_SCHEMA,
+            "meta": {
+                "device": entry.name,
+                "device_name": entry.device_name,
+                "datasheet": entry.datasheet,
+                "model": shape.name,
+                "dtype": REGISTRY_DTYPE[tdt],
+                "element_bytes": elem,
+                "torch": torch.__version__,
+                "threads": torch.get_num_threads(),
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+                "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
+                "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "host": socket.gethostname(),
+                "python": platform.python_version(),
+                "params": shape.params,
+                "weight_read_bytes": weight_bytes,
+                "reps": reps,
+                "rounds": rounds,
+                "seed": seed,
+                "token_buckets": runner.model.token_buckets(),
+                "decode_graphs": runner.graphs_info(),
+                "attention": runner.attention_backends(),
+                "loadavg_before": load0,
+                "slots": runner.slots,
+                "max_len": runner.max_len,
+                "loadavg_after": load_average(),
+                "wall_s": time.perf_counter() - t_start,
+                "how": "python -m batching measure: synchronized wall clock around ModelRunner's packed forward "
+                "pass; decode rows sit at the stated context in a zero-filled slab (no real prefill)",
+            },
+            "device": {"bandwidth": bw, "matmul_peak": peak},
+            "decode": {
+                "batch": batches,
+                "ctx": ctxs,
+                "ms": [[med(p) for p in row] for row in grid],
+                "spread": grid,
+            },
+            "prefill": {"tokens": prefill_tokens, "ms": [med(p) for p in pre], "spread": pre},
+            "mixed": {
+                "prefill_tokens": [t for t, _, _ in mixed],
+                "decode_rows": [r for _, r, _ in mixed],
+                "decode_ctx": [c for _, _, c in mixed],
+                "ms": [med(p) for p in mix],
+                "spread": mix,
+            },
+        }
+        if not entry.registered:  # a GPU the registry lacks: its own figures, measured above
+            doc["meta"]["device_spec"] = measured_spec(
+                entry, bw, peak, REGISTRY_DTYPE[tdt], device_memory(dev) or 0.0
+            )
+        if prefill_rows:
+            doc["prefill_rows"] = {
+                "rows": [r for r, _ in prefill_rows],
+                "tokens": [t for _, t in prefill_rows],
+                "ms": [med(p) for p in prows],
+                "spread": prows,
+            }
+        return doc
+
+    def document(done: int) -> dict[str, Any]:
+        doc = _document(done)
+        if done < len(points) * rounds:
+            doc["meta"]["partial"] = True
+            doc["meta"]["points_done"] = done
+            doc["meta"]["points"] = len(points) * rounds
+        return doc
+
+    last = time.perf_counter()
+    for n, (kind, i, j) in enumerate(_progress(points * rounds, f"{rounds} round(s)", progress), 1):
         if kind == "decode":
             grid[i][j] = timer.decode(batches[i], ctxs[j])  # pooled over the rounds so far
         elif kind == "prefill":
@@ -358,56 +446,12 @@ def measure(
             prows[i] = timer.prefill_rows(*prefill_rows[i])
         else:
             mix[i] = timer.mixed(*mixed[i])
-    doc = {
-        "schema": PROFILE_SCHEMA,
-        "meta": {
-            "device": registry_device(dev),
-            "device_name": device_name(dev),
-            "model": shape.name,
-            "dtype": REGISTRY_DTYPE[tdt],
-            "element_bytes": elem,
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
-            "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "host": socket.gethostname(),
-            "python": platform.python_version(),
-            "params": shape.params,
-            "weight_read_bytes": weight_bytes,
-            "reps": reps,
-            "rounds": rounds,
-            "seed": seed,
-            "token_buckets": runner.model.token_buckets(),
-            "decode_graphs": runner.graphs_info(),
-            "loadavg_before": load0,
-            "loadavg_after": os.getloadavg()[0],
-            "wall_s": time.perf_counter() - t_start,
-            "how": "python -m batching measure: synchronized wall clock around ModelRunner's packed forward "
-            "pass; decode rows sit at the stated context in a zero-filled slab (no real prefill)",
-        },
-        "device": {"bandwidth": bw, "matmul_peak": peak},
-        "decode": {
-            "batch": batches,
-            "ctx": ctxs,
-            "ms": [[p["median_ms"] for p in row] for row in grid],
-            "spread": grid,
-        },
-        "prefill": {"tokens": prefill_tokens, "ms": [p["median_ms"] for p in pre], "spread": pre},
-        "mixed": {
-            "prefill_tokens": [t for t, _, _ in mixed],
-            "decode_rows": [r for _, r, _ in mixed],
-            "decode_ctx": [c for _, _, c in mixed],
-            "ms": [p["median_ms"] for p in mix],
-            "spread": mix,
-        },
-    }
-    if prefill_rows:
-        doc["prefill_rows"] = {
-            "rows": [r for r, _ in prefill_rows],
-            "tokens": [t for _, t in prefill_rows],
-            "ms": [p["median_ms"] for p in prows],
-            "spread": prows,
-        }
-    return doc
+        end_of_round = n % len(points) == 0
+        if (
+            partial is not None
+            and n < len(points) * rounds
+            and (end_of_round or time.perf_counter() - last >= partial_every_s)
+        ):
+            partial(document(n))
+            last = time.perf_counter()
+    return document(len(points) * rounds)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +106,60 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bo
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
+#: Token id of static batching's padding (7.1) and of decode graphs' padding rows; prompts never contain it.
+PAD_ID = 0
+
+
+def gqa_decode(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """One query per row against its slab (decode, eager and graphed): q [B, H, D], k, v
+    [B, K, L, D], mask [B, 1, 1, L] (boolean, or added to the scores; None: all seen) -> [B, H, D].
+
+    Grouped-query packing: query heads h = j*G .. j*G + G - 1 share kv head j (the
+    repeat_interleave convention of ``enable_gqa``), so as G queries of head j they are
+    plain multi-head attention, which every SDPA backend runs with a mask; masked
+    ``enable_gqa`` falls back to the math kernel on CUDA (fp32 upcast, K/V expanded to all
+    heads, scores materialized) in torch 2.11."""
+    B, H, D = q.shape
+    K = k.shape[1]
+    return sdpa(q.view(B, K, H // K, D), k, v, mask).reshape(B, H, D)  # [B, K, G, D] -> [B, H, D]
+
+
+def gqa_chunk(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """A prefill chunk after cached context, grouped-query packed as :func:`gqa_decode`:
+    q [m, H, D] (the chunk's queries), k, v [1, K, L, D] (its slot), mask [m, L] (boolean)
+    -> [m, H, D]. The chunk's G heads per kv head become G x m queries of that head."""
+    m, H, D = q.shape
+    K = k.shape[1]
+    G = H // K
+    qp = q.view(m, K, G, D).permute(1, 2, 0, 3).reshape(1, K, G * m, D)  # query g*m + i: position i
+    o = sdpa(qp, k, v, mask.repeat(G, 1))  # [1, K, G*m, D]
+    return o.view(K, G, m, D).permute(2, 0, 1, 3).reshape(m, H, D)
+
+
+def sdpa_backend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> str:
+    """The SDPA kernel torch picks for these inputs (``flash_attention``, ``efficient_attention``,
+    ``cudnn_attention``, ``math``...), as :func:`sdpa` would call it: recorded with every profile
+    and real run, since a step timed on the math kernel is timed on a kernel no server runs."""
+    from torch.nn.attention import SDPBackend
+
+    gqa = q.shape[1] != k.shape[1]
+    try:
+        if gqa and _SDPA_HAS_GQA:
+            choice = torch._fused_sdp_choice(q, k, v, mask, 0.0, causal, enable_gqa=True)
+        else:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            choice = torch._fused_sdp_choice(q, k, v, mask, 0.0, causal)
+        return str(SDPBackend(int(choice)).name).lower()
+    except (
+        AttributeError,
+        RuntimeError,
+        TypeError,
+        ValueError,
+    ) as e:  # a private API: say so, never fail a run
+        return f"unknown ({type(e).__name__})"
+
+
 #: Largest token count for which Llama.linear uses ``(W @ x.T).T`` on CPU. Measured here
 #: on whole prefill steps (quiet machine, best of 2 x 5): faster at 128 tokens (cpu-s 71.7
 #: vs 81.3 ms with F.linear, cpu-m 281 vs 306 ms) and slower at 255 (cpu-s 156 vs 130 ms,
@@ -155,7 +210,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
         d, hd = cfg.hidden, cfg.head_dim
-        kw = {"device": device, "dtype": dtype}
+        kw: dict[str, Any] = {"device": device, "dtype": dtype}
         self.cfg = cfg
         self.attn_norm = nn.Parameter(torch.ones(d, **kw), requires_grad=False)
         # q, k and v share one matrix (and gate and up another): one matmul call each
@@ -197,6 +252,11 @@ class Llama(nn.Module):
     ``(W @ x.T).T`` on CPU and ``F.linear`` elsewhere.
     """
 
+    # Buffers (register_buffer) and the lm head (a parameter, or the embedding when tied).
+    cos: Tensor
+    sin_signed: Tensor
+    lm_head: Tensor
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -210,7 +270,7 @@ class Llama(nn.Module):
         dtype = dtype or default_dtype(device)
         self.cfg, self.device, self.dtype = cfg, device, dtype
         self.wx = device.type == "cpu" if wx is None else wx
-        kw = {"device": device, "dtype": dtype}
+        kw: dict[str, Any] = {"device": device, "dtype": dtype}
         self.embed = nn.Parameter(torch.empty(cfg.vocab, cfg.hidden, **kw), requires_grad=False)  # [V, d]
         self.blocks = nn.ModuleList(Block(cfg, device, dtype) for _ in range(cfg.layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden, **kw), requires_grad=False)
@@ -231,10 +291,15 @@ class Llama(nn.Module):
         self._b1_state: tuple[tuple[int, int], ...] = ()
         self.refresh_batch1()
 
+    @property
+    def layers(self) -> list[Block]:
+        """The decoder layers, typed (``blocks`` is the ``nn.ModuleList`` that registers them)."""
+        return cast("list[Block]", list(self.blocks))
+
     # ------------------------------------------------------------------ batch-1 copies
     def linear_weights(self) -> list[Tensor]:
         """Every matrix a forward pass multiplies by (the lm head last)."""
-        return [w for b in self.blocks for w in (b.wqkv, b.wo, b.w_gate_up, b.w_down)] + [self.lm_head]
+        return [w for b in self.layers for w in (b.wqkv, b.wo, b.w_gate_up, b.w_down)] + [self.lm_head]
 
     def _weights_state(self) -> tuple[tuple[int, int], ...]:
         # Identity and in-place version of each weight: a checkpoint copied in, or a
@@ -284,7 +349,7 @@ class Llama(nn.Module):
         fill(self.embed, cfg.embed_std)
         resid = 1.0 / math.sqrt(2 * cfg.layers)
         qk = cfg.heads * cfg.head_dim + cfg.kv_heads * cfg.head_dim  # rows of q and k in wqkv
-        for b in self.blocks:
+        for b in self.layers:
             fill(b.wqkv, 1.0 / math.sqrt(cfg.hidden))
             b.wqkv[:qk] *= 2.0
             fill(b.wo, resid / math.sqrt(cfg.heads * cfg.head_dim))

@@ -1,9 +1,8 @@
 """Run any :class:`~batching.plan.StepPlan` as one forward pass of the torch model (chapter 7).
 
 The KV cache is the naive layout the chapter ends on: one slab of ``max_len`` positions per
-slot, ``k_cache, v_cache: [layers, slots, kv_heads, max_len, head_dim]``, allocated up
-front whether a slot's request uses 10 positions or 2,000 (the ``slab`` policy of
-``kv.py`` counts exactly this reservation).
+slot (``cache.py``), allocated up front whether a slot's request uses 10 positions or 2,000
+(the ``slab`` policy of ``kv.py`` counts exactly this reservation).
 
 A step packs every token of the plan into one ``[T, hidden]`` matrix, in this order:
 
@@ -12,76 +11,38 @@ A step packs every token of the plan into one ``[T, hidden]`` matrix, in this or
 
 Every linear layer runs once on all ``T`` tokens (the weights are read once per step:
 "Why batching"). Attention is the only per-sequence part: one batched SDPA call for all
-decode rows and one call per prefill chunk.
+decode rows and one call per prefill chunk, grouped-query heads packed as queries of their
+kv head (``model.gqa_decode``, ``model.gqa_chunk``) so that a masked call runs a fused
+kernel, not the math fallback.
 
 The workload only has lengths, so token ids are made up: a request's prompt is
 ``numpy.random.default_rng([seed, rid]).integers(1, vocab, prompt_len)`` (id 0 is left for
-padding) and the runner keeps each request's history (prompt + generated ids), from which
-a recompute after preemption reads its prompt and generated tokens again.
+padding), recomputed from the seed whenever a prefill needs it; its generated ids are the
+request's own (``Request.token_ids``, which the engine appends to). Token ids are stored
+once: a decode reads the request's newest id, a recompute after preemption its prompt and
+the ids it had generated.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..costs import MEM_RESERVE
 from ..models import ModelShape
 from ..plan import StepPlan
 from ..request import Request
-from .graphs import DecodeGraphs, GraphCaptureError
-from .model import Llama, ModelConfig, batch1_copy_params, default_dtype, sdpa
+from .cache import SlabCache, kv_cache_bytes
+from .graphs import DecodeGraphs
+from .hardware import available_bytes, check_fits
+from .model import PAD_ID, Llama, ModelConfig, batch1_copy_params, default_dtype, gqa_chunk, gqa_decode, sdpa
+from .model import sdpa_backend as _backend
 
-#: Token id of static batching's padding (7.1); prompts never contain it.
-PAD_ID = 0
 #: The largest prefill :meth:`ModelRunner.warmup` runs (tokens): about a second of cpu-s.
 WARMUP_TOKENS_MAX = 2048
-
-
-class DeviceMemoryError(MemoryError):
-    """The weights or the KV slabs would not fit the device's free memory."""
-
-
-def available_bytes(device: torch.device) -> int | None:
-    """Free memory of ``device`` now (7.2's slab sizing): CUDA's free bytes, or the CPU's MemAvailable.
-
-    None if the platform does not say (then nothing is checked).
-    """
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def check_fits(needed: int, available: int | None, what: str, device: torch.device) -> None:
-    """Raise :class:`DeviceMemoryError` with both numbers unless ``needed`` fits (7.2, slab KV).
-
-    Only ``1 - MEM_RESERVE`` of what is available counts, the headroom ``costs.py`` keeps
-    too (activations, allocator fragmentation, the rest of the process).
-    """
-    if available is None:
-        return
-    usable = int(available * (1 - MEM_RESERVE))
-    if needed > usable:
-        raise DeviceMemoryError(
-            f"{what} needs {needed / 1e9:.2f} GB (needed={needed:,} bytes) but {device} has "
-            f"{available / 1e9:.2f} GB available (available={available:,} bytes, "
-            f"{1 - MEM_RESERVE:.0%} of it usable): use fewer slots, a smaller max_len or a smaller model"
-        )
 
 
 def check_model_fits(
@@ -115,12 +76,6 @@ def check_model_fits(
         device,
     )
     return weights
-
-
-def kv_cache_bytes(cfg: ModelConfig, slots: int, max_len: int, dtype: torch.dtype) -> int:
-    """Bytes of the K and V slabs (7.2, the slab layout): 2 x layers x slots x kv_heads x max_len x head_dim x elem."""
-    elem = torch.empty(0, dtype=dtype).element_size()
-    return 2 * cfg.layers * slots * cfg.kv_heads * max_len * cfg.head_dim * elem
 
 
 def prompt_ids(seed: int, rid: int, prompt_len: int, vocab: int) -> list[int]:
@@ -204,26 +159,11 @@ class ModelRunner:
         self._warm_tokens = 0  # the largest prefill warmup() has run on this runner
         graphs = self.device.type == "cuda" if graphs is None else graphs
         # Decode graphs pad a batch with rows that write into a slab no request owns.
-        slabs = slots + 1 if graphs else slots
-        self.kv_bytes = kv_cache_bytes(cfg, slabs, max_len, self.dtype)
-        shape = (cfg.layers, slabs, cfg.kv_heads, max_len, cfg.head_dim)
-        check_fits(
-            self.kv_bytes,
-            available_bytes(self.device) if mem_available is None else mem_available,
-            f"KV cache {list(shape)} x 2 (K, V) in {self.dtype}",
-            self.device,
-        )
-        # Zeros, not empty: a decode batch reads every row's slab up to the batch's longest
-        # context and masks the rest; masked garbage that happened to be NaN would still
-        # poison the output (0 x NaN), so every position must hold a finite value.
-        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        # Per-layer views made once: indexing the slab anew in every layer of every step is
-        # two more dispatches per layer, which a one-token CPU step pays in full.
-        self._layers = list(zip(self.k_cache.unbind(0), self.v_cache.unbind(0)))
-        self.history: dict[int, list[int]] = {}  # rid -> prompt ids + generated ids
-        self.graphs = DecodeGraphs(self, capture=self.device.type == "cuda") if graphs else None
-        self.graphs_error: str | None = None  # why graphs were turned off, if a capture failed
+        self.cache = SlabCache(cfg, slots, max_len, self.device, self.dtype, graphs, mem_available)
+        self.k_cache, self.v_cache, self.kv_bytes = self.cache.k, self.cache.v, self.cache.nbytes
+        self._layers = self.cache.layers
+        self.graphs = DecodeGraphs(model, self.cache, capture=self.device.type == "cuda") if graphs else None
+        self._backends: dict[str, str] | None = None
 
     @classmethod
     def from_shape(
@@ -249,32 +189,48 @@ class ModelRunner:
         )
 
     # ------------------------------------------------------------------ tokens
-    def tokens(self, rid: int) -> list[int]:
-        """Request ``rid``'s ids so far: prompt, then generated (7.2 recompute reads them back)."""
-        return self.history[rid]
+    def tokens(self, req: Request) -> list[int]:
+        """Request ``req``'s ids so far: its prompt, then the ids it generated (7.2 recompute
+        reads them back). Made from the seed and the request; nothing is stored here."""
+        return self.prompt(req) + req.token_ids
 
-    def _history_for_prefill(self, req: Request) -> list[int]:
-        if req.num_computed == 0 and req.generated == 0:
-            # A request's first prefill (or a restart before any token): its prompt. This
-            # also forgets the same rid from an earlier run through this runner.
-            self.history[req.rid] = prompt_ids(self.seed, req.rid, req.prompt_len, self.cfg.vocab)
-        hist = self.history.get(req.rid)
-        if hist is None or len(hist) < req.prefill_target:
+    def prompt(self, req: Request) -> list[int]:
+        """Request ``req``'s prompt ids (:func:`prompt_ids` of this runner's seed)."""
+        return prompt_ids(self.seed, req.rid, req.prompt_len, self.cfg.vocab)
+
+    @staticmethod
+    def _check_ids(req: Request) -> None:
+        # The runner reads generated ids from the request: a request that ran on a simulated
+        # clock, or was committed without its tokens, has none to read.
+        if len(req.token_ids) != req.generated:
             raise RuntimeError(
-                f"request {req.rid}: prefill to {req.prefill_target} tokens but the runner "
-                f"holds {0 if hist is None else len(hist)} of its ids"
+                f"request {req.rid}: {req.generated} tokens generated but {len(req.token_ids)} "
+                "of their ids recorded; the real engine reads a request's ids from it"
             )
-        return hist
 
-    def _history_for_decode(self, req: Request) -> list[int]:
-        hist = self.history.get(req.rid)
+    def _prefill_ids(self, req: Request, start: int, n: int) -> list[int]:
+        """Ids ``start .. start+n-1`` of a (re)prefill: prompt, then generated ids (a recompute)."""
+        self._check_ids(req)
+        if start + n > req.prompt_len + req.generated:
+            raise RuntimeError(
+                f"request {req.rid}: prefill to {start + n} tokens but it has "
+                f"{req.prompt_len + req.generated} ids (prompt and generated)"
+            )
+        if start + n <= req.prompt_len:
+            return prompt_ids(self.seed, req.rid, req.prompt_len, self.cfg.vocab)[start : start + n]
+        return self.tokens(req)[start : start + n]
+
+    def _decode_id(self, req: Request) -> int:
+        """The id a decode (or dead) row computes: its newest, at position ``num_computed``."""
+        self._check_ids(req)
         # While decoding, the cache holds every id but the newest, which this step computes.
-        if hist is None or len(hist) != req.num_computed + 1:
+        i = req.num_computed - req.prompt_len
+        if req.generated == 0 or i != req.generated - 1:
             raise RuntimeError(
-                f"request {req.rid}: decode at position {req.num_computed} but the runner "
-                f"holds {0 if hist is None else len(hist)} of its ids"
+                f"request {req.rid}: decode at position {req.num_computed} but it has "
+                f"{req.prompt_len} prompt and {req.generated} generated ids"
             )
-        return hist
+        return req.token_ids[i]
 
     # ------------------------------------------------------------------ the step
     def execute(self, plan: StepPlan) -> dict[int, int]:
@@ -299,26 +255,24 @@ class ModelRunner:
         # Decode rows sorted by slot: a batch whose slots form one range then reads its
         # slabs as a view instead of gathering a copy (see _decode_attention).
         rows = sorted(
-            [(r, True) for r in plan.decodes] + [(r, False) for r in plan.dead], key=lambda x: x[0].slot
+            [(r, True) for r in plan.decodes] + [(r, False) for r in plan.dead], key=lambda x: _slot(x[0])
         )
         for r, _ in rows:
-            hist = self._history_for_decode(r)
-            ids.append(hist[r.num_computed])
+            ids.append(self._decode_id(r))
             pos.append(r.num_computed)
-            slot.append(r.slot)
+            slot.append(_slot(r))
         chunks: list[ChunkSpan] = []
         logit_rows = list(range(len(rows)))
         emit: list[int | None] = [r.rid if live else None for r, live in rows]
         for c in plan.prefills:
             r, start = c.req, c.req.num_computed
-            hist = self._history_for_prefill(r)
             m = c.n + c.pad
-            chunks.append(ChunkSpan(len(ids), r.slot, start, m))
+            chunks.append(ChunkSpan(len(ids), _slot(r), start, m))
             # Right padding: pad tokens sit after the prompt, at positions the request's
             # decode steps will overwrite before any query attends to them.
-            ids += hist[start : start + c.n] + [PAD_ID] * c.pad
+            ids += self._prefill_ids(r, start, c.n) + [PAD_ID] * c.pad
             pos += range(start, start + m)
-            slot += [r.slot] * m
+            slot += [_slot(r)] * m
             if c.completes:
                 logit_rows.append(len(ids) - c.pad - 1)
                 emit.append(r.rid)
@@ -331,10 +285,7 @@ class ModelRunner:
             )
         logits = None
         if self.graphs is not None and not chunks:  # decode-only: a fixed-shape step (graphs.py)
-            try:
-                logits = self.graphs.run(ids, pos, slot)  # [R, V]
-            except GraphCaptureError as e:
-                self._drop_graphs(e)
+            logits = self.graphs.run(ids, pos, slot)  # [R, V]; None where its bucket failed to capture
         if logits is None:
             logits = self._forward_packed(ids, pos, slot, len(rows), chunks, logit_rows)  # [R, V]
         tokens = logits.argmax(dim=-1).tolist()
@@ -343,7 +294,6 @@ class ModelRunner:
             if rid is not None:
                 out.token_ids[rid] = tokens[i]
                 out.logits[rid] = logits[i]
-                self.history[rid].append(tokens[i])
         return out
 
     def _forward_packed(
@@ -419,9 +369,9 @@ class ModelRunner:
         else:
             k, v = kc[sel, :, :length], vc[sel, :, :length]  # a gather (copy), [R, K, L, D]
         if idx.place is None:
-            return sdpa(q.unsqueeze(2), k, v, idx.mask).squeeze(2)  # [R, H, D]
+            return gqa_decode(q, k, v, idx.mask)  # [R, H, D]
         qn = q.new_zeros((k.shape[0],) + q.shape[1:]).index_copy_(0, idx.place, q)  # [N, H, D]
-        return sdpa(qn.unsqueeze(2), k, v, idx.mask).squeeze(2).index_select(0, idx.place)  # [R, H, D]
+        return gqa_decode(qn, k, v, idx.mask).index_select(0, idx.place)  # [R, H, D]
 
     @staticmethod
     def _chunk_attention(q: Tensor, kc: Tensor, vc: Tensor, c: ChunkSpan) -> Tensor:
@@ -430,42 +380,55 @@ class ModelRunner:
         end = c.start + c.length
         k = kc[c.slot : c.slot + 1, :, :end]  # [1, K, end, D]
         v = vc[c.slot : c.slot + 1, :, :end]
-        qh = q.transpose(0, 1)[None]  # [1, H, m, D]
-        if c.start == 0:
-            o = sdpa(qh, k, v, causal=True)
-        else:
-            qpos = torch.arange(c.start, end, device=q.device)
-            mask = torch.arange(end, device=q.device)[None, :] <= qpos[:, None]  # [m, end]
-            o = sdpa(qh, k, v, mask)
-        return o[0].transpose(0, 1)  # [m, H, D]
+        if c.start == 0:  # causal, no mask: SDPA's grouped-query path runs a fused kernel
+            return sdpa(q.transpose(0, 1)[None], k, v, causal=True)[0].transpose(0, 1)  # [m, H, D]
+        qpos = torch.arange(c.start, end, device=q.device)
+        mask = torch.arange(end, device=q.device)[None, :] <= qpos[:, None]  # [m, end]
+        return gqa_chunk(q, k, v, mask)  # [m, H, D]
 
-    def graphs_info(self) -> dict | None:
+    def attention_backends(self) -> dict[str, str]:
+        """The SDPA kernel each attention path of this runner selects on its device and dtype
+        (``model.sdpa_backend``): ``decode`` (masked, packed), ``prefill`` (a first chunk,
+        causal) and ``chunk`` (after cached context, masked, packed). Recorded with every
+        profile and real run; a GPU check fails a bf16 run whose attention runs on ``math``."""
+        if self._backends is None:
+            cfg, dev, dt = self.cfg, self.device, self.dtype
+            H, K, D, L, m = cfg.heads, cfg.kv_heads, cfg.head_dim, min(self.max_len, 128), 8
+            G = H // K
+            kv = torch.zeros(4, K, L, D, dtype=dt, device=dev)
+            one = kv[:1]
+            dmask = torch.ones(4, 1, 1, L, dtype=torch.bool, device=dev)
+            cmask = torch.ones(G * m, L, dtype=torch.bool, device=dev)
+            self._backends = {
+                "decode": _backend(torch.zeros(4, K, G, D, dtype=dt, device=dev), kv, kv, dmask),
+                # A first chunk attends to itself alone: as many keys as queries.
+                "prefill": _backend(torch.zeros(1, H, L, D, dtype=dt, device=dev), one, one, causal=True),
+                "chunk": _backend(torch.zeros(1, K, G * m, D, dtype=dt, device=dev), one, one, cmask),
+            }
+        return dict(self._backends)
+
+    def graphs_info(self) -> dict[str, Any] | None:
         """What decode graphs did (results' executor record, profiles' meta): None when off,
-        the capture error if one turned them off, else buckets captured and whether replayed."""
-        if self.graphs_error:
-            return {"error": self.graphs_error}
-        if self.graphs is None:
-            return None
-        return {
-            "captured": self.graphs.captures,
-            "replayed_as_graphs": self.graphs.capture,
-            "buckets": [list(k) for k in self.graphs.keys],
-        }
-
-    def _drop_graphs(self, e: GraphCaptureError) -> None:
-        # Eager steps still give the right tokens; the runner records why it is slower
-        # (results' executor record, profiles' meta) and says so once.
-        self.graphs, self.graphs_error = None, str(e)
-        warnings.warn(f"{e}; decode steps run eagerly from now on", RuntimeWarning, stacklevel=3)
+        else :meth:`DecodeGraphs.info` (buckets made and captured, failed buckets and why,
+        steps that ran eagerly for them)."""
+        return None if self.graphs is None else self.graphs.info()
 
     @torch.inference_mode()
-    def warmup(self, capture_graphs: bool = False, tokens: int = 0) -> None:
+    def warmup(
+        self,
+        capture_graphs: bool = False,
+        tokens: int = 0,
+        graph_rows: int | None = None,
+        graph_ctx: int | None = None,
+    ) -> None:
         """One small mixed step (a decode row and a 4-token chunk) through every layer, so
         that the first timed step doesn't pay one-off costs: kernel selection, thread-pool
         start-up, first-touch allocation. It writes K/V into slots 0 and 1, which any
         request's prefill overwrites before reading. ``capture_graphs``: also capture every
-        decode graph this runner can replay (``DecodeGraphs.capture_all``), so that no timed
-        step pays a capture (the real executor; a profile sweep captures as it goes).
+        decode graph of up to ``graph_rows`` rows and ``graph_ctx`` positions (default: all
+        this runner can replay; ``DecodeGraphs.capture_all``, which skips a bucket that fails),
+        so that no timed step pays a capture (the real executor passes what its workload can
+        reach; a profile sweep captures as it goes).
 
         ``tokens``: also one prefill step of that many positions (at most
         :data:`WARMUP_TOKENS_MAX` and what the slabs hold; chunks of up to ``max_len`` from
@@ -474,10 +437,7 @@ class ModelRunner:
         memory (cpu-s: a 2,048-token prefill took 1,251-1,373 ms the first time in a process,
         708-953 ms after), and 7.3's stall, the first long prefill of its runs, paid it."""
         if capture_graphs and self.graphs is not None and self.graphs.capture:
-            try:
-                self.graphs.capture_all()
-            except GraphCaptureError as e:
-                self._drop_graphs(e)
+            self.graphs.capture_all(graph_rows, graph_ctx)
         m = min(4, self.max_len)
         if self.slots == 1:  # no second slot for the decode row: the chunk alone
             self._forward_packed([1] * m, list(range(m)), [0] * m, 0, [ChunkSpan(0, 0, 0, m)], [m - 1])
@@ -488,7 +448,10 @@ class ModelRunner:
         n = min(int(tokens), WARMUP_TOKENS_MAX, self.slots * self.max_len)
         if n <= self._warm_tokens:
             return
-        chunks, pos, slot, off = [], [], [], 0
+        chunks: list[ChunkSpan] = []
+        pos: list[int] = []
+        slot: list[int] = []
+        off = 0
         for k in range(-(-n // self.max_len)):
             c = min(self.max_len, n - off)
             chunks.append(ChunkSpan(off, k, 0, c))
@@ -497,3 +460,9 @@ class ModelRunner:
             off += c
         self._forward_packed([1] * n, pos, slot, 0, chunks, [n - 1])
         self._warm_tokens = n
+
+
+def _slot(req: Request) -> int:
+    """The slot of a request in a plan (admitted, so it has one)."""
+    assert req.slot is not None, f"request {req.rid} is in a plan without a slot"
+    return req.slot

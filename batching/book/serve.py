@@ -1,0 +1,191 @@
+"""7.2, "the same trace slice replayed against a production-style server": numbers and verdicts.
+
+The committed ``benchmarks/results/serve-cpu-here-cpu-s.json`` (``benchmarks/bench_serve.py``)
+holds one Azure slice run through this engine (continuous, chunked) and through
+``transformers serve --continuous-batching`` on the same CPU and checkpoint, median of
+interleaved rounds. :func:`numbers` reads it, adds the simulator's prediction of the same
+slice on this machine's measured profile, and, when asked, a live replay: against a reader's
+server (``server_url``, e.g. their ``vllm serve``) or, with no URL, against a
+``transformers serve`` this function starts on the CPU model. No sentences: the page words
+them.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..costs import ProfileCost
+from ..engine import RunResult
+from ..metrics import request_records, summarize
+from ..traces import load_trace
+from ..workload import Workload, preset
+from .common import simulate
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULT = ROOT / "benchmarks" / "results" / "serve-cpu-here-cpu-s.json"
+PROFILE = ROOT / "data" / "profiles" / "cpu-here-cpu-s.json"
+
+#: The columns of the section's table, all from a results file's summary (seconds, tok/s).
+COLUMNS = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99", "output_throughput")
+#: Rows in table order: the prediction, this engine's two schedulers, the server, a live run.
+ROWS = ("simulated", "ours-continuous", "ours-chunked", "hf-serve", "live")
+#: Throughputs within this fraction of each other count as the same (run-to-run noise here).
+SAME = 0.05
+
+
+def committed(path: str | Path | None = None) -> dict[str, Any]:
+    return json.loads(Path(path or RESULT).read_text())
+
+
+def summary_row(summary: Mapping[str, Any]) -> dict[str, float | None]:
+    """The table's columns from a results file's ``summary`` (simulate, run, replay alike)."""
+    row: dict[str, float | None] = {}
+    for c in COLUMNS:
+        if c == "output_throughput":
+            row[c] = summary[c]
+        else:
+            k, f = c.split("_")
+            row[c] = summary[k][f]
+    return row
+
+
+def slice_workload(doc: Mapping[str, Any]) -> Workload:
+    """The benchmark's slice, rebuilt from its provenance (trace, limit, scaling)."""
+    src = doc["workload"].get("source") or {
+        "trace": doc["workload"]["info"]["trace"],
+        "limit": doc["workload"]["info"]["limit"],
+    }
+    if "preset" in src:
+        w = preset(str(src["preset"]), seed=int(src["seed"]), n=int(src["n"]))
+    else:
+        w = load_trace(str(src["trace"]), limit=int(src["limit"]))
+    return w.scale(lengths=float(doc["workload"]["scale_lengths"]), time=float(doc["workload"]["time_scale"]))
+
+
+def simulated_row(w: Workload, slots: int, profile: str | Path | None = None) -> dict[str, float | None]:
+    """The simulator's prediction of the slice: continuous batching on this machine's
+    measured cpu-s profile, the slots of the real runs."""
+    cost = ProfileCost.from_json(str(profile or PROFILE))
+    res: RunResult = simulate(w, cost, "continuous", slots=slots, kv_tokens=None)
+    return summary_row(summarize(res, request_records(res.requests)))
+
+
+def live_row(
+    w: Workload,
+    server_url: str | None = None,
+    served_model: str | None = None,
+    model: str = "cpu-s",
+    threads: int = 1,
+) -> tuple[dict[str, float | None], dict[str, Any]]:
+    """Replay ``w`` live. With ``server_url`` (an OpenAI-compatible ``.../v1``), against that
+    server with token-id prompts (vLLM, SGLang) and its first listed model unless
+    ``served_model``; without, against ``transformers serve`` started here on ``model``.
+    Returns the row and what it ran against (server, model, completed requests)."""
+    from .. import hf_serve, served
+    from ..replay import ReplayOptions, replay
+
+    if server_url is not None:
+        if served_model is None:
+            import httpx
+
+            served_model = httpx.get(f"{server_url.rstrip('/')}/models", timeout=10).json()["data"][0]["id"]
+        reqs, meta = replay(w, ReplayOptions(url=server_url, model=served_model))
+    else:
+        folder = Path(tempfile.gettempdir()) / "batching-serve" / f"{model}-seed0"
+        ckpt = hf_serve.prepare_checkpoint(folder, model, seed=0)
+        with hf_serve.transformers_serve(ckpt, threads=threads) as srv:
+            served_model = srv.model
+            opts = ReplayOptions(url=srv.url, model=srv.model, prompt="text", tokenizer=str(ckpt))
+            replay(Workload.from_arrays([0.0], [4], [2], name="warm-up"), opts)  # not timed
+            reqs, meta = replay(w, opts)
+    doc = served.build(reqs, {}, meta)
+    s = doc["summary"]
+    return summary_row(s), {
+        "server": meta["server"],
+        "model": served_model,
+        "completed": s["completed"],
+        "requests": s["num_requests"],
+        "dispatch_lateness_p99": s["dispatch_lateness"]["p99"],
+    }
+
+
+def numbers(
+    doc: Mapping[str, Any] | None = None,
+    *,
+    live: bool = False,
+    server_url: str | None = None,
+    served_model: str | None = None,
+    smoke: bool = False,
+    profile: str | Path | None = None,
+) -> dict[str, Any]:
+    """The section's numbers: a row per mode (:data:`ROWS`), the server's ratios to this
+    engine, the verdicts the prose picks its words by, and the run's conditions.
+
+    ``live`` adds a replay now (``server_url`` None: ``transformers serve`` on the CPU model,
+    the tiny model and 8 requests when ``smoke``)."""
+    doc = doc if doc is not None else committed()
+    med = doc["median"]
+    rows: dict[str, dict[str, float | None]] = {}
+    w = slice_workload(doc)
+    rows["simulated"] = simulated_row(w, int(doc["modes_config"]["ours-continuous"]["slots"]), profile)
+    for m in ("ours-continuous", "ours-chunked", "hf-serve"):
+        rows[m] = {c: med[m][c] for c in COLUMNS}
+    live_info = None
+    if live:
+        lw = w if not smoke else Workload.from_arrays(w.arrivals[:8], w.prompt_lens[:8], w.output_lens[:8])
+        model = "tiny" if smoke else "cpu-s"
+        rows["live"], live_info = live_row(lw, server_url, served_model, model=model)
+    ours, hf, chk, sim = rows["ours-continuous"], rows["hf-serve"], rows["ours-chunked"], rows["simulated"]
+    e2e_ratio = _ratio(sim["e2e_p50"], ours["e2e_p50"])
+    return {
+        "rows": rows,
+        "server_over_ours": {k: _ratio(hf[k], ours[k]) for k in COLUMNS},
+        # Verdicts: which side each headline favours (the page words them).
+        "server_slower_e2e": _less(ours["e2e_p50"], hf["e2e_p50"]),
+        "server_slower_ttft": _less(ours["ttft_p50"], hf["ttft_p50"]),
+        "server_lower_throughput": _less(hf["output_throughput"], ours["output_throughput"]),
+        "chunked_lower_itl_p99": _less(chk["itl_p99"], ours["itl_p99"]),
+        # Both kept up with the arrivals: throughput is the offered load, not a capacity.
+        "same_throughput": _near(hf["output_throughput"], ours["output_throughput"], SAME),
+        "sim_error_e2e_p50": None if e2e_ratio is None else e2e_ratio - 1,
+        "requests": len(w),
+        "scale_lengths": float(doc["workload"]["scale_lengths"]),
+        "time_scale": float(doc["workload"]["time_scale"]),
+        "rounds": len(doc["round_order"]),
+        "loadavg_before": doc["loadavg_before"][0],
+        "loadavg_after": doc["loadavg_after"][0],
+        "max_loadavg": max(x["loadavg_1m"] for v in doc["rounds"].values() for x in v),
+        "date": doc["date"],
+        "live": live_info,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _near(a: float | None, b: float | None, tol: float) -> bool:
+    r = _ratio(a, b)
+    return r is not None and abs(r - 1) <= tol
+
+
+def _less(a: float | None, b: float | None) -> bool:
+    return a is not None and b is not None and a < b
+
+
+def table_rows(nums: Mapping[str, Any]) -> list[list[Any]]:
+    """Rows for ``plots.table``: mode key, then the columns in ms (latencies) and tok/s."""
+    out = []
+    for m in ROWS:
+        r = nums["rows"].get(m)
+        if r is None:
+            continue
+        out.append(
+            [m]
+            + [None if r[c] is None else (r[c] if c == "output_throughput" else r[c] * 1e3) for c in COLUMNS]
+        )
+    return out

@@ -1,0 +1,196 @@
+"""A production-style OpenAI-compatible server on this CPU: ``transformers serve`` with
+continuous batching, on the project's seeded checkpoint (the 7.2 section, the serve tests
+and ``benchmarks/bench_serve.py``).
+
+The checkpoint is the peer benchmark's: the registry shape's random weights written as a
+Hugging Face ``LlamaForCausalLM`` (:func:`batching.real.checkpoint.save_hf_checkpoint`).
+A server needs a tokenizer, so :func:`write_tokenizer` adds one built with the
+``tokenizers`` library: a word-level vocabulary ``t0 .. t{V-1}`` (one token per
+whitespace-separated word, so a prompt of exactly N tokens is N words) and an EOS with id
+``V``, outside the model's ``V`` logits, which greedy decoding therefore cannot emit: every
+request runs to its ``max_tokens`` and the usage check holds. ``transformers serve``
+refuses ``ignore_eos`` (422), so the replay sends text prompts (``--prompt text``).
+
+Needs the ``serve`` extra (``transformers[serving]``) to run the server and torch to write
+the checkpoint; nothing here is imported by the library at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EOS = "<eos>"
+
+# transformers' continuous batching is ~4x slower here with its defaults; these are the
+# peer benchmark's CPU settings (benchmarks/bench_peer.py: --hf-page-size etc.).
+CPU_CB_FLAGS = ("--cb-block-size", "64", "--cb-num-blocks", "256", "--cb-max-batch-tokens", "512")
+
+
+def missing_packages() -> list[str]:
+    """The serving packages this machine lacks (empty: ``transformers serve`` can start)."""
+    import importlib.util
+
+    need = ("transformers", "tokenizers", "fastapi", "uvicorn", "openai", "httpx", "torch")
+    return [m for m in need if importlib.util.find_spec(m) is None]
+
+
+def write_tokenizer(folder: str | Path, vocab: int) -> Path:
+    """A word-level tokenizer ``t0 .. t{vocab-1}`` plus an unreachable EOS (id ``vocab``),
+    saved as ``PreTrainedTokenizerFast`` files beside the checkpoint."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"t{i}": i for i in range(vocab)}
+    words[EOS] = vocab
+    tok = Tokenizer(models.WordLevel(words, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS).save_pretrained(str(folder))
+    return Path(folder)
+
+
+def prepare_checkpoint(folder: str | Path, model: str = "tiny", seed: int = 0) -> Path:
+    """The seeded ``model`` as a Hugging Face checkpoint with its tokenizer in ``folder``
+    (written once; the weights depend only on ``model`` and ``seed``)."""
+    folder = Path(folder)
+    if not (folder / "model.safetensors").exists() or not (folder / "tokenizer.json").exists():
+        import torch
+
+        from .models import get_model
+        from .real.checkpoint import save_hf_checkpoint
+        from .real.model import Llama, ModelConfig
+
+        shape = get_model(model)
+        save_hf_checkpoint(Llama(ModelConfig.from_shape(shape), "cpu", torch.float32, seed=seed), folder)
+        write_tokenizer(folder, shape.vocab)
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str  # base URL ending in /v1
+    model: str  # the served model name
+    process: subprocess.Popen[bytes]
+    command: list[str]
+    log: Path
+    startup_s: float
+
+    def describe(self) -> dict[str, Any]:
+        from importlib.metadata import version
+
+        return {
+            "server": "transformers serve",
+            "transformers": version("transformers"),
+            "command": " ".join(self.command),
+            "startup_s": self.startup_s,
+        }
+
+
+def _cli() -> list[str]:
+    exe = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")
+    if exe is None:
+        raise FileNotFoundError(
+            "the transformers command is not installed (pip install 'transformers[serving]')"
+        )
+    return [exe]
+
+
+@contextlib.contextmanager
+def transformers_serve(
+    checkpoint: str | Path,
+    *,
+    port: int | None = None,
+    threads: int | None = None,
+    cb_flags: tuple[str, ...] = CPU_CB_FLAGS,
+    startup_timeout_s: float = 120.0,
+    log: str | Path | None = None,
+) -> Iterator[Server]:
+    """Start ``transformers serve CHECKPOINT --continuous-batching --device cpu`` on a free
+    loopback port, wait until ``/v1/models`` answers, and stop it (its whole process group,
+    SIGTERM then SIGKILL) on exit, so that no process is left behind."""
+    import httpx
+
+    port = port or free_port()
+    ckpt = str(Path(checkpoint).resolve())
+    cmd = [
+        *_cli(),
+        "serve",
+        ckpt,
+        "--continuous-batching",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *cb_flags,
+    ]
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    log_path = Path(log) if log else Path(ckpt) / "serve.log"
+    t0 = time.perf_counter()
+    with log_path.open("wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        while True:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
+                raise RuntimeError(f"transformers serve exited with {proc.returncode}: {' | '.join(tail)}")
+            try:
+                if httpx.get(f"{url}/models", timeout=2.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.perf_counter() - t0 > startup_timeout_s:
+                raise RuntimeError(f"transformers serve did not answer within {startup_timeout_s:g} s")
+            time.sleep(0.5)
+        yield Server(url, ckpt, proc, cmd, log_path, time.perf_counter() - t0)
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """End the server's process group (it was started in a session of its own)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(grace_s)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # stray children of the group, if any
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

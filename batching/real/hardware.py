@@ -1,0 +1,199 @@
+"""Which device a real run uses, what it is called, and how much of its memory is free.
+
+Every real path (``run``, ``measure``, the benchmarks, the live sweep of "Why batching")
+resolves its device here first, before it builds a model or measures anything:
+
+- :func:`resolve_device` turns ``auto``/``cpu``/``cuda`` into a torch device, and refuses
+  (:class:`DeviceError`, a ``ValueError``: one line at the command line) a CUDA device that
+  this torch cannot use, instead of torch's ``AssertionError`` deep inside the first
+  allocation;
+- :func:`device_entry` names the device for the registry (``batching/devices.py``): the
+  A100, H100 and H200 have datasheet entries; the CPU is ``cpu-here``; any other GPU (an
+  RTX 4090, an L4...) gets an entry of its own, named after the GPU, whose bandwidth and
+  peak are the ones measured in the same run (:func:`measured_spec`), never an error at
+  the end of a sweep;
+- :func:`available_bytes` counts what is free for new tensors, PyTorch's own cache
+  included, and :func:`check_fits` refuses what would not fit (:class:`DeviceMemoryError`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ..costs import MEM_RESERVE
+from ..devices import DeviceSpec
+
+#: Substring of torch.cuda.get_device_name() -> registry device (datasheet numbers of the SXM parts).
+CUDA_NAMES: tuple[tuple[str, str], ...] = (("H200", "H200-SXM"), ("H100", "H100-SXM"), ("A100", "A100-SXM"))
+#: The registry entry of any CPU (its figures are this project's CPU's, measured).
+CPU_ENTRY = "cpu-here"
+
+
+class DeviceError(ValueError):
+    """A device the run cannot use (CUDA asked for where torch has none)."""
+
+
+class DeviceMemoryError(MemoryError):
+    """The weights or the KV slabs would not fit the device's free memory."""
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """Where real runs of 7.1-7.3 execute; ``"auto"``: CUDA when present, else the CPU.
+
+    A CUDA device this torch cannot use raises :class:`DeviceError` saying why (a CPU
+    build, no GPU visible, an index past the GPUs there are)."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise DeviceError(f"device={device!r}: {e}") from None
+    if dev.type == "cuda":
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            raise DeviceError(
+                f"device={device!r}: this torch ({torch.__version__}) is built without CUDA; "
+                "install a CUDA build of PyTorch or use --device cpu"
+            )
+        n = torch.cuda.device_count()
+        if n == 0 or not torch.cuda.is_available():
+            raise DeviceError(f"device={device!r}: torch sees no CUDA GPU on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= n:
+            raise DeviceError(f"device={device!r}: this machine has {n} CUDA GPU(s), 0..{n - 1}")
+    elif dev.type != "cpu":
+        raise DeviceError(f"device={device!r}: real runs use cpu or cuda")
+    return dev
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name from /proc/cpuinfo (recorded with every real run)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@dataclass(frozen=True)
+class DeviceEntry:
+    """How the registry knows a device: ``name`` files its profiles and results
+    (``H200-SXM``, ``cpu-here``, or for a GPU the registry lacks a name made from its own,
+    ``nvidia-geforce-rtx-4090``); ``device_name`` is what torch calls it; ``datasheet``:
+    the registry holds this GPU's datasheet figures (False for the CPU, whose entry is
+    measured, and for any GPU the registry lacks, whose measured figures stand in)."""
+
+    name: str
+    device_name: str
+    datasheet: bool
+
+    @property
+    def registered(self) -> bool:
+        """The registry has an entry of this name (a datasheet GPU, or ``cpu-here``)."""
+        return self.datasheet or self.name == CPU_ENTRY
+
+
+def entry_for(device_type: str, name: str) -> DeviceEntry:
+    """The registry entry of a device of ``device_type`` (``cpu``/``cuda``) called ``name``."""
+    if device_type == "cpu":
+        return DeviceEntry(CPU_ENTRY, name, False)
+    upper = name.upper()
+    for key, reg in CUDA_NAMES:
+        if key in upper:
+            return DeviceEntry(reg, name, True)
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+    return DeviceEntry(slug, name, False)
+
+
+def device_entry(device: torch.device) -> DeviceEntry:
+    """The registry entry of ``device`` (see :class:`DeviceEntry`); never raises for a GPU."""
+    return entry_for(device.type, device_name(device))
+
+
+def measured_spec(
+    entry: DeviceEntry, bandwidth: dict[str, Any], peak: dict[str, Any], dtype: str, mem_bytes: float
+) -> dict[str, Any]:
+    """A device-registry entry (``DeviceSpec``'s fields) for a device the registry lacks, from
+    the bandwidth and matmul peak measured in the same run (``measure.bandwidth``,
+    ``measure.matmul_peak``): recorded in its profile's and live sweep's metadata as
+    ``device_spec``, so that their readers have the device's figures without a registry
+    entry. Step overhead and interconnect are not measured: zero, no tensor parallelism."""
+    spec = DeviceSpec(
+        entry.name,
+        mem_bytes=float(mem_bytes),
+        bandwidth=float(bandwidth["matvec"]["GBps_best"]) * 1e9,
+        peak_flops={dtype: float(peak["TFLOPs_best"]) * 1e12},
+        step_overhead_s=0.0,
+        link_bandwidth=0.0,
+        allreduce_latency_s=0.0,
+        source=(
+            f"measured in this run on {entry.device_name} "
+            f"({dt.datetime.now(dt.timezone.utc).date().isoformat()}): best matrix-vector read "
+            f"bandwidth, {peak['n']}^3 matmul; no datasheet entry"
+        ),
+    )
+    d = asdict(spec)
+    d["peak_flops"], d["notes"] = dict(spec.peak_flops), dict(spec.notes)
+    return d
+
+
+def device_memory(device: torch.device) -> float | None:
+    """The device's total memory in bytes (GPU), or the machine's (CPU); None if unknown."""
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory of ``device`` now (7.2's slab sizing), or None if the platform does not
+    say (then nothing is checked).
+
+    CUDA: the driver's free bytes plus what PyTorch's caching allocator holds without using
+    (``memory_reserved - memory_allocated``): ``mem_get_info`` counts the cache as taken, and
+    a bandwidth probe that just freed two weight-sized buffers leaves ~30 GB there for 8B.
+    CPU: MemAvailable from /proc/meminfo, else the free pages the OS reports."""
+    if device.type == "cuda":
+        free = int(torch.cuda.mem_get_info(device)[0])
+        cached = int(torch.cuda.memory_reserved(device)) - int(torch.cuda.memory_allocated(device))
+        return free + max(cached, 0)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits(needed: int, available: int | None, what: str, device: torch.device) -> None:
+    """Raise :class:`DeviceMemoryError` with both numbers unless ``needed`` fits (7.2, slab KV).
+
+    Only ``1 - MEM_RESERVE`` of what is available counts, the headroom ``costs.py`` keeps
+    too (activations, allocator fragmentation, the rest of the process).
+    """
+    if available is None:
+        return
+    usable = int(available * (1 - MEM_RESERVE))
+    if needed > usable:
+        raise DeviceMemoryError(
+            f"{what} needs {needed / 1e9:.2f} GB (needed={needed:,} bytes) but {device} has "
+            f"{available / 1e9:.2f} GB available (available={available:,} bytes, "
+            f"{1 - MEM_RESERVE:.0%} of it usable): use fewer slots, a smaller max_len or a smaller model"
+        )

@@ -1,0 +1,377 @@
+"""Replay a workload against an OpenAI-compatible server with its real arrival times.
+
+``python -m batching replay --url http://HOST:PORT/v1 --served-model NAME --trace ...``
+sends every request of the workload at its arrival time (the trace's timestamps, scaled;
+never a fixed rate) to ``POST /v1/completions`` with ``stream: true``, and timestamps each
+streamed chunk as it arrives. vLLM, SGLang, TGI's OpenAI route and ``transformers serve``
+all speak this protocol; the chapter's own engines are measured the same way
+(:mod:`batching.served` writes the results file).
+
+Exact lengths
+    ``--prompt ids`` (default) sends the prompt as a list of token ids, which vLLM's and
+    SGLang's ``/v1/completions`` accept, with ``max_tokens`` and vLLM's sampling extras
+    ``ignore_eos: true`` and ``min_tokens`` so the output is forced to the request's
+    length. ``--prompt text --tokenizer DIR`` builds, with the server's own tokenizer
+    (the ``tokenizers`` library), a text that encodes to exactly the prompt length (the
+    decode/re-encode loop of vLLM's ``gen_prompt_decode_to_target_len`` in
+    ``vllm/benchmarks/datasets.py``) and sends only ``max_tokens``: for servers that refuse
+    unknown fields (``transformers serve`` answers 422 to ``ignore_eos``), whose model must
+    then not reach its EOS. Either way the ``usage`` the server reports is checked against
+    the workload; a request that differs is marked ``usage_mismatch``, counted and printed.
+
+Token timestamps
+    One per streamed chunk that carries text (what ``vllm bench serve`` counts, see
+    ``vllm/benchmarks/lib/endpoint_request_func.py``), or ``len(token_ids)`` of them where
+    the server returns the chunk's token ids. If the chunks do not add up to the reported
+    usage the request is marked ``stream_mismatch`` (the server bundled tokens).
+
+The client's own lateness (actual send time minus scheduled arrival, median and p99) is in
+the summary: when it is large, the load generator, not the server, set the latency.
+
+Bad input (an unreachable URL, a model the server does not list, a 4xx/5xx answer, a
+server that does not stream) stops the replay with :class:`ReplayError`; what was
+measured until then is kept (:attr:`ReplayError.requests`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .served import ServedRequest
+from .workload import Workload
+
+
+class ReplayError(ValueError):
+    """A replay that cannot go on; ``requests`` holds what was measured so far."""
+
+    def __init__(
+        self, msg: str, requests: list[ServedRequest] | None = None, meta: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(msg)
+        self.requests = requests or []
+        self.meta = meta or {}
+
+
+@dataclass
+class ReplayOptions:
+    url: str  # base URL ending in /v1
+    model: str  # the served model name (as /v1/models lists it)
+    prompt: str = "ids"  # "ids" (token-id prompts + ignore_eos/min_tokens) or "text"
+    tokenizer: str | None = None  # tokenizer.json or its folder ("text" prompts)
+    vocab: tuple[int, int] = (1000, 30000)  # token ids drawn from [lo, hi) ("ids" prompts)
+    max_connections: int | None = None  # default: one per request, up to 1024
+    timeout_s: float = 600.0  # per request: the longest wait for its next bytes
+    seed: int = 0
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    lead_s: float = 0.2  # scheduling starts this long after the prompts are built
+
+    def connections(self, n: int) -> int:
+        # Large enough never to hold a request back: the server, not the client, schedules.
+        return self.max_connections or max(1, min(n, 1024))
+
+
+# ------------------------------------------------------------------ prompts
+def id_prompts(w: Workload, lo: int, hi: int, seed: int) -> dict[int, list[int]]:
+    """Seeded token-id prompts of exactly each request's length."""
+    if not (0 <= lo < hi):
+        raise ValueError(f"--vocab {lo}:{hi}: expected 0 <= LO < HI")
+    rng = np.random.default_rng(seed)
+    return {r.rid: rng.integers(lo, hi, size=r.prompt_len).tolist() for r in w.requests}
+
+
+def load_tokenizer(path: str) -> Any:
+    """A ``tokenizers.Tokenizer`` from ``tokenizer.json`` or the folder that holds it."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ValueError("--prompt text needs the tokenizers package (pip install tokenizers)") from None
+    p = Path(path)
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"--tokenizer {path}: no tokenizer.json there")
+    return Tokenizer.from_file(str(p))
+
+
+def _pool(tok: Any) -> np.ndarray:
+    """Ids of the ordinary (non-special) tokens: what a prompt is drawn from."""
+    special = set(tok.get_added_tokens_decoder())
+    return np.array([i for i in range(tok.get_vocab_size()) if i not in special])
+
+
+def text_prompt(tok: Any, n: int, rng: np.random.Generator, pool: np.ndarray, tries: int = 10) -> str:
+    """A text the tokenizer encodes (special tokens included, as a server's tokenizer call
+    does) to exactly ``n`` tokens: draw ids, decode, re-encode, pad or trim, repeat."""
+    specials = len(tok.encode("", add_special_tokens=True).ids)
+    target = n - specials
+    if target < 1:
+        raise ValueError(f"prompt_len={n}: the tokenizer adds {specials} special tokens itself")
+    ids = rng.choice(pool, size=target).tolist()
+    for _ in range(tries):
+        text = tok.decode(ids)
+        got = tok.encode(text, add_special_tokens=False).ids
+        if len(got) == target:
+            return text
+        ids = got[:target] if len(got) > target else got + rng.choice(pool, size=target - len(got)).tolist()
+    raise ValueError(f"prompt_len={n}: no text of exactly that many tokens after {tries} tries")
+
+
+def text_prompts(w: Workload, tokenizer: str, seed: int) -> dict[int, str]:
+    tok = load_tokenizer(tokenizer)
+    pool = _pool(tok)
+    rng = np.random.default_rng(seed)
+    return {r.rid: text_prompt(tok, r.prompt_len, rng, pool) for r in w.requests}
+
+
+# ------------------------------------------------------------------ requests
+def body(opts: ReplayOptions, prompt: list[int] | str, output_len: int) -> dict[str, Any]:
+    b: dict[str, Any] = {
+        "model": opts.model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if opts.prompt == "ids":  # vLLM / SGLang sampling extras that force the length
+        b["ignore_eos"] = True
+        b["min_tokens"] = output_len
+    return {**b, **opts.extra_body}
+
+
+def _short(text: str, n: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n] + "..."
+
+
+class _Fatal(Exception):
+    """A server answer that makes the rest of the replay meaningless (4xx/5xx, no stream)."""
+
+
+async def _one(
+    client: Any, opts: ReplayOptions, r: ServedRequest, prompt: Any, clock: Callable[[], float]
+) -> None:
+    import httpx
+
+    r.sent = clock()
+    try:
+        async with client.stream("POST", "/completions", json=body(opts, prompt, r.output_len)) as resp:
+            if resp.status_code >= 400:
+                text = (await resp.aread()).decode(errors="replace")
+                r.status, r.error = "error", f"HTTP {resp.status_code}: {_short(text)}"
+                raise _Fatal(r.error)
+            ctype = resp.headers.get("content-type", "")
+            if not ctype.startswith("text/event-stream"):
+                r.status = "error"
+                r.error = f"the server did not stream (content-type {ctype!r}, expected text/event-stream)"
+                raise _Fatal(r.error)
+            async for line in resp.aiter_lines():
+                now = clock()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except json.JSONDecodeError:
+                    r.status, r.error = "error", f"unreadable stream chunk {_short(data, 80)!r}"
+                    return
+                if "error" in chunk:
+                    r.status, r.error = "error", f"server error in stream: {_short(str(chunk['error']))}"
+                    return
+                for ch in chunk.get("choices") or []:
+                    ids = ch.get("token_ids")
+                    k = len(ids) if ids else (1 if ch.get("text") else 0)
+                    r.token_times.extend([now] * k)
+                usage = chunk.get("usage")
+                if usage:
+                    r.usage_prompt = usage.get("prompt_tokens")
+                    r.usage_output = usage.get("completion_tokens")
+    except httpx.TimeoutException:
+        r.status, r.error = "timeout", f"no data for {opts.timeout_s:g} s"
+        return
+    except httpx.HTTPError as e:
+        r.status, r.error = "error", f"{type(e).__name__}: {_short(str(e)) or 'connection failed'}"
+        return
+    if r.usage_output is None:
+        r.status, r.error = "usage_mismatch", "the server reported no usage"
+    elif (r.usage_prompt, r.usage_output) != (r.prompt_len, r.output_len):
+        r.status = "usage_mismatch"
+        r.error = (
+            f"server counted prompt {r.usage_prompt} / output {r.usage_output} tokens, "
+            f"the workload asks {r.prompt_len} / {r.output_len}"
+        )
+    elif len(r.token_times) != r.output_len:
+        r.status = "stream_mismatch"
+        r.error = f"{len(r.token_times)} token chunks streamed for {r.usage_output} tokens"
+    else:
+        r.status, r.error = "ok", None
+
+
+async def check_server(client: Any, url: str, model: str) -> dict[str, Any]:
+    """``GET /v1/models``: the server is up and serves ``model``. Returns what it says."""
+    import httpx
+
+    try:
+        resp = await client.get("/models")
+    except httpx.HTTPError as e:
+        raise ReplayError(
+            f"--url {url}: cannot reach the server ({type(e).__name__}: {_short(str(e))})"
+        ) from None
+    if resp.status_code >= 400:
+        raise ReplayError(f"--url {url}: GET /models answered HTTP {resp.status_code}: {_short(resp.text)}")
+    try:
+        ids = [m["id"] for m in resp.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise ReplayError(f"--url {url}: GET /models did not return an OpenAI model list") from None
+    if model not in ids:
+        raise ReplayError(f"--served-model {model}: the server lists {', '.join(ids) or 'no models'}")
+    return {"models": ids, "server": resp.headers.get("server")}
+
+
+async def replay_async(
+    w: Workload, opts: ReplayOptions, progress: bool = False
+) -> tuple[list[ServedRequest], dict[str, Any]]:
+    """Replay ``w``; returns the requests as measured and the run's meta (server, client)."""
+    import httpx
+
+    if opts.prompt == "ids":
+        prompts: dict[int, Any] = id_prompts(w, *opts.vocab, opts.seed)
+    elif opts.prompt == "text":
+        if not opts.tokenizer:
+            raise ValueError("--prompt text needs --tokenizer (the server's tokenizer.json or its folder)")
+        prompts = text_prompts(w, opts.tokenizer, opts.seed)
+    else:
+        raise ValueError(f"--prompt {opts.prompt!r}: expected ids or text")
+    reqs = [ServedRequest(r.rid, r.arrival, r.prompt_len, r.output_len) for r in w.requests]
+    conns = opts.connections(len(reqs))
+    limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
+    timeout = httpx.Timeout(opts.timeout_s, connect=min(10.0, opts.timeout_s))
+    base = opts.url.rstrip("/")
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=timeout) as client:
+        server = await check_server(client, opts.url, opts.model)
+        first = reqs[0].arrival
+        start = time.perf_counter() + opts.lead_s
+        clock = lambda: time.perf_counter() - start + first  # the workload's clock
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(reqs), desc="replay", unit="req")
+        inflight = peak = 0
+
+        async def run(r: ServedRequest) -> None:
+            nonlocal inflight, peak
+            inflight += 1
+            peak = max(peak, inflight)
+            try:
+                await _one(client, opts, r, prompts[r.rid], clock)
+            finally:
+                inflight -= 1
+                if bar is not None:
+                    bar.update()
+
+        tasks: list[asyncio.Task[None]] = []
+        wall = time.perf_counter()
+        fatal: BaseException | None = None
+        try:
+            for r in reqs:
+                delay = r.arrival - clock()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(run(r)))
+                done = [t for t in tasks if t.done() and t.exception() is not None]
+                if done:
+                    fatal = done[0].exception()
+                    break
+            if fatal is None:
+                for fut in asyncio.as_completed(tasks):
+                    try:
+                        await fut
+                    except _Fatal as e:
+                        fatal = e
+                        break
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if bar is not None:
+                bar.close()
+        for r in reqs:  # cancelled ones keep what they streamed, marked
+            if r.status == "cancelled":
+                r.error = "not finished when the replay stopped" if r.sent is not None else "never sent"
+        meta = {
+            "wall_s": time.perf_counter() - wall,
+            "server": {"url": opts.url, "endpoint": "/completions", **server},
+            "client": {
+                "library": "httpx",
+                "httpx": httpx.__version__,
+                "max_connections": conns,
+                "peak_in_flight": peak,
+                "timeout_s": opts.timeout_s,
+            },
+        }
+        if fatal is not None:
+            if not isinstance(fatal, _Fatal):
+                raise fatal
+            bad = next(r for r in reqs if r.error == str(fatal))
+            stopped = f"request {bad.rid}: {fatal}"
+            meta["stopped"] = stopped
+            raise ReplayError(stopped, reqs, meta)
+    return reqs, meta
+
+
+def replay(
+    w: Workload, opts: ReplayOptions, progress: bool = False
+) -> tuple[list[ServedRequest], dict[str, Any]]:
+    """:func:`replay_async` to completion; inside a running event loop (a notebook's kernel)
+    it runs on a thread with a loop of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(replay_async(w, opts, progress))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, replay_async(w, opts, progress)).result()
+
+
+def parse_vocab(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(lo), int(hi)
+    except ValueError:
+        raise ValueError(f"--vocab {text!r}: expected LO:HI token ids") from None
+
+
+def parse_extra_body(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--extra-body {text!r}: not JSON ({e.msg})") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"--extra-body {text!r}: expected a JSON object")
+    return d
+
+
+def finite_positive(name: str, x: float) -> float:
+    if not (math.isfinite(x) and x > 0):
+        raise ValueError(f"{name}={x!r}: must be a positive number")
+    return x
+
+
+__all__: Sequence[str] = ("ReplayError", "ReplayOptions", "replay", "replay_async", "check_server", "body")

@@ -1,0 +1,196 @@
+"""The server subcommands of ``python -m batching``: ``replay``, ``export``, ``import-vllm``.
+
+:mod:`batching.cli` registers them with :func:`add_parsers`, passing its workload options,
+workload loader and summary table, so that these commands take exactly the options of
+``simulate`` and ``run`` and print the same table (and no import cycle arises).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import results, served
+from .metrics import SLO
+from .workload import Workload
+
+NO_CONTEXT_LIMIT = 10**9  # the server enforces its own context (a too-long row is a 4xx)
+
+
+def _write(a: argparse.Namespace, doc: dict[str, Any], table: Callable[[dict[str, Any]], str]) -> None:
+    print(table(doc))
+    for line in served.problems(doc):
+        print(line, file=sys.stderr)
+    if a.out:
+        print(f"wrote {results.write_json(doc, a.out)}")
+    if a.csv:
+        print(f"wrote {results.write_requests_csv(doc, a.csv)}")
+
+
+def _workload_config(a: argparse.Namespace, w: Workload) -> dict[str, Any]:
+    return {
+        "workload": {"name": w.name, "info": w.info, "requests": len(w)},
+        "seed": a.seed,
+        "scale_lengths": a.scale_lengths,
+        "time_scale": a.time_scale,
+    }
+
+
+def cmd_replay(a: argparse.Namespace, load: Callable[..., Workload], table: Callable[..., str]) -> int:
+    from .replay import ReplayError, ReplayOptions, finite_positive, parse_extra_body, parse_vocab, replay
+
+    slo = SLO.parse(a.goodput) if a.goodput else None
+    w = load(a, a.max_context or NO_CONTEXT_LIMIT)
+    opts = ReplayOptions(
+        url=a.url,
+        model=a.served_model,
+        prompt=a.prompt,
+        tokenizer=a.tokenizer,
+        vocab=parse_vocab(a.vocab),
+        max_connections=a.max_connections,
+        timeout_s=finite_positive("--request-timeout", a.request_timeout),
+        seed=a.seed,
+        extra_body=parse_extra_body(a.extra_body),
+    )
+    if opts.max_connections is not None and opts.max_connections < 1:
+        raise ValueError(f"--max-connections={opts.max_connections}: must be >= 1")
+    config = {
+        "command": "replay",
+        **_workload_config(a, w),
+        "model": a.served_model,
+        "device": "server",
+        "url": a.url,
+        "prompt": a.prompt,
+        "tokenizer": a.tokenizer,
+        "vocab": a.vocab,
+        "extra_body": opts.extra_body,
+        "scheduler": {"scheduler": "server", "note": "the server's own; see its launch flags"},
+        "executor": {"executor": "remote", "endpoint": f"{a.url.rstrip('/')}/completions"},
+    }
+    failure: ReplayError | None = None
+    try:
+        reqs, meta = replay(w, opts, progress=not a.no_progress and sys.stderr.isatty())
+    except ReplayError as e:
+        if not e.requests:
+            raise
+        failure, reqs, meta = e, e.requests, e.meta
+    client = meta.get("client", {})
+    config["max_connections"] = client.get("max_connections", opts.connections(len(w)))
+    if client and client["peak_in_flight"] > client["max_connections"]:
+        # Requests past the limit waited in the client's pool: the client, not the server, queued them.
+        print(
+            f"warning: {client['peak_in_flight']} requests in flight on {client['max_connections']} connections; "
+            "later requests waited in the client (raise --max-connections)",
+            file=sys.stderr,
+        )
+    doc = served.build(reqs, config, meta, slo=slo)
+    _write(a, doc, table)
+    if failure is not None:
+        print(f"error: {failure} (measured so far kept{' in ' + a.out if a.out else ''})", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_export(a: argparse.Namespace, load: Callable[..., Workload], table: Callable[..., str]) -> int:
+    from .vllm_io import export_custom
+
+    w = load(a, a.max_context or NO_CONTEXT_LIMIT)
+    info = export_custom(w, a.out, tokenizer=a.tokenizer, seed=a.seed)
+    fit = info["arrival_fit"]
+    print(f"wrote {info['path']} ({info['requests']} requests)")
+    print(
+        f"arrivals: rate {fit['rate']:.4g} req/s, Gamma burstiness {fit['burstiness']:.3g} by moments "
+        f"({fit['burstiness_mle']:.3g} by maximum likelihood) over {fit['gaps']} gaps"
+        if fit["rate"] is not None and fit["burstiness_mle"] is not None
+        else f"arrivals: too few distinct gaps to fit ({fit['gaps']} gaps)"
+    )
+    print("vllm bench serve " + " ".join(info["vllm_bench_flags"]))
+    if a.info:
+        Path(a.info).write_text(json.dumps(info, indent=1, allow_nan=False) + "\n")
+        print(f"wrote {a.info}")
+    return 0
+
+
+def cmd_import_vllm(a: argparse.Namespace, load: Callable[..., Workload], table: Callable[..., str]) -> int:
+    from .vllm_io import import_result, read_result
+
+    doc_in = read_result(a.result)
+    w = load(a, a.max_context or NO_CONTEXT_LIMIT) if (a.trace or a.preset) else None
+    reqs, params, duration = import_result(doc_in, w)
+    slo = SLO.parse(a.goodput) if a.goodput else None
+    name = w.name if w is not None else Path(a.result).stem
+    config = {
+        "command": "import-vllm",
+        "workload": {"name": name, "info": w.info if w is not None else {}, "requests": len(reqs)},
+        "model": params.get("model_id"),
+        "device": "server",
+        "url": None,
+        "source": str(a.result),
+        "vllm": params,
+        "arrivals": "nominal i/request_rate (vLLM's result holds no send times)",
+        "scheduler": {"scheduler": "vllm", "note": "vllm serve's own; see its launch flags"},
+        "executor": {"executor": "remote", "backend": params.get("backend")},
+    }
+    meta = {"wall_s": duration or 0.0, "server": {"vllm_date": params.get("date")}}
+    doc = served.build(reqs, config, meta, slo=slo, duration_s=duration)
+    _write(a, doc, table)
+    return 0
+
+
+def add_parsers(
+    sub: Any,
+    add_workload_args: Callable[[argparse.ArgumentParser], None],
+    add_output_args: Callable[[argparse.ArgumentParser], None],
+    load: Callable[..., Workload],
+    table: Callable[[dict[str, Any]], str],
+) -> None:
+    """Register ``replay``, ``export`` and ``import-vllm`` on ``sub``."""
+    run = lambda f: lambda a: f(a, load, table)
+
+    r = sub.add_parser("replay", help="replay a workload against an OpenAI-compatible server")
+    add_workload_args(r)
+    g = r.add_argument_group("server")
+    g.add_argument("--url", required=True, help="base URL of the OpenAI API, e.g. http://127.0.0.1:8000/v1")
+    g.add_argument("--served-model", required=True, help="model name as the server's /v1/models lists it")
+    g.add_argument(
+        "--prompt",
+        choices=["ids", "text"],
+        default="ids",
+        help="ids: token-id prompts with ignore_eos/min_tokens (vLLM, SGLang); "
+        "text: text of exact length from --tokenizer, max_tokens only (transformers serve)",
+    )
+    g.add_argument("--tokenizer", help="the server's tokenizer.json or its folder (--prompt text)")
+    g.add_argument("--vocab", default="1000:30000", help="token ids of --prompt ids prompts, LO:HI")
+    g.add_argument("--max-connections", type=int, help="HTTP connection limit (default: one per request)")
+    g.add_argument(
+        "--request-timeout", type=float, default=600.0, help="seconds a request may wait for its next bytes"
+    )
+    g.add_argument("--extra-body", help="JSON object merged into every request body")
+    g.add_argument("--max-context", type=int, help="refuse (or --cap) requests longer than this")
+    add_output_args(r)
+    r.set_defaults(func=run(cmd_replay))
+
+    e = sub.add_parser("export", help="write a workload for another benchmark (vllm bench serve)")
+    add_workload_args(e)
+    e.add_argument("--format", choices=["vllm-custom"], required=True)
+    e.add_argument("--out", required=True, help="JSONL path")
+    e.add_argument("--tokenizer", help="served model's tokenizer.json: prompts of exact length")
+    e.add_argument("--info", help="also write the arrival fit and vLLM flags as JSON")
+    e.add_argument("--max-context", type=int)
+    e.set_defaults(func=run(cmd_export))
+
+    i = sub.add_parser(
+        "import-vllm", help="turn a vllm bench serve --save-detailed result into a results file"
+    )
+    i.add_argument("result", help="the JSON vllm bench serve --save-result --save-detailed wrote")
+    add_workload_args(i)
+    # The workload is optional here: given, it checks vLLM's lengths and supplies the rids.
+    for grp in i._mutually_exclusive_groups:
+        grp.required = False
+    i.add_argument("--max-context", type=int)
+    add_output_args(i)
+    i.set_defaults(func=run(cmd_import_vllm))

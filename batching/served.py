@@ -1,0 +1,184 @@
+"""Results files of runs measured on a server: replayed traces and imported ``vllm bench serve`` runs.
+
+A server shows a client only what comes back over HTTP: when each streamed token arrived,
+and the ``usage`` it reports. There is no step log, no slot occupancy and no KV count, so
+those summary fields are ``None`` (never 0: nothing was measured). Everything else has the
+schema of :mod:`batching.results` (``shared/notes/conventions.md``, "Results files"):
+the same request records (``queue`` is ``None``: admission happens inside the server),
+the same latency distributions, so :mod:`batching.metrics`' definitions and the figures
+apply unchanged.
+
+A request whose tokens do not match the workload, that failed or timed out, keeps its
+record with a ``status`` other than ``"ok"`` and an ``error``; the summary counts it and
+leaves it out of the latency distributions and the throughput (a shorter output would
+lower every latency). Nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .metrics import SLO, _dist
+from .results import SCHEMA, _versions
+
+# Request outcomes; every one but "ok" is counted in the summary and printed.
+STATUSES = ("ok", "usage_mismatch", "stream_mismatch", "error", "timeout", "cancelled")
+
+# Summary fields that need the server's step log: not measurable from a client.
+_STEP_FIELDS = (
+    "busy_s",
+    "steps",
+    "slot_utilization",
+    "slot_utilization_time_weighted",
+    "padding_fraction",
+    "preemptions",
+    "kv_reserved_peak",
+    "kv_used_peak",
+    "kv_reserved_mean",
+    "kv_used_mean",
+    "hw_compute_utilization",
+    "hw_bandwidth_utilization",
+)
+
+
+@dataclass
+class ServedRequest:
+    """One request as a client saw it. Times in seconds on the workload's clock (the first
+    arrival of the replayed slice is the trace's first arrival)."""
+
+    rid: int
+    arrival: float  # scheduled arrival
+    prompt_len: int  # what the workload asked for
+    output_len: int
+    sent: float | None = None  # when the client actually sent it (None: never sent)
+    token_times: list[float] = field(default_factory=list)  # one per output token
+    usage_prompt: int | None = None  # what the server reported
+    usage_output: int | None = None
+    status: str = "cancelled"
+    error: str | None = None
+
+    def record(self, include_token_times: bool) -> dict[str, Any]:
+        """The request's row: :func:`batching.metrics.request_records`' fields, plus the
+        client's view (send time, reported usage, status)."""
+        t = self.token_times
+        ok = self.status == "ok" and len(t) == self.output_len
+        ttft = t[0] - self.arrival if ok else None
+        e2e = t[-1] - self.arrival if ok else None
+        n = self.output_len
+        rec: dict[str, Any] = {
+            "rid": self.rid,
+            "arrival": self.arrival,
+            "prompt_len": self.prompt_len,
+            "output_len": self.output_len,
+            "queue": None,  # admission happens inside the server
+            "ttft": ttft,
+            "e2e": e2e,
+            "tpot": (e2e - ttft) / (n - 1) if ok and n > 1 else None,  # type: ignore[operator]
+            "itl_max": float(np.diff(t).max()) if ok and n > 1 else None,
+            "finish": t[-1] if ok else None,
+            "preemptions": None,
+            "sent": self.sent,
+            "lateness": None if self.sent is None else self.sent - self.arrival,
+            "tokens_received": len(t),
+            "usage_prompt": self.usage_prompt,
+            "usage_output": self.usage_output,
+            "status": self.status,
+            "error": self.error,
+        }
+        if include_token_times:
+            rec["token_times"] = list(t)
+        return rec
+
+
+def summarize(
+    reqs: list[ServedRequest], slo: SLO | None = None, duration_s: float | None = None
+) -> dict[str, Any]:
+    """The summary of :func:`batching.metrics.summarize`, over the requests that came back
+    whole (``status == "ok"``), with the others counted; step-log fields are ``None``.
+
+    ``duration_s`` overrides the window (first arrival to last finish) where the source
+    measured its own (``vllm bench serve``'s ``duration``)."""
+    ok = [r for r in reqs if r.status == "ok"]
+    recs = [r.record(False) for r in ok]
+    col = lambda k: np.array([x[k] for x in recs if x[k] is not None], dtype=float)
+    itl = np.concatenate([np.diff(r.token_times) for r in ok]) if ok else np.array([], dtype=float)
+    if duration_s is None and ok:
+        duration_s = max(r.token_times[-1] for r in ok) - min(r.arrival for r in reqs)
+    window = duration_s if duration_s and duration_s > 0 else None
+    out_tokens = sum(r.output_len for r in ok)
+    late = np.array([r.sent - r.arrival for r in reqs if r.sent is not None], dtype=float)
+    counts = {s: sum(r.status == s for r in reqs) for s in STATUSES}
+    s: dict[str, Any] = {
+        "num_requests": len(reqs),
+        "completed": counts["ok"],
+        "failed": len(reqs) - counts["ok"],
+        "status_counts": counts,
+        "output_tokens": out_tokens,
+        "prompt_tokens": sum(r.prompt_len for r in ok),
+        "duration_s": duration_s,
+        **{k: None for k in _STEP_FIELDS},
+        "request_throughput": len(ok) / window if window else None,
+        "output_throughput": out_tokens / window if window else None,
+        "queue": _dist(np.array([], dtype=float)),
+        "ttft": _dist(col("ttft")),
+        "tpot": _dist(col("tpot")),
+        "e2e": _dist(col("e2e")),
+        "itl": _dist(itl),
+        # The load generator's own delay: when it, not the server, set the latency.
+        "dispatch_lateness": {
+            "p50": float(np.percentile(late, 50)) if late.size else None,
+            "p99": float(np.percentile(late, 99)) if late.size else None,
+            "max": float(late.max()) if late.size else None,
+        },
+    }
+    if slo is not None:
+        good = sum(slo.met(x) for x in recs)
+        s["goodput"] = {
+            "slo": {k: v for k, v in vars(slo).items() if v is not None},
+            "requests_ok": good,
+            "fraction": good / len(reqs),
+            "request_goodput": good / window if window else None,
+        }
+    return s
+
+
+def build(
+    reqs: list[ServedRequest],
+    config: dict[str, Any],
+    meta: dict[str, Any],
+    *,
+    slo: SLO | None = None,
+    include_token_times: bool = True,
+    duration_s: float | None = None,
+) -> dict[str, Any]:
+    """The results document (schema of :func:`batching.results.build`, no ``steps``)."""
+    return {
+        "schema": SCHEMA,
+        "meta": {
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "host": socket.gethostname(),
+            "versions": _versions(),
+            "fast_steps": 0,
+            **meta,
+        },
+        "config": config,
+        "summary": summarize(reqs, slo, duration_s),
+        "requests": [r.record(include_token_times) for r in reqs],
+    }
+
+
+def problems(doc: dict[str, Any], show: int = 5) -> list[str]:
+    """One line per kind of request that did not come back whole (for the CLI to print)."""
+    lines = []
+    for status in STATUSES[1:]:
+        bad = [r for r in doc["requests"] if r["status"] == status]
+        if bad:
+            first = "; ".join(f"request {r['rid']}: {r['error']}" for r in bad[:show])
+            more = f" (and {len(bad) - show} more)" if len(bad) > show else ""
+            lines.append(f"{len(bad)} request(s) {status}: {first}{more}")
+    return lines

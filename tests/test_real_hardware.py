@@ -1,0 +1,141 @@
+"""The real path's device handling (issue 14): any GPU gets an entry, CUDA that is not there
+is one line, PyTorch's cached memory counts as free, and a missing load average is None."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from batching.cli import main
+from batching.costs import ProfileCost
+from batching.devices import DeviceSpec
+from batching.real import hardware, measure
+from batching.real.hardware import DeviceError, available_bytes, entry_for, resolve_device
+
+pytestmark = pytest.mark.model
+
+
+def test_registry_gpus_have_datasheets_and_any_other_gpu_gets_its_own_entry() -> None:
+    h200 = entry_for("cuda", "NVIDIA H200")
+    assert (h200.name, h200.datasheet, h200.registered) == ("H200-SXM", True, True)
+    assert entry_for("cuda", "NVIDIA H100 80GB HBM3").name == "H100-SXM"
+    assert entry_for("cuda", "NVIDIA A100-SXM4-80GB").name == "A100-SXM"
+    rtx = entry_for("cuda", "NVIDIA GeForce RTX 4090")
+    assert (rtx.name, rtx.device_name, rtx.datasheet, rtx.registered) == (
+        "nvidia-geforce-rtx-4090",
+        "NVIDIA GeForce RTX 4090",
+        False,
+        False,
+    )
+    cpu = entry_for("cpu", "AMD EPYC 7B13")
+    assert (cpu.name, cpu.datasheet, cpu.registered) == ("cpu-here", False, True)
+
+
+def test_an_unknown_gpus_profile_carries_its_measured_figures_and_loads(monkeypatch) -> None:
+    """The whole measurement runs and files the GPU under its own name; its bandwidth and
+    peak measured in the run make a registry entry that the simulator loads it with."""
+    rtx = entry_for("cuda", "NVIDIA GeForce RTX 4090")
+    monkeypatch.setattr(measure, "device_entry", lambda dev: rtx)
+    grid = {"batches": [1, 2], "ctxs": [8, 16], "prefill_tokens": [4, 8], "mixed": [(4, 1, 8), (8, 1, 8)]}
+    doc = measure.measure("tiny", "cpu", **grid, reps=1, bandwidth_bytes=1 << 22)
+    meta = doc["meta"]
+    assert (meta["device"], meta["datasheet"]) == ("nvidia-geforce-rtx-4090", False)
+    spec = DeviceSpec(**meta["device_spec"])
+    assert spec.bandwidth == pytest.approx(doc["device"]["bandwidth"]["matvec"]["GBps_best"] * 1e9)
+    assert spec.peak("fp32") == pytest.approx(doc["device"]["matmul_peak"]["TFLOPs_best"] * 1e12)
+    cost = ProfileCost.from_dict(doc, device=spec)
+    assert cost.device.name == "nvidia-geforce-rtx-4090" and cost.bandwidth == spec.bandwidth
+    assert meta["slots"] == 2 and meta["max_len"] >= 8  # how the profile's runner was built
+
+
+def test_cuda_without_cuda_is_refused_saying_why(monkeypatch) -> None:
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(DeviceError, match="real runs use cpu or cuda"):
+        resolve_device("meta")
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    with pytest.raises(DeviceError, match=r"device='cuda': this torch .* is built without CUDA"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(DeviceError, match="torch sees no CUDA GPU"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(DeviceError, match=r"has 2 CUDA GPU\(s\), 0..1"):
+        resolve_device("cuda:3")
+    assert resolve_device("cuda:1") == torch.device("cuda:1")
+
+
+def test_free_cuda_memory_counts_what_pytorch_caches(monkeypatch) -> None:
+    """mem_get_info counts PyTorch's cache as taken; the cache's unused part is free to us."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (1_000, 80_000))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev: 900)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev: 300)
+    assert available_bytes(torch.device("cuda")) == 1_600
+    assert available_bytes(torch.device("cpu")) > 0
+
+
+def test_load_average_is_none_where_the_platform_has_none(monkeypatch) -> None:
+    if hasattr(os, "getloadavg"):
+        assert isinstance(measure.load_average(), float)
+    monkeypatch.delattr(os, "getloadavg", raising=False)
+    assert measure.load_average() is None
+
+
+def _no_cuda(monkeypatch) -> None:
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["run", "--preset", "padding-pair", "--scheduler", "static", "--device", "cuda"],
+            "error: device='cuda': this torch",
+        ),
+        (
+            [
+                "run",
+                "--preset",
+                "padding-pair",
+                "--scheduler",
+                "static",
+                "--model",
+                "llama-70b",
+                "--device",
+                "cpu",
+            ],
+            "error: llama-70b in torch.float32",
+        ),
+        (["measure", "--model", "tiny", "--device", "cuda"], "error: device='cuda': this torch"),
+    ],
+)
+def test_real_commands_refuse_bad_devices_in_one_line(monkeypatch, capsys, args, message) -> None:
+    _no_cuda(monkeypatch)
+    assert main([*args, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err
+    assert "context" not in err  # measure: no GPU is said before any length
+
+
+def test_the_cli_turns_a_model_too_big_into_its_numbers(capsys) -> None:
+    args = ["run", "--preset", "padding-pair", "--scheduler", "static", "--model", "llama-70b"]
+    assert main([*args, "--device", "cpu", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "needed=" in err and "available=" in err
+    assert hardware.DeviceMemoryError.__mro__[1] is MemoryError  # the library keeps its own type
+
+
+def test_the_new_real_modules_import_on_their_own() -> None:
+    """tests/test_layout.py's check for the modules this change added (an import cycle shows
+    up as an ImportError in a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    for m in ("hardware", "cache"):
+        subprocess.run([sys.executable, "-c", f"import batching.real.{m}"], check=True)

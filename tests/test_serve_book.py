@@ -1,0 +1,89 @@
+"""7.2's server section (batching/book/serve.py): rows, ratios and verdicts from a hand-made
+bench_serve result, the simulator's row, and a live replay against the fake server."""
+
+from __future__ import annotations
+
+import pytest
+
+from batching.book import serve
+
+COLS = serve.COLUMNS
+
+
+def row(ttft: float, itl: float, e2e: float, tok_s: float) -> dict:
+    return {
+        "ttft_p50": ttft,
+        "ttft_p99": 2 * ttft,
+        "itl_p50": itl,
+        "itl_p99": 3 * itl,
+        "e2e_p50": e2e,
+        "e2e_p99": 2 * e2e,
+        "output_throughput": tok_s,
+    }
+
+
+def bench_doc() -> dict:
+    rounds = {
+        m: [{"loadavg_1m": la}]
+        for m, la in [("ours-continuous", 1.5), ("ours-chunked", 2.5), ("hf-serve", 4.0)]
+    }
+    return {
+        "date": "2026-12-01T14:00:00+00:00",
+        "workload": {
+            "source": {"preset": "chat-rag", "n": 12, "seed": 0},
+            "scale_lengths": 16,
+            "time_scale": 8,
+        },
+        "modes_config": {"ours-continuous": {"slots": 64}},
+        "round_order": [["a"], ["b"], ["c"]],
+        "loadavg_before": [1.0, 1.0, 1.0],
+        "loadavg_after": [2.0, 1.0, 1.0],
+        "rounds": rounds,
+        "median": {
+            "ours-continuous": row(0.1, 0.02, 0.5, 200.0),
+            "ours-chunked": row(0.12, 0.015, 0.55, 190.0),
+            "hf-serve": row(0.3, 0.04, 1.5, 100.0),
+        },
+    }
+
+
+def test_numbers_by_hand():
+    n = serve.numbers(bench_doc())
+    r = n["server_over_ours"]
+    assert r["ttft_p50"] == pytest.approx(3.0) and r["e2e_p50"] == pytest.approx(3.0)
+    assert r["output_throughput"] == pytest.approx(0.5)
+    assert n["server_slower_e2e"] and n["server_slower_ttft"] and n["server_lower_throughput"]
+    assert n["chunked_lower_itl_p99"]  # 0.045 < 0.06
+    assert not n["same_throughput"]  # 100 vs 200 tok/s
+    assert n["requests"] == 12 and n["rounds"] == 3 and n["max_loadavg"] == 4.0 and n["live"] is None
+    sim = n["rows"]["simulated"]
+    assert all(sim[c] is not None and sim[c] > 0 for c in COLS)
+    assert sim["ttft_p50"] <= sim["e2e_p50"] and sim["ttft_p99"] >= sim["ttft_p50"]
+    assert n["sim_error_e2e_p50"] == pytest.approx(sim["e2e_p50"] / 0.5 - 1)
+    rows = serve.table_rows(n)
+    assert [x[0] for x in rows] == ["simulated", "ours-continuous", "ours-chunked", "hf-serve"]
+    assert rows[1][1:] == pytest.approx([100.0, 200.0, 20.0, 60.0, 500.0, 1000.0, 200.0])
+
+
+def test_verdicts_flip_with_the_numbers():
+    doc = bench_doc()
+    doc["median"]["hf-serve"] = row(0.05, 0.01, 0.4, 300.0)
+    doc["median"]["ours-chunked"] = row(0.12, 0.03, 0.55, 190.0)
+    n = serve.numbers(doc)
+    assert not (n["server_slower_e2e"] or n["server_slower_ttft"] or n["server_lower_throughput"])
+    assert not n["chunked_lower_itl_p99"]
+    doc["median"]["hf-serve"] = row(0.3, 0.04, 1.5, 209.0)  # within 5% of 200: the same
+    assert serve.numbers(doc)["same_throughput"]
+
+
+def test_live_replay_against_a_given_server():
+    pytest.importorskip("httpx")
+    from fake_openai import FakeOpenAI
+
+    with FakeOpenAI(model="my-vllm") as srv:
+        n = serve.numbers(bench_doc(), live=True, server_url=srv.url, smoke=True)
+    assert n["live"]["model"] == "my-vllm" and n["live"]["completed"] == 8 == n["live"]["requests"]
+    live = n["rows"]["live"]
+    assert 0 < live["ttft_p50"] <= live["e2e_p50"] and live["output_throughput"] > 0
+    assert [x[0] for x in serve.table_rows(n)][-1] == "live"
+    assert all(len(b["prompt"]) > 0 and b["ignore_eos"] for _, b in srv.received)  # token ids, forced length

@@ -561,15 +561,7 @@ def fidelity_rows(root: str | None = None) -> tuple[list[str], list[list[str]]]:
     scheduler (:func:`fidelity_records`), errors in percent, "-" where a file lacks one; a
     run is named by its requests and replay speed-up (and, off the CPU, model and device)."""
     pct = lambda x: "-" if x is None else f"{x:.0%}"
-    header = [
-        "requests, replay",
-        "scheduler",
-        "E2E vs first run",
-        "vs median",
-        "real vs real",
-        "throughput",
-        "busy sim / real",
-    ]
+    header = ["run", "scheduler", "E2E vs first run", "vs median", "real vs real", "tok/s", "busy"]
     rows = []
     for r in fidelity_records(root):
         # The CPU runs share one model and machine (the page says which); a GPU run names its own.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -366,6 +367,18 @@ def _segment(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return i, (x - grid[i]) / (grid[i + 1] - grid[i])
 
 
+def _profile_device(meta: Mapping[str, Any]) -> DeviceSpec:
+    """The device a profile was measured on: the registry's entry, or, for a GPU the registry
+    lacks (``meta.datasheet`` false), the entry measured in the same run (``meta.device_spec``,
+    written by ``batching.real.hardware.measured_spec``)."""
+    spec = meta.get("device_spec")
+    if meta.get("datasheet") is False and isinstance(spec, Mapping):
+        return DeviceSpec(
+            **{**spec, "peak_flops": dict(spec["peak_flops"]), "notes": dict(spec.get("notes", {}))}
+        )
+    return get_device(meta["device"])
+
+
 class ProfileCost(_VectorCost):
     """Step times interpolated in a profile the real engine measured.
 
@@ -518,8 +531,8 @@ class ProfileCost(_VectorCost):
                 model = get_model(meta[key])
             if device is None:
                 key = "device"
-                device = get_device(meta[key])
-        except ValueError as e:
+                device = _profile_device(meta)
+        except (ValueError, TypeError) as e:
             raise ProfileError(f"profile field 'meta.{key}': {e}") from None
         assert model is not None and device is not None
         model = model.with_dtype(dtype)

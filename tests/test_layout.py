@@ -33,5 +33,5 @@ def test_importing_the_library_does_not_import_torch() -> None:
 def test_every_real_module_imports_on_its_own() -> None:
     # One fresh interpreter per module: an import cycle between two of them shows up as an
     # ImportError in whichever is imported first.
-    for m in ["model", "graphs", "runner", "executor", "measure", "checkpoint"]:
+    for m in ["model", "graphs", "cache", "runner", "executor", "hardware", "measure", "checkpoint"]:
         subprocess.run([sys.executable, "-c", f"import batching.real.{m}"], check=True)

@@ -48,6 +48,9 @@ def test_an_unknown_gpus_profile_carries_its_measured_figures_and_loads(monkeypa
     assert spec.peak("fp32") == pytest.approx(doc["device"]["matmul_peak"]["TFLOPs_best"] * 1e12)
     cost = ProfileCost.from_dict(doc, device=spec)
     assert cost.device.name == "nvidia-geforce-rtx-4090" and cost.bandwidth == spec.bandwidth
+    # ...and without being told: a profile of a GPU the registry lacks carries its own entry
+    alone = ProfileCost.from_dict(doc)
+    assert alone.device == spec and alone.bandwidth == spec.bandwidth
     assert meta["slots"] == 2 and meta["max_len"] >= 8  # how the profile's runner was built
 
 

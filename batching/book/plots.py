@@ -509,7 +509,7 @@ def _drop_overlapping(
     from matplotlib.transforms import Bbox
 
     fig.canvas.draw()  # lays the figure out, so the boxes are where they will be saved
-    renderer = fig.canvas.get_renderer()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # Agg and every raster canvas have it
     kept: list[Any] = []
     for ax, xs, ys in avoid:
         for px, py in ax.transData.transform(np.column_stack([np.asarray(xs, float), np.asarray(ys, float)])):
@@ -623,7 +623,7 @@ def itl_figure(
     fig.canvas.draw()
     if note.get_window_extent().x0 < ax.get_window_extent().x0:
         note.xyann = (4, 0)
-        note.set_ha("left")
+        note.set_horizontalalignment("left")
     return fig
 
 

@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from batching.book import chunked, static  # noqa: E402
+from batching.book import chunked_real, static  # noqa: E402
 from batching.real.hardware import device_entry, resolve_device  # noqa: E402
 from batching.real.measure import load_average, save_json  # noqa: E402
 
@@ -77,7 +77,7 @@ def main() -> int:
     save_json(
         a.out, {"benchmark": "7.1 padding (7.3 stall not finished)", "partial": True, "padding": floats}
     )
-    st = chunked.real_stall(
+    st = chunked_real.real_stall(
         model=a.model, device=a.device, running=a.running, prompt=a.prompt, chunk=a.chunk, threads=a.threads
     )
     ex = st["executor"]

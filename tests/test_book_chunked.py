@@ -16,8 +16,8 @@ from helpers import LinearCost, _gpu_profile, _texts, reqs
 from batching.book import (
     checks,
     chunked,
+    chunked_real,
     plots,
-    static,
     why,
 )
 from batching.costs import get_cost_model
@@ -25,20 +25,7 @@ from batching.engine import SimExecutor, run
 from batching.schedulers import ContinuousScheduler, make_scheduler
 from batching.workload import LogNormal, Workload, synthetic
 
-UNIT = SimExecutor(LinearCost(1.0))
 H100_8B = get_cost_model("llama-8b", "h100")
-Seg = static.Segment
-
-
-def small_trace(n: int = 120, rate: float = 8.0, seed: int = 3) -> Workload:
-    """A long-tailed synthetic workload, small enough for unit tests."""
-    return synthetic(
-        n,
-        rate,
-        LogNormal(median=300, sigma=0.9, lo=8, hi=3000),
-        LogNormal(median=60, sigma=1.0, lo=2, hi=800),
-        seed=seed,
-    )
 
 
 def test_itl_spike_without_chunks_and_none_with_them():
@@ -105,56 +92,62 @@ def test_spike_summary_splits_the_slow_steps_around_the_long_prompt():
     assert s["steps_over_2x"] == 4 and s["itl_p50_ms"] == 3000 and s["itl_max_ms"] == 9000
     assert s["ttft_ms"] == 25000  # first token at the end of the third chunk step, t = 55
     assert s["prefill_itl_p50_ms"] == 9000  # r0's ITLs over those steps: 9, 9 and 7 s
-    rs = {
-        "numbers": {
-            "chk_steps_over_2x_before": 7.0,
-            "chk_steps_over_2x_during": 12.0,
-            "chk_steps_over_2x_after": 1.0,
-        },
-        "chunks": 12,
-        "chunk": 128,
-        "running_prompt": 128,
-        "budget": 137,
-    }
-    t = chunked.slow_steps_text(rs)
-    assert t.startswith(
-        "Of the 20 steps that took more than twice the median, 12 came while the long prompt "
-        "was prefilled (it takes 12 chunks of 128 tokens); 7 came before it arrived: the running"
-    )
-    assert t.endswith(
-        "; 1 came after its first token, with nothing left to prefill: run-to-run noise on this machine."
-    )
-    rs["numbers"].update(chk_steps_over_2x_before=0.0, chk_steps_over_2x_after=0.0)
-    assert chunked.slow_steps_text(rs) == (
-        "Of the 12 steps that took more than twice the median, 12 came while the long "
-        "prompt was prefilled (it takes 12 chunks of 128 tokens)."
-    )
-    rs["numbers"].update(chk_steps_over_2x_during=0.0)
-    assert chunked.slow_steps_text(rs) == "No step took more than twice the median."
+    # The measured page's row of such a run: the slow steps split 1 / 3 / 0 around the prompt.
+    st = chunked.stall_summary({"chk": ("chunked", res)}, [0, 1], 2)
+    rows = chunked_real.live_stall_rows({**st, "labels": {"chk": "chunked"}})
+    assert rows == [["chunked", "9000", "3000.0", "9000", "25,000", "1 / 3 / 0"]]
 
 
-def test_calibration_text_names_the_calibration_step_and_the_runs_median_itl():
-    # The build's run: calibration 15.5 ms, the runs' median ITLs 22.6, 24.0 and 22.8 ms.
-    rs = {
-        "decode_ms": 15.5,
-        "lead_steps": 10,
-        "at_s": 0.764,
-        "numbers": {"mix_itl_p50_ms": 22.6, "sep_itl_p50_ms": 24.0, "chk_itl_p50_ms": 22.8},
+def test_stall_verdict_removed_spread_or_not_cut():
+    # The committed cpu-s run: whole 804 ms at a 23.0 ms median (35x); chunked worst 161 ms,
+    # its chunk steps 119.5 ms against a 24.1 ms median (5.0x): the stall is spread, not gone.
+    n = {
+        "mix_itl_max_ms": 804.0,
+        "mix_stall": 35.0,
+        "mix_ttft_ms": 808.0,
+        "chk_itl_max_ms": 161.0,
+        "chk_itl_p50_ms": 24.0,
+        "chk_prefill_itl_p50_ms": 120.0,
+        "chk_ttft_ms": 1463.0,
     }
-    t = chunked.calibration_text(rs)
-    assert t.startswith(
-        "A calibration run first times the running batch's decode-only step, 15.5 ms here (the "
-        "median of its later steps), only to place the long prompt: it arrives 10 such steps after "
-        "their prefill ends, at t = 0.76 s."
-    )
-    assert (
-        "median inter-token latency was 22.6 to 24.0 ms, not the calibration's 15.5 ms: the table quotes "
-        "the runs' own median, and every stall below is a multiple of it."
-    ) in t
-    close = chunked.calibration_text(
-        {**rs, "numbers": {"mix_itl_p50_ms": 16.0, "sep_itl_p50_ms": 16.0, "chk_itl_p50_ms": 16.0}}
-    )
-    assert close.endswith("median inter-token latency was 16.0 ms, close to it.")
+    v = chunked_real.stall_verdict(n)
+    assert v["verdict"] == "spread" and v["chunk_step_stall"] == 5.0 and v["whole_stall"] == 35.0
+    assert v["worst_cut"] == pytest.approx(804 / 161) and v["ttft_delayed"]
+    assert v["ttft_ratio"] == pytest.approx(1463 / 808)
+    # Chunk steps at 1.5x the median: removed; the TTFT within 5% counts as not delayed.
+    v = chunked_real.stall_verdict({**n, "chk_prefill_itl_p50_ms": 36.0, "chk_ttft_ms": 840.0})
+    assert v["verdict"] == "removed" and not v["ttft_delayed"]
+    # A chunked worst step no better than the whole prompt's: not cut.
+    assert chunked_real.stall_verdict({**n, "chk_itl_max_ms": 804.0})["verdict"] == "not cut"
+
+
+def test_real_chunk_numbers_read_the_run_against_its_devices_profile():
+    curve = {
+        "device": "cpu-here",
+        "bstar": 12.8,
+        "chunk": np.array([64, 128, 256]),
+        "share": np.array([0.5, 0.7, 0.9]),
+        "over_decode": np.array([2.0, 4.0, 8.0]),
+    }
+    rs = {"executor": {"hardware": "cpu-here"}, "chunk": 128}
+    r = chunked_real.real_chunk_numbers([curve], rs)
+    assert r == {"bstar": 12.8, "chunk_over_bstar": 10.0, "chunk_share": 0.7, "chunk_good": 256.0}
+    r = chunked_real.real_chunk_numbers([curve], {**rs, "chunk": 100})
+    assert math.isnan(r["chunk_share"]) and r["chunk_good"] == 256.0
+    assert chunked_real.real_chunk_numbers([curve], {**rs, "executor": {"hardware": "h200"}}) is None
+    # 80% first at 256 tokens = 20 x B*, 8x the decode-only step; nothing reaches 95%.
+    assert chunked_real.chunk_efficiency(curve) == {
+        "chunk": 256.0,
+        "times_bstar": 20.0,
+        "over_decode": 8.0,
+        "bstar": 12.8,
+    }
+    assert chunked_real.chunk_efficiency(curve, share=0.95) is None
+
+
+def test_stall_rows_by_hand():
+    st = {"numbers": {"mix_itl_max_ms": 61.46, "mix_itl_p50_ms": 5.13, "mix_ttft_ms": 61.5}}
+    assert chunked.stall_rows(st, {"mix": "mixed"}) == [["mixed", "61.5", "62"]]
 
 
 def test_trace_contrast_by_hand():
@@ -170,43 +163,6 @@ def test_trace_contrast_by_hand():
     assert c["prompt_ratio"] == 2.5 and c["output_shorter"] == 10.0
     with pytest.raises(ValueError):
         chunked.trace_contrast(Workload.from_arrays([], [], []), conv)
-
-
-def test_ttft_cost_text_reports_a_delay_only_beyond_the_noise():
-    assert chunked.ttft_cost_text({"chk_ttft_ms": 1330.0, "mix_ttft_ms": 891.0}) == (
-        "The newcomer paid for the chunks: its first token came 1,330 ms after arrival instead of 891 ms, 49% later."
-    )
-    assert chunked.ttft_cost_text({"chk_ttft_ms": 1102.0, "mix_ttft_ms": 1132.0}).endswith(
-        "against 1,132 ms unchunked: in this run its chunks did not delay it measurably."
-    )
-
-
-def test_real_chunk_text_reads_the_run_against_its_devices_profile():
-    curve = {
-        "device": "cpu-here",
-        "bstar": 12.8,
-        "chunk": np.array([64, 128, 256]),
-        "share": np.array([0.5, 0.7, 0.9]),
-    }
-    rs = {
-        "executor": {"hardware": "cpu-here"},
-        "chunk": 128,
-        "chunks": 12,
-        "numbers": {"chk_prefill_itl_p50_ms": 108.0, "chk_itl_p50_ms": 20.0},
-    }
-    t = chunked.real_chunk_text([curve], rs)
-    assert t.startswith("A 128-token chunk is 10 times this machine's B* (= 13, from its profile)")
-    assert "still wait 5.4x their median" in t and "over the prompt's 12 chunks rather than remove it" in t
-    assert "runs at 70% of the best" in t and "and reaching 80% of it takes 256-token chunks." in t
-    t = chunked.real_chunk_text(
-        [curve], {**rs, "numbers": {"chk_prefill_itl_p50_ms": 30.0, "chk_itl_p50_ms": 20.0}}
-    )
-    assert (
-        "rather than remove it" not in t
-        and "the median chunk step holds the running requests for only 1.5x" in t
-    )
-    t = chunked.real_chunk_text([curve], {**rs, "executor": {"hardware": "h200"}})
-    assert t.startswith("No committed profile of this device (h200)")
 
 
 def test_chunk_roofline_is_flat_below_bstar_and_linear_above():
@@ -294,7 +250,7 @@ def test_real_stall_serves_the_long_prompt_whole_or_in_chunks_on_the_model():
     pytest.importorskip("torch")
     # tail_steps=20: the running requests keep decoding through the newcomer's chunks even
     # if the calibration overstated the step 4x (a noisy neighbour on a shared machine).
-    st = chunked.real_stall(
+    st = chunked_real.real_stall(
         model="tiny",
         device="cpu",
         running=3,
@@ -340,7 +296,7 @@ def test_real_stall_serves_the_long_prompt_whole_or_in_chunks_on_the_model():
         )
     assert set(st["series"]) == set(st["labels"].values()) and st["model"] == "tiny"
     with pytest.raises(ValueError, match="chunk=0"):
-        chunked.real_stall(model="tiny", device="cpu", running=3, prompt=100, chunk=0)
+        chunked_real.real_stall(model="tiny", device="cpu", running=3, prompt=100, chunk=0)
 
 
 def _stall_doc(device: str, device_name: str, model: str, mix_ms: float, chk_ms: float) -> dict:
@@ -377,13 +333,13 @@ def _stall_doc(device: str, device_name: str, model: str, mix_ms: float, chk_ms:
     }
 
 
-def test_committed_real_runs_are_read_cpu_first_and_described(tmp_path):
+def test_committed_real_runs_are_read_cpu_first_and_tabulated(tmp_path):
     import json
 
     res = tmp_path / "benchmarks" / "results"
     res.mkdir(parents=True)
     assert checks.committed_real_runs(str(tmp_path)) == []
-    assert "No other device's measurement" in chunked.committed_stall_text([])
+    assert chunked_real.committed_stall_rows([]) == []
     (res / "stall-h200-llama-1b.json").write_text(
         json.dumps(_stall_doc("H200-SXM", "NVIDIA H200", "llama-1b", 36.0, 6.0))
     )
@@ -393,15 +349,17 @@ def test_committed_real_runs_are_read_cpu_first_and_described(tmp_path):
     docs = checks.committed_real_runs(str(tmp_path))
     assert [d["device"] for d in docs] == ["cpu-here", "H200-SXM"]
     assert docs[1]["path"] == "benchmarks/results/stall-h200-llama-1b.json"
-    text = chunked.committed_stall_text(docs)
-    assert (
-        "llama-1b bf16 on NVIDIA H200, measured 2026-12-01 (`benchmarks/results/stall-h200-llama-1b.json`): "
-        "with 30 requests decoding at a median inter-token latency of 5.0 ms (a calibration run had timed "
-        "their decode-only step at 4.0 ms), a 4,000-token prompt prefilled whole held their next token for "
-        "36 ms (7x that median), in 512-token chunks for at most 6 ms"
-    ) in text
-    assert "No GPU measurement" not in text
-    assert "No GPU measurement is among them yet" in chunked.committed_stall_text(docs[:1])
+    # The median ITL is the unchunked run's own: worst 36 ms at a stall of 36 / 5 = 7.2x.
+    assert chunked_real.committed_stall_rows(docs)[1] == [
+        "llama-1b bf16, NVIDIA H200",
+        "2026-12-01",
+        "30 x 4,000, 512",
+        "5.0",
+        "36 / 6",
+        "36 / 41",
+    ]
+    rows = chunked_real.committed_stall_rows(docs)
+    assert len(rows) == 2 and all(len(r) == len(chunked_real.COMMITTED_STALL_HEADER) for r in rows)
     bad = _stall_doc("cpu-here", "AMD EPYC", "cpu-s", 1.0, 1.0)
     del bad["stall"]
     (res / "stall-cpu-here-bad.json").write_text(json.dumps(bad))
@@ -424,7 +382,7 @@ def test_profile_chunk_steps_reads_the_measured_mixed_steps_as_they_are(tmp_path
     no_mixed = _gpu_profile()
     no_mixed["meta"]["model"] = "llama-1b"
     (tmp_path / "h200-llama-1b.json").write_text(json.dumps(no_mixed))
-    curves = chunked.profile_chunk_steps(why.load_profiles(tmp_path), decodes=8)
+    curves = chunked_real.profile_chunk_steps(why.load_profiles(tmp_path), decodes=8)
     assert len(curves) == 1  # the profile without mixed steps is left out
     c = curves[0]
     assert c["chunk"].tolist() == [64, 256, 1024] and c["step_ms"].tolist() == [5.125, 8.0, 16.0]
@@ -434,13 +392,14 @@ def test_profile_chunk_steps_reads_the_measured_mixed_steps_as_they_are(tmp_path
     assert np.allclose(c["prefill_tps"], tps) and np.allclose(c["share"], tps / tps.max())
     assert c["bstar"] == pytest.approx(700e12 * 2 / (2 * 4200e9))
     assert c["short"] == "llama-8b bf16 on NVIDIA H200"
-    text = chunked.profile_chunk_text(curves, chunks=(64, 256))
-    # 256 tokens reach 0.5 of the best: 80% first at 1024 = 6 x B* (1024 / 166.7).
-    assert "a 64-token chunk makes it 5.1 ms (1.2x) at 20%" in text
-    assert "a 256-token chunk makes it 8.0 ms (2.0x) at 50%" in text
-    assert "; reaching 80% of it takes 1024-token chunks, 6 times B* (= 167)" in text
-    assert "No committed profile" in chunked.profile_chunk_text([])
-    assert chunked.profile_chunk_steps(why.load_profiles(tmp_path), decodes=16) == []
+    # 256 tokens reach 0.5 of the best: 80% first at 1024 = 6.1 x B* (1024 / 166.7), 3.9x decode-only.
+    e = chunked_real.chunk_efficiency(c)
+    assert (
+        e["chunk"] == 1024
+        and e["times_bstar"] == pytest.approx(6.144)
+        and e["over_decode"] == pytest.approx(16 / 4.1)
+    )
+    assert chunked_real.profile_chunk_steps(why.load_profiles(tmp_path), decodes=16) == []
     for cs in (curves, []):
         fig = plots.chunk_profile_figure(cs)
         png, _ = plots.save(fig, "chunk-profile", tmp_path)
@@ -462,3 +421,19 @@ def test_chunk_profile_figure_reads_the_itl_multiplier_as_1x_2x_5x():
     fig.canvas.draw()
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["1x", "2x", "5x", "10x"]
     matplotlib.pyplot.close(fig)
+
+
+def test_slo_steps_by_hand():
+    # llama-8b on an H100: a prompt token is 13.96 GFLOP in the matrices, 14.11 us at 989 TFLOP/s.
+    # Beside 32 decodes of 4,096 tokens (15.0 GB of weights + 17.2 GB of KV: 9.9 ms, memory-bound)
+    # a 480-token chunk still rides under the memory time; the 2,048 budget is compute-bound.
+    ss = chunked.slo_steps(H100_8B, 49.55, [512, 2048])
+    assert ss["token_us"] == pytest.approx(14.114, abs=1e-3)
+    assert ss["budget_512_ms"] == pytest.approx(9.93, abs=0.01)
+    assert 2016 * ss["token_us"] / 1e3 < ss["budget_2048_ms"] < 2048 * 16 / 989 + 0.3 + 1.5
+    n = int(ss["slo_tokens"])
+    t = chunked.chunk_step_times(H100_8B, [n, n + 1], decodes=32, ctx=4096)["step_s"]
+    assert t[0] <= 49.55e-3 < t[1] and 3000 < n < 3500  # about (49.55 - 0.3) ms / 14.1 us, less the decodes
+    assert chunked.chunk_within(H100_8B, 1e-3, decodes=32, ctx=4096) == 0  # below the decode-only step
+    with pytest.raises(ValueError, match="budget=32"):
+        chunked.slo_steps(H100_8B, 49.55, [32])

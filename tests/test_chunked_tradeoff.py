@@ -19,26 +19,62 @@ def _load(ttft: list[float], itl: list[float], none_ttft: float, none_itl: float
 
 
 def test_no_chunks_at_the_far_end_of_the_curve():
-    sweep = {1.0: _load([3.0, 1.0, 0.8], [0.01, 0.02, 0.04], 0.7, 0.15)}
-    assert chunked.nochunk_text(sweep) == (
-        "Without chunks, continuous batching has the worst p99 ITL at every load, "
-        "and the best p99 TTFT: the far end of the curve."
+    # Worst ITL (0.15 s against at most 0.04) and the best TTFT (0.7 s against at least 0.8).
+    p = chunked.nochunk_place({1.0: _load([3.0, 1.0, 0.8], [0.01, 0.02, 0.04], 0.7, 0.15)})
+    assert p["worst_everywhere"] and not p["off_curve_anywhere"]
+    assert p["worst_itl_loads"] == [1.0] and p["off_curve_loads"] == []
+    assert (p["top_load"], p["nochunk_ttft_p99"], p["best_ttft_p99"], p["best_chunk"]) == (
+        1.0,
+        0.7,
+        0.8,
+        2048.0,
     )
 
 
 def test_no_chunks_off_the_curve_where_chunks_beat_its_ttft_too():
     sweep = {
         1.0: _load([3.0, 1.0, 0.8], [0.01, 0.02, 0.04], 0.9, 0.15),  # only 2,048 beats 0.9 s
-        2.0: _load([6.0, 3.5, 3.6], [0.01, 0.02, 0.04], 3.9, 0.03),  # 512 and 2,048 beat 3.9 s
+        2.0: _load([6.0, 3.5, 3.6], [0.01, 0.02, 0.04], 3.9, 0.03),  # not the worst ITL here
         4.0: _load([9.0, 7.4, 7.2], [0.01, 0.02, 0.04], 7.8, 0.20),
     }
-    t = chunked.nochunk_text(sweep)
-    assert t.startswith(
-        "Without chunks, continuous batching has the worst p99 ITL at 1x and 4x, and it does not"
+    p = chunked.nochunk_place(sweep)
+    assert p["worst_itl_loads"] == [1.0, 4.0] and not p["worst_everywhere"]
+    assert p["off_curve_loads"] == [1.0, 2.0, 4.0] and p["off_curve_anywhere"]
+    assert (p["top_load"], p["nochunk_ttft_p99"], p["best_ttft_p99"], p["best_chunk"]) == (
+        4.0,
+        7.8,
+        7.2,
+        2048.0,
     )
-    assert "chunks of 2,048 tokens (1x); 512-token chunks and larger (2x and 4x) have a lower p99 TTFT" in t
-    assert "(at 4x, 7.20 s with 2,048-token chunks against 7.80 s)" in t
-    never = {1.0: _load([3.0, 1.0, 0.8], [0.01, 0.02, 0.04], 0.9, 0.03)}
-    assert chunked.nochunk_text(never).startswith(
-        "Without chunks, continuous batching never has the worst p99 ITL here"
-    )
+
+
+def test_tradeoff_rows_by_hand():
+    sweep = {
+        1.0: {
+            **_load([3.0, 1.0, 0.8], [0.01, 0.02, 0.04], 0.7, 0.15),
+            "itl_p50": np.array([0.005, 0.005, 0.005]),
+        },
+        4.0: {
+            **_load([30.0, 7.7, 7.4], [0.01, 0.02, 0.04], 8.0, 0.2),
+            "itl_p50": np.array([0.005, 0.0083, 0.031]),
+        },
+    }
+    header, rows = chunked.tradeoff_rows(sweep, [128, 2048], 1.0, 4.0)
+    assert header == ["chunk (tokens)", "median ITL, 4x (ms)", "p99 TTFT, 1x (s)", "p99 TTFT, 4x (s)"]
+    assert rows == [["128", "5.0", "3.0", "30.0"], ["2,048", "31.0", "0.8", "7.4"]]
+
+
+def test_capacity_numbers_by_hand():
+    rows = [
+        {"config": "continuous, mixed prefill", "slo": "strict", "rate": 14.7, "itl_p99_ms": 49.1},
+        {"config": "chunked, budget 2048", "slo": "relaxed", "rate": 39.0, "itl_p99_ms": 32.5},
+        {"config": "static", "slo": "strict", "rate": 1.6, "itl_p99_ms": 40.0},  # not on this page
+        {"config": "chunked, budget 512", "slo": "strict", "rate": 0.0, "itl_p99_ms": float("nan")},
+    ]
+    assert chunked.capacity_numbers(rows) == {
+        "mix_strict": 14.7,
+        "mix_strict_itl_ms": 49.1,
+        "b2048_relaxed": 39.0,
+        "b2048_relaxed_itl_ms": 32.5,
+        "b512_strict": 0.0,
+    }

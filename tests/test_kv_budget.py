@@ -1,6 +1,6 @@
-"""The closing section's KV budget ("What chapter 7 sets up"): static batching beside both
-reservation policies under one budget, in the simulator and on the real model, and the
-sentences the page builds from them. Hand-computed cases."""
+"""The KV page's budget: static batching beside both reservation policies under one budget, in
+the simulator and on the real model, and the numbers and verdict the page words. Hand-computed
+cases."""
 
 from __future__ import annotations
 
@@ -135,7 +135,9 @@ def test_real_kv_on_the_tiny_model_by_hand():
     header, rows = checks.real_schedulers_rows(rk, kvbook.REAL_KV_ROWS)
     assert header == ["measured", "static", "continuous, slab", "continuous, exact"]
     assert rows[0] == ["most requests running at once", "2", "2", "4"]
-    assert "With the same 1,024 KV tokens (2 slabs of 512)" in kvbook.real_kv_text(rk)
+    n = kvbook.real_kv_numbers(rk)
+    assert (n["static_running_peak"], n["slab_running_peak"], n["exact_running_peak"]) == (2, 2, 4)
+    assert n["exact_slot_bound"] == 1.0  # all 4 slots ran: the slots, not the 1,024 tokens, bound
 
 
 def _rs(exact_running: float, sim: bool = False) -> dict:
@@ -162,23 +164,47 @@ def _rs(exact_running: float, sim: bool = False) -> dict:
     return rs
 
 
-def test_real_kv_text_by_hand():
-    t = kvbook.real_kv_text(_rs(32))
-    assert "With the same 8,192 KV tokens (4 slabs of 2,048), static batching ran 4 requests" in t
-    assert "95% of what it reserved stayed empty" in t  # 1 - 50 / 1000
-    assert "still gave 1.8x static's throughput" in t
-    assert "(every one of the 32 slots: memory was no longer the limit; 3 preemptions)" in t
+def test_real_kv_numbers_by_hand():
+    n = kvbook.real_kv_numbers(_rs(32))
+    assert n["slab_over_static"] == pytest.approx(1.8) and n["exact_over_static"] == pytest.approx(2.6)
+    assert n["exact_over_slab"] == pytest.approx(260 / 180)
+    assert n["slab_kept"] == pytest.approx(0.5)  # (1.8 - 1) / (2.6 - 1)
+    assert n["slab_unused"] == pytest.approx(0.95)  # 1 - 50 / 1000
+    assert n["exact_peak_share"] == pytest.approx(3000 / 8192)
+    assert n["exact_slot_bound"] == 1.0 and n["exact_preemptions"] == 3.0
+    assert (n["static_running_peak"], n["exact_throughput_tok"]) == (4.0, 260.0)
+    assert "exact_sim_tput_err" not in n
+    n = kvbook.real_kv_numbers(_rs(20, sim=True))
+    assert n["exact_slot_bound"] == 0.0  # 20 of 32 slots: the memory was the limit
+    assert n["static_sim_tput_err"] == pytest.approx(0.1) and n["slab_sim_tput_err"] == pytest.approx(-0.1)
+    assert n["exact_sim_tput_err"] == pytest.approx(0.0)
     rs = _rs(32)
-    rs["real"]["continuous, exact"]["preemptions"] = 0.0
-    assert "memory was no longer the limit; no preemptions)" in kvbook.real_kv_text(rs)
-    rs["real"]["continuous, exact"]["preemptions"] = 1.0
-    assert "memory was no longer the limit; 1 preemption)" in kvbook.real_kv_text(rs)
-    assert "delivered 2.6x static's throughput, 1.4x slab reservations'" in t
-    assert "Slab reservations kept 50% of continuous batching's gain" in t  # 0.8 / 1.6
-    assert "No profile measured on this machine" in t
-    t = kvbook.real_kv_text(_rs(20, sim=True))
-    assert "(as many as the memory held, 3,000 of 8,192 tokens at the peak; 3 preemptions)" in t
-    assert (
-        "by static +10%; continuous with slab reservations -10%; continuous with exact reservations "
-        "within 1%."
-    ) in t
+    rs["real"]["continuous, exact"]["throughput_tok"] = 90.0  # no gain over static: no share to keep
+    assert np.isnan(kvbook.real_kv_numbers(rs)["slab_kept"])
+
+
+def test_slab_verdict_thresholds():
+    assert kvbook.slab_verdict(0.0) == kvbook.slab_verdict(0.49) == "holds"  # gives back most
+    assert kvbook.slab_verdict(0.5) == kvbook.slab_verdict(0.79) == "partly"
+    assert kvbook.slab_verdict(0.8) == kvbook.slab_verdict(1.0) == "does not hold"
+    assert kvbook.slab_verdict(-0.2) == "holds"  # slabs slower than static: all of the gain given back
+    assert kvbook.slab_verdict(1.3) == "does not hold"  # slabs kept more than exact gained
+    with pytest.raises(ValueError, match="slab_kept=nan"):
+        kvbook.slab_verdict(float("nan"))
+
+
+def test_policy_roofline_by_hand():
+    # Lengths 1000 + 200 and 1400 + 600: mean over life (1100 + 1700) / 2 = 1400 tokens.
+    w = Workload.from_arrays([0.0, 0.0], [1000, 1400], [200, 600], name="two")
+    m = H100_8B.model
+    r = kvbook.policy_roofline(H100_8B, w, 8 * m.max_context, slots=256)
+    assert r["ctx"] == 1400 and (r["rows_slab"], r["rows_exact"]) == (8, 8 * 8192 // 1400)
+    assert r["step_slab_ms"] == pytest.approx(H100_8B.decode_step(8, 1400) * 1e3)
+    assert r["tput_slab"] == pytest.approx(8 / H100_8B.decode_step(8, 1400))
+    kv = 46 * 1400 * m.kv_bytes_per_token
+    assert r["kv_share_exact"] == pytest.approx(kv / (kv + m.weight_read_bytes))
+    assert r["gain"] == pytest.approx(r["tput_exact"] / r["tput_slab"])
+    assert 1 < r["gain"] < r["rows_ratio"] == 46 / 8  # more rows, each step longer
+    assert kvbook.policy_roofline(H100_8B, w, 8 * m.max_context, slots=16)["rows_exact"] == 16
+    with pytest.raises(ValueError, match="no slab row"):
+        kvbook.policy_roofline(H100_8B, w, 4096, slots=16)

@@ -357,7 +357,7 @@ def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
 
 # ------------------------------------------------------------------ fidelity
 #: The simulator-vs-real-engine measurement (``benchmarks/bench_fidelity.py``), relative to
-#: the repository root. Every simulated figure of 7.1-7.3 and the KV page quotes it.
+#: the repository root: the measured page states it once; the simulated figures link there.
 FIDELITY_FILE = "benchmarks/results/fidelity.json"
 
 #: Where a GPU session files its fidelity runs (``benchmarks/gpu_session.py`` writes
@@ -409,60 +409,103 @@ def gpu_fidelity_files(root: str | None = None) -> list[Path]:
 
 
 def fidelity_summary(path: str | None = None, root: str | None = None) -> dict[str, Any]:
-    """What the simulator has been checked against (every simulated figure of 7.1-7.3 and
-    the KV page, whose figures are GPU roofline predictions).
+    """What the simulator has been checked against, in numbers (the measured page's
+    "How far to trust the simulator"; the simulated figures of 7.1-7.3 and the KV page link there).
 
     Reads the committed CPU fidelity benchmark and returns, worst case over its schedulers:
     ``tput_err`` (output throughput, which an unsaturated run's arrivals mostly set),
     ``busy_err`` (the summed step times against the measured busy time, None in older files:
     what the cost model gets right or wrong at the run's load), ``e2e_err`` (median absolute
-    per-request E2E error),
-    ``noise`` (the same median between two real runs, the floor no simulator can beat
-    here), ``step_err`` (the cost model's median absolute error per step), ``e2e_vs_median``
-    (the E2E error against each request's median over the real runs, None in older files),
-    plus ``model``, ``requests``, ``date``, ``schedulers``; ``gpu_checks``, the number of
-    committed GPU fidelity runs (:func:`gpu_fidelity_files`); ``gpu``, one sentence on the
-    GPU side; and ``text``: the caption sentence. That CPU run drove the simulator with a
-    profile measured on the same CPU, so it validates the engine loop, the schedulers and
-    a profile-driven cost model there, not the datasheet roofline the GPU figures use: the
-    sentence says so, and says the GPU figures are unchecked until a GPU run is committed.
+    per-request E2E error against the first real run), ``noise`` (the same median between
+    two real runs, the floor no simulator can beat here), ``step_err`` (the cost model's
+    median absolute error per step), ``e2e_vs_median`` (the E2E error against each request's
+    median over the real runs, None in older files), plus ``model``, ``requests``, ``date``,
+    ``schedulers``; and ``gpu_checks``, the number of committed GPU fidelity runs
+    (:func:`gpu_fidelity_files`). That CPU run drove the simulator with a profile measured on
+    the same CPU: it validates the engine loop, the schedulers and a profile-driven cost
+    model there, not the datasheet roofline the GPU figures use (``gpu_checks`` == 0: those
+    are unchecked).
     """
     base = Path(root) if root else ROOT
     f = Path(path) if path else base / FIDELITY_FILE
     out = _fidelity_errors(json.loads(f.read_text()), f)
-    notes = ([] if out["noise"] is None else [f"two real runs differ by {out['noise']:.0%}"]) + (
-        []
-        if out["e2e_vs_median"] is None
-        else [f"against each request's median over the real runs, {out['e2e_vs_median']:.0%}"]
-    )
-    paren = f" ({'; '.join(notes)})" if notes else ""
-    gpu = []
-    for g in gpu_fidelity_files(root):
-        doc = json.loads(g.read_text())
-        e = _fidelity_errors(doc, g)
-        gpu.append(
-            f"{doc['device']} ({e['model']}, {e['requests']} requests, {e['date']}): output throughput "
-            f"within {e['tput_err']:.1%}, median per-request latency {e['e2e_err']:.0%}"
-        )
-    out["gpu_checks"] = len(gpu)
-    out["gpu"] = (
-        "The GPU figures are roofline predictions from datasheet constants, not yet checked against a GPU."
-        if not gpu
-        else "Checked the same way on a GPU with a profile measured there: "
-        + "; ".join(gpu)
-        + ". The GPU figures themselves use the roofline's datasheet constants, not that profile."
-    )
-    busy = (
-        ""
-        if out["busy_err"] is None
-        else f"its steps summed to within {out['busy_err']:.0%} of the measured busy time (median step "
-        f"{out['step_err']:.0%}), "
-    )
-    out["text"] = (
-        f"Simulator checked on the book's CPU{'' if gpu else ' only'}: driven by a step profile "
-        f"measured on that CPU and run on the real engine's workload ({out['model']}, "
-        f"{out['requests']} Azure requests, {out['schedulers']}), {busy}median per-request latency "
-        f"came within {out['e2e_err']:.0%}{paren}, and output throughput, which these arrivals "
-        f"mostly set, within {out['tput_err']:.1%}. " + out["gpu"]
-    )
+    out["gpu_checks"] = len(gpu_fidelity_files(root))
     return out
+
+
+def fidelity_files(root: str | None = None) -> list[Path]:
+    """Every committed fidelity run (``fidelity.json`` and ``fidelity-*.json``), CPU ones first,
+    then by workload size and replay speed."""
+    base = Path(root) if root else ROOT
+    files = sorted({*base.glob(FIDELITY_FILE), *base.glob(FIDELITY_GLOB)})
+
+    def key(f: Path) -> tuple[bool, str, int, float]:
+        doc = json.loads(f.read_text())
+        w = doc["workload"]
+        return (
+            not str(doc.get("device", "cpu")).startswith("cpu"),
+            str(doc.get("device")),
+            int(w["requests"]),
+            float(w.get("time_scale", 1.0)),
+        )
+
+    return sorted(files, key=key)
+
+
+def fidelity_records(root: str | None = None) -> list[dict[str, Any]]:
+    """One record per committed fidelity run and scheduler (:func:`fidelity_files`' order):
+    ``file``, ``device``, ``model``, ``requests``, ``time_scale`` (the replay's speed-up),
+    ``real_runs``, ``scheduler``, ``e2e_err`` (median absolute per-request E2E error against
+    the first real run), ``e2e_vs_median`` (against each request's median over the real
+    runs), ``noise`` (the same median between two real runs), ``tput_err`` (output
+    throughput), ``busy_ratio`` (summed predicted step times over the measured busy time);
+    None where an older file lacks the field."""
+    base = Path(root) if root else ROOT
+    out = []
+    for f in fidelity_files(root):
+        doc = json.loads(f.read_text())
+        if not doc.get("results"):
+            raise ValueError(f"{f}: no results")
+        get = lambda r, k: None if r.get(k) is None else float(r[k])
+        for name, r in doc["results"].items():
+            out.append(
+                {
+                    "file": str(f.relative_to(base)),
+                    "device": str(doc.get("device", "?")),
+                    "model": doc["model"],
+                    "requests": int(doc["workload"]["requests"]),
+                    "time_scale": float(doc["workload"].get("time_scale", 1.0)),
+                    "real_runs": int(doc.get("real_runs", 2)),
+                    "scheduler": name,
+                    "e2e_err": get(r, "e2e_median_abs_rel_err"),
+                    "e2e_vs_median": get(r, "sim_vs_real_median_e2e_median_abs_rel_err"),
+                    "noise": get(r, "real_vs_real_e2e_median_abs_rel_err"),
+                    "tput_err": get(r, "throughput_rel_err"),
+                    "busy_ratio": get(r, "busy_pred_over_real"),
+                }
+            )
+    return out
+
+
+def fidelity_rows(root: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the measured page's fidelity table: one row per committed run and
+    scheduler (:func:`fidelity_records`), errors in percent, "-" where a file lacks one; a
+    run is named by its requests and replay speed-up (and, off the CPU, model and device)."""
+    pct = lambda x: "-" if x is None else f"{x:.0%}"
+    header = ["run", "scheduler", "E2E vs first run", "vs median", "real vs real", "tok/s", "busy"]
+    rows = []
+    for r in fidelity_records(root):
+        # The CPU runs share one model and machine (the page says which); a GPU run names its own.
+        where = "" if r["device"].startswith("cpu") else f", {r['model']} on {r['device']}"
+        rows.append(
+            [
+                f"{r['requests']} at {r['time_scale']:g}x{where}",
+                r["scheduler"],
+                pct(r["e2e_err"]),
+                pct(r["e2e_vs_median"]),
+                pct(r["noise"]),
+                "-" if r["tput_err"] is None else f"{r['tput_err']:.1%}",
+                "-" if r["busy_ratio"] is None else f"{r['busy_ratio']:.2f}",
+            ]
+        )
+    return header, rows

@@ -133,36 +133,6 @@ def stall_runs(
     return stall_summary(runs, running, newcomer)
 
 
-#: The real stall experiment's sizes per device type (:func:`real_stall`). On the CPU, 8
-#: running requests and a 1,536-token prompt keep the runs to a few seconds. cpu-s turns
-#: compute-bound within a few dozen tokens (B* ~ 13), but a chunk's prefill reaches its best
-#: throughput only far above that (the committed profile: 59% of it at 64 tokens, 72% at
-#: 128, 80% first at 256). Measured here with 8 decodes, chunks of 64 took 45-75 ms and the
-#: whole prompt's first token came after 2.0 s against 0.7 s unchunked; chunks of 128 took
-#: 85-125 ms, 1.2 s. The CPU uses 128: a TTFT cost the page can show, with chunk steps that
-#: still stall the decodes several-fold (the page says so). On a GPU the page's own sizes
-#: (30 running, 4,000 tokens, chunks of 512).
-#: How many times :func:`real_stall` calibrates and runs before it gives up (see :func:`stall_overlaps`).
-STALL_ATTEMPTS = 3
-
-
-def stall_overlaps(result: RunResult, running: Sequence[int], newcomer: int) -> bool:
-    """7.3, measured: whether every running request was still decoding when the newcomer's
-    first token came out, so that its prefill fell among their steps (the stall a run is
-    there to show). A real run places the long prompt's arrival by a calibrated step time;
-    on a machine that ran several times faster during the run than during calibration the
-    running requests can finish first, and :func:`spike_summary` would see no stall."""
-    first = next(r for r in result.requests if r.rid == newcomer).token_times[0]
-    ids = set(running)
-    return all(r.token_times[-1] > first for r in result.requests if r.rid in ids)
-
-
-REAL_STALL: dict[str, dict[str, int]] = {
-    "cpu": {"running": 8, "prompt": 1536, "chunk": 128},
-    "cuda": {"running": 30, "prompt": 4000, "chunk": 512},
-}
-
-
 def stall_configs(chunk: int, slots: int) -> dict[str, tuple[str, str, dict[str, Any]]]:
     """7.3: the three ways of serving the long prompt that the page compares, as
     ``{tag: (label, scheduler, options)}``: mixed and separate prefill under continuous
@@ -176,116 +146,6 @@ def stall_configs(chunk: int, slots: int) -> dict[str, tuple[str, str, dict[str,
             {"token_budget": chunk + slots, "chunk_size": chunk},
         ),
     }
-
-
-def real_stall(
-    model: str | None = None,
-    device: str = "auto",
-    running: int | None = None,
-    prompt: int | None = None,
-    chunk: int | None = None,
-    lead_steps: int = 10,
-    tail_steps: int = 30,
-    running_prompt: int = 128,
-    threads: int | None = None,
-) -> dict[str, Any]:
-    """7.3, measured: the long prompt among running decodes on the real model.
-
-    ``running`` requests (``running_prompt``-token prompts) start at t = 0; a short
-    calibration run of the same requests (chunked, their slowest prefill) measures this
-    device's decode step, and the long prompt is set to arrive ``lead_steps`` decode steps
-    after their prefill ends. Each
-    running request wants enough tokens to decode through twice the lead, the slowest
-    (chunked) prefill and ``tail_steps`` more. The workload then runs under each of :func:`stall_configs` on one
-    model. Returns :func:`stall_summary` plus ``at_s`` (the arrival), ``decode_ms`` (the
-    calibration's median decode step), ``lead_steps``, ``running``, ``prompt``, ``chunk``, ``chunks`` (the
-    long prompt's), ``running_prompt``, ``budget``,
-    ``labels`` ({tag: label}), ``results`` ({tag: RunResult}), ``model`` and ``executor``. None arguments take the device's
-    defaults (:data:`~batching.experiments.checks.REAL_MODELS`, :data:`REAL_STALL`).
-    """
-    from .checks import real_kind, real_runner, serve_real
-
-    d = REAL_STALL[real_kind(device)]
-    running = d["running"] if running is None else running
-    prompt = d["prompt"] if prompt is None else prompt
-    chunk = d["chunk"] if chunk is None else chunk
-    for name, v, lo in (
-        ("running", running, 1),
-        ("prompt", prompt, 1),
-        ("chunk", chunk, 1),
-        ("lead_steps", lead_steps, 1),
-        ("tail_steps", tail_steps, 1),
-        ("running_prompt", running_prompt, 1),
-    ):
-        if isinstance(v, bool) or not (isinstance(v, int) and v >= lo):
-            raise ValueError(f"{name}={v!r}: must be an integer >= {lo}")
-    # Twice the lead: a fresh model's first steps run slow (the calibration's median can
-    # overstate the step), and a running request that ran out of tokens early would miss
-    # the very stall it is here to show.
-    output = 2 * lead_steps + math.ceil(prompt / chunk) + tail_steps
-    slots = running + 1
-    runner = real_runner(
-        model, device, slots=slots, max_len=max(prompt + 8, running_prompt + output), threads=threads
-    )
-    configs = stall_configs(chunk, slots)
-    # Calibrate under chunked prefill, the slowest to prefill the running prompts, so that
-    # in every configuration they are all decoding when the long prompt arrives.
-    _, sched, opts = configs["chk"]
-    calib = Workload.from_arrays(
-        np.zeros(running),
-        np.full(running, running_prompt),
-        np.full(running, 16),
-        name="decode-step calibration",
-    )
-    for _attempt in range(STALL_ATTEMPTS):
-        cal = serve_real(runner, calib, sched, slots=slots, **opts)
-        L = cal.log.cols
-        dec = np.asarray(L["dur"])[np.asarray(L["prefill"]) == 0]
-        if dec.size < 2:
-            raise RuntimeError("the calibration run had fewer than two decode-only steps")
-        step = float(np.median(dec[dec.size // 2 :]))  # the later half: past the first steps' warm-up
-        at = max(r.token_times[0] for r in cal.requests) + lead_steps * step
-        w = long_prompt_among_decodes(
-            running=running,
-            prompt=prompt,
-            at=at,
-            running_prompt=running_prompt,
-            running_output=output,
-            output=8,
-        )
-        runs = {}
-        for tag, (label, sched, opts_t) in configs.items():
-            runs[tag] = (label, serve_real(runner, w, sched, slots=slots, **opts_t))
-        missed = [tag for tag, (_, res) in runs.items() if not stall_overlaps(res, range(running), running)]
-        if not missed:
-            break
-    else:
-        # A machine whose speed changed several-fold between calibration and run (a busy
-        # shared CPU, a tiny model's sub-millisecond steps): say so rather than report a
-        # stall that no running request saw.
-        raise RuntimeError(
-            f"after {STALL_ATTEMPTS} calibrations the running requests had finished before the "
-            f"long prompt's first token in {', '.join(missed)}: the decode step measured "
-            f"{step * 1e3:.2f} ms in calibration and ran much faster in the runs"
-        )
-    out = stall_summary(runs, range(running), running)
-    res = runs[next(reversed(runs))][1]  # the last configuration's run names the executor
-    out.update(
-        at_s=at,
-        decode_ms=step * 1e3,
-        lead_steps=lead_steps,
-        running=running,
-        prompt=prompt,
-        chunk=chunk,
-        chunks=math.ceil(prompt / chunk),
-        running_prompt=running_prompt,
-        budget=chunk + slots,
-        labels={t: c[0] for t, c in configs.items()},
-        results={t: r for t, (_, r) in runs.items()},
-        model=res.executor["model"],
-        executor=res.executor,
-    )
-    return out
 
 
 def stall_numbers(
@@ -363,47 +223,6 @@ def tradeoff_numbers(
     return out
 
 
-def nochunk_text(sweep: Mapping[float, Mapping[str, np.ndarray]]) -> str:
-    """7.3: where continuous batching without chunks sits among a :func:`chunk_sweep`'s
-    chunk sizes: at which loads its p99 ITL is the worst, and at which some chunk sizes beat
-    it on p99 TTFT as well (then no chunk size trades against it: it is off the curve)."""
-
-    def listed(xs: Sequence[str]) -> str:
-        return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
-
-    worst = [f"{k:g}x" for k, d in sweep.items() if d["continuous_itl_p99"][0] >= d["itl_p99"].max()]
-    where = "every load" if len(worst) == len(sweep) else listed(worst) if worst else ""
-    text = (
-        f"Without chunks, continuous batching has the worst p99 ITL at {where}"
-        if worst
-        else "Without chunks, continuous batching never has the worst p99 ITL here"
-    )
-    beaten: dict[float, list[str]] = {}  # smallest chunk that beats it on TTFT -> loads
-    last = None
-    for k, d in sweep.items():
-        better = d["chunk"][d["ttft_p99"] < d["continuous_ttft_p99"][0]]
-        if better.size:
-            beaten.setdefault(float(better.min()), []).append(f"{k:g}x")
-            b = int(np.argmin(d["ttft_p99"]))
-            last = (k, float(d["ttft_p99"][b]), float(d["chunk"][b]), float(d["continuous_ttft_p99"][0]))
-    if last is None:
-        return text + ", and the best p99 TTFT: the far end of the curve."
-    biggest = max(float(d["chunk"].max()) for d in sweep.values())
-    groups = [
-        (f"chunks of {c:,.0f} tokens" if c == biggest else f"{c:,.0f}-token chunks and larger")
-        + f" ({listed(loads)})"
-        for c, loads in beaten.items()
-    ]
-    k, t_chunk, c_big, t_none = last
-    return (
-        text
-        + ", and it does not buy the best TTFT either: "
-        + "; ".join(groups)
-        + f" have a lower p99 TTFT (at {k:g}x, {t_chunk:.2f} s with {c_big:,.0f}-token chunks against "
-        f"{t_none:.2f} s). Whole long prompts arriving in bursts hold up the newcomers behind them too."
-    )
-
-
 def chunk_step_times(cost: Any, chunks: Sequence[int], decodes: int = 30, ctx: int = 256) -> dict[str, Any]:
     """7.3: roofline time of one step carrying ``decodes`` running decodes (``ctx`` KV tokens
     each) plus one fresh prefill chunk of each size, and of the decode-only step.
@@ -435,221 +254,19 @@ def chunk_step_times(cost: Any, chunks: Sequence[int], decodes: int = 30, ctx: i
     }
 
 
-def committed_stall_text(docs: Sequence[Mapping[str, Any]]) -> str:
-    """7.3: one sentence per committed ``bench_stall.py`` result
-    (:func:`~batching.experiments.checks.committed_real_runs`) on the stall measured there."""
-    from .checks import committed_text
-
-    def sentence(d: Mapping[str, Any]) -> str:
-        s, n = d["stall"], d["stall"]["numbers"]
-        # The stall is a multiple of the run's median ITL, not of the calibration's step:
-        # both are quoted, each named, so that neither is divided by the other's number.
-        med = n["mix_itl_max_ms"] / n["mix_stall"]
-        return (
-            f"with {s['running']} requests decoding at a median inter-token latency of {med:.1f} ms (a "
-            f"calibration run had timed their decode-only step at {s['decode_ms']:.1f} ms), a "
-            f"{s['prompt']:,}-token prompt prefilled whole held their next token for "
-            f"{n['mix_itl_max_ms']:.0f} ms ({n['mix_stall']:.0f}x that median), in {s['chunk']}-token chunks "
-            f"for at most {n['chk_itl_max_ms']:.0f} ms; its own first token came after "
-            f"{n['mix_ttft_ms']:.0f} and {n['chk_ttft_ms']:.0f} ms"
-        )
-
-    return committed_text(docs, "the same experiment", sentence)
-
-
-def profile_chunk_steps(profiles: Sequence[Mapping[str, Any]], decodes: int = 8) -> list[dict[str, Any]]:
-    """7.3, measured: how a step with ``decodes`` running decodes grows with the prefill chunk
-    it carries, read straight from each committed profile's measured mixed steps (no
-    interpolation). ``profiles``: :func:`~batching.experiments.load_profiles` entries; a
-    profile without mixed steps at ``decodes`` rows is left out.
-
-    Each entry: ``label``, ``short`` (model, dtype, device for a legend), ``device``, ``ctx`` (KV tokens per decode row), ``chunk``,
-    ``step_ms`` (measured), ``decode_ms`` (the decode-only step of the same rows and
-    context, from the profile's decode grid), ``over_decode`` (step / decode-only step: the
-    running requests' ITL multiplier), ``prefill_tps`` (chunk tokens per second of step
-    time), ``share`` (of the best measured), ``bstar`` (the profile's, from its measured
-    bandwidth and peak) and ``date``.
-    """
-    out = []
-    for p in profiles:
-        mixed = p["mixed"]
-        if mixed is None:
-            continue
-        sel = mixed["decode_rows"] == decodes
-        ctxs = set(mixed["decode_ctx"][sel].tolist())
-        if not sel.any() or len(ctxs) != 1:
-            continue
-        ctx = ctxs.pop()
-        chunk, ms = mixed["prefill_tokens"][sel], mixed["ms"][sel] * 1e3
-        order = np.argsort(chunk)
-        chunk, ms = chunk[order], ms[order]
-        b, cs = np.asarray(p["batch"], dtype=float), np.asarray(p["ctxs"], dtype=float)
-        if decodes not in b or ctx not in cs:
-            continue
-        dec = float(p["ms"][int(np.flatnonzero(b == decodes)[0]), int(np.flatnonzero(cs == ctx)[0])])
-        tps = chunk / (ms / 1e3)
-        short = f"{p['meta']['model']} {p['shape'].dtype} on {p['meta'].get('device_name') or p['device']}"
-        out.append(
-            {
-                "label": p["label"],
-                "short": short,
-                "device": p["device"],
-                "ctx": ctx,
-                "chunk": chunk,
-                "step_ms": ms,
-                "decode_ms": dec,
-                "over_decode": ms / dec,
-                "prefill_tps": tps,
-                "share": tps / tps.max(),
-                "bstar": float(p["bstar"]),
-                "date": p["meta"]["date"][:10],
-                "decodes": decodes,
-            }
-        )
-    return out
-
-
-def profile_chunk_text(curves: Sequence[Mapping[str, Any]], chunks: Sequence[int] = (32, 128)) -> str:
-    """7.3: one sentence per :func:`profile_chunk_steps` curve for the prose: the decode-only
-    step, and for each of ``chunks`` (where measured) the step it becomes and the share of
-    the best prefill throughput the chunk gets; the smallest chunk reaching 80% of it."""
-    if not curves:
-        return "No committed profile has measured mixed steps to show here."
-    parts = []
-    for c in curves:
-        ch = np.asarray(c["chunk"])
-        at = [
-            f"a {n}-token chunk makes it {c['step_ms'][i]:.1f} ms ({c['over_decode'][i]:.1f}x) at "
-            f"{c['share'][i]:.0%} of the best prefill throughput measured"
-            for n in chunks
-            for i in np.flatnonzero(ch == n)
-        ]
-        reach = ch[np.asarray(c["share"]) >= 0.8]
-        tail = (
-            f"; reaching 80% of it takes {reach[0]:.0f}-token chunks, {reach[0] / c['bstar']:.0f} times B* "
-            f"(= {c['bstar']:.0f})"
-            if reach.size
-            else ""
-        )
-        parts.append(
-            f"On {c['label']}, the decode-only step of {c['decodes']} rows at {c['ctx']:.0f} tokens "
-            f"each takes {c['decode_ms']:.1f} ms; " + "; ".join(at) + tail + "."
-        )
-    return " ".join(parts)
-
-
-def real_chunk_text(curves: Sequence[Mapping[str, Any]], rs: Mapping[str, Any]) -> str:
-    """7.3, measured: what the real stall run's chunk size (:func:`real_stall` result ``rs``)
-    means on the device it ran on, read from that device's :func:`profile_chunk_steps` curve:
-    the chunk against the profile's B*, whether the chunk steps still stall the decodes
-    (over twice their median ITL: chunks then spread the stall over the prompt's chunks
-    rather than remove it), and the share of the best prefill throughput the chunk keeps,
-    with the smallest measured chunk that keeps 80%."""
-    hw = rs["executor"].get("hardware")
-    chunk, n = int(rs["chunk"]), rs["numbers"]
-    curve = next((c for c in curves if c["device"] == hw), None)
-    if curve is None:
-        return (
-            f"No committed profile of this device ({hw}) measures mixed steps, so its B* and how "
-            f"much prefill throughput a {chunk}-token chunk gives up are not known here."
-        )
-    bstar = float(curve["bstar"])
-    stall = float(n["chk_prefill_itl_p50_ms"] / n["chk_itl_p50_ms"])
-    verdict = (
-        "so each chunk step is compute-bound and the running requests still wait "
-        f"{stall:.1f}x their median inter-token latency on it (the median chunk step): here chunks "
-        f"spread the stall over the prompt's {rs['chunks']} chunks rather than remove it"
-        if stall > 2
-        else f"and the median chunk step holds the running requests for only {stall:.1f}x their median "
-        "inter-token latency"
-    )
-    out = (
-        f"A {chunk}-token chunk is {chunk / bstar:.0f} times this machine's B* (= {bstar:.0f}, from its "
-        f"profile), {verdict}."
-    )
-    ch, share = np.asarray(curve["chunk"]), np.asarray(curve["share"])
-    if chunk in ch:
-        reach = ch[share >= 0.8]
-        out += (
-            f" Smaller chunks would shorten those steps but waste prefill throughput: in the profile a "
-            f"{chunk}-token chunk already runs at {share[ch == chunk][0]:.0%} of the best prefill "
-            f"throughput measured"
-            + (f", and reaching 80% of it takes {reach[0]:.0f}-token chunks." if reach.size else ".")
-        )
-    return out
-
-
-def calibration_text(rs: Mapping[str, Any], tol: float = 0.10) -> str:
-    """7.3, measured: what the calibration of a :func:`real_stall` run measured and what it is
-    for (placing the long prompt's arrival), beside the median inter-token latency the runs
-    themselves measured (``<tag>_itl_p50_ms``), which the table quotes and every stall ratio
-    divides by. Within ``tol`` of the calibration's step they are said to agree; otherwise
-    both are given, each named, and the page says which one the ratios use."""
-    dec, n = float(rs["decode_ms"]), rs["numbers"]
-    meds = [float(n[f"{t}_itl_p50_ms"]) for t in ("mix", "sep", "chk") if f"{t}_itl_p50_ms" in n]
-    head = (
-        f"A calibration run first times the running batch's decode-only step, {dec:.1f} ms here (the "
-        f"median of its later steps), only to place the long prompt: it arrives {rs['lead_steps']} such steps "
-        f"after their prefill ends, at t = {rs['at_s']:.2f} s."
-    )
-    if not meds:
-        return head
-    lo, hi = min(meds), max(meds)
-    span = f"{lo:.1f} ms" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f} to {hi:.1f} ms"
-    if all(abs(m / dec - 1) <= tol for m in meds):
-        return (
-            head
-            + f" In the runs themselves the running requests' median inter-token latency was {span}, close to it."
-        )
-    return head + (
-        f" In the runs themselves the running requests' median inter-token latency was {span}, not "
-        f"the calibration's {dec:.1f} ms: the table quotes the runs' own median, and every stall below "
-        f"is a multiple of it."
-    )
-
-
-def slow_steps_text(rs: Mapping[str, Any], tag: str = "chk") -> str:
-    """7.3, measured: where the slow steps of a :func:`real_stall` run (configuration ``tag``)
-    came from, from :func:`spike_summary`'s split: before the long prompt arrived (the
-    running requests' own prompts), during its prefill, and after its first token (none is
-    expected there: any is noise on the machine)."""
-    n = rs["numbers"]
-    before, during, after = (int(n[f"{tag}_steps_over_2x_{k}"]) for k in ("before", "during", "after"))
-    parts = [
-        f"{during} came while the long prompt was prefilled (it takes {rs['chunks']} chunks of "
-        f"{rs['chunk']} tokens)"
-    ]
-    if before:
-        parts.append(
-            f"{before} came before it arrived: the running requests' own {rs['running_prompt']}-token prompts "
-            f"also went through the {rs['budget']}-token budget in chunks, slowing the steps of the "
-            "requests admitted first, which were already decoding"
-        )
-    if after:
-        parts.append(
-            f"{after} came after its first token, with nothing left to prefill: run-to-run noise on this "
-            "machine"
-        )
-    total = before + during + after
-    if total == 0:
-        return "No step took more than twice the median."
-    return f"Of the {total} steps that took more than twice the median, " + "; ".join(parts) + "."
-
-
-def ttft_cost_text(numbers: Mapping[str, float], margin: float = 0.05) -> str:
-    """7.3, measured: what chunking cost the newcomer's first token in a :func:`real_stall`
-    run (its ``numbers``), chunked against mixed prefill; a difference within ``margin`` of
-    the unchunked TTFT is reported as none (run-to-run noise on a shared machine is larger)."""
-    chk, mix = float(numbers["chk_ttft_ms"]), float(numbers["mix_ttft_ms"])
-    if chk > mix * (1 + margin):
-        return (
-            f"The newcomer paid for the chunks: its first token came {chk:,.0f} ms after arrival instead of "
-            f"{mix:,.0f} ms, {chk / mix - 1:.0%} later."
-        )
-    return (
-        f"The newcomer's first token came {chk:,.0f} ms after arrival, against {mix:,.0f} ms unchunked: "
-        f"in this run its chunks did not delay it measurably."
-    )
+def chunk_within(cost: Any, limit_s: float, decodes: int = 30, ctx: int = 300) -> int:
+    """The largest prefill chunk whose step, beside ``decodes`` decodes of ``ctx`` KV tokens,
+    takes at most ``limit_s`` on the roofline (0 if even the decode-only step exceeds it)."""
+    if chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["step_s"][0] > limit_s:
+        return 0
+    lo, hi = 1, 1 << 20  # step time grows with the chunk: bisect on the largest that fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if chunk_step_times(cost, [mid], decodes=decodes, ctx=ctx)["step_s"][0] <= limit_s:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def chunk_for_itl(
@@ -660,15 +277,9 @@ def chunk_for_itl(
     ``chunk`` (tokens), ``step_ms``, ``decode_ms`` and ``share``: its prefill throughput
     over the best of ``reference`` chunk sizes and itself (the figure's right panel)."""
     base = chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["decode_s"]
-    if chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["step_s"][0] > factor * base:
+    lo = chunk_within(cost, factor * base, decodes=decodes, ctx=ctx)
+    if lo == 0:
         raise ValueError(f"factor={factor}: even a 1-token chunk exceeds it")
-    lo, hi = 1, 1 << 20  # step time grows with the chunk: bisect on the largest that fits
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if chunk_step_times(cost, [mid], decodes=decodes, ctx=ctx)["step_s"][0] <= factor * base:
-            lo = mid
-        else:
-            hi = mid
     d = chunk_step_times(cost, [lo] + list(reference), decodes=decodes, ctx=ctx)
     return {
         "chunk": float(lo),
@@ -676,6 +287,27 @@ def chunk_for_itl(
         "decode_ms": base * 1e3,
         "share": float(d["prefill_tps"][0] / d["prefill_tps"].max()),
     }
+
+
+def slo_steps(
+    cost: Any, slo_ms: float, budgets: Sequence[int], decodes: int = 32, ctx: int = 4096
+) -> dict[str, float]:
+    """7.3's capacity derivation on the roofline, for the decode batch the SLOs are taken at:
+    ``slo_tokens``, the most prompt tokens one step can prefill beside ``decodes`` decodes of
+    ``ctx`` tokens within ``slo_ms``; ``token_us``, the compute time of one prompt token at peak
+    (matrices only); and ``budget_<b>_ms``, the step that fills each token budget ``b``
+    (``b - decodes`` prompt tokens beside the decodes)."""
+    m = cost.model
+    out = {
+        "slo_tokens": float(chunk_within(cost, slo_ms / 1e3, decodes=decodes, ctx=ctx)),
+        "token_us": 2 * m.layers * m.layer_matmul_params / cost.peak_flops * 1e6,
+    }
+    for b in budgets:
+        if b <= decodes:
+            raise ValueError(f"budget={b}: must exceed the {decodes} decodes")
+        t = chunk_step_times(cost, [b - decodes], decodes=decodes, ctx=ctx)["step_s"][0]
+        out[f"budget_{b}_ms"] = float(t) * 1e3
+    return out
 
 
 def trace_contrast(workload: Workload, other: Workload) -> dict[str, float]:
@@ -750,4 +382,87 @@ def chunk_sweep(
         for key in keys:
             res[f"continuous_{key}"] = np.asarray([ref[key]])
         out[float(k)] = res
+    return out
+
+
+#: Columns of the page's table of the three ways to serve the long prompt (:func:`stall_rows`).
+STALL_HEADER = ("configuration", "running requests' worst ITL (ms)", "newcomer's TTFT (ms)")
+
+
+def stall_rows(st: Mapping[str, Any], labels: Mapping[str, str]) -> list[list[Any]]:
+    """One row per ``{tag: label}`` of a :func:`stall_summary` result ``st`` (columns
+    :data:`STALL_HEADER`): the running requests' worst ITL and the newcomer's TTFT."""
+    n = st["numbers"]
+    return [
+        [label, f"{n[f'{t}_itl_max_ms']:.1f}", f"{n[f'{t}_ttft_ms']:,.0f}"] for t, label in labels.items()
+    ]
+
+
+def nochunk_place(sweep: Mapping[float, Mapping[str, np.ndarray]]) -> dict[str, Any]:
+    """Where continuous batching without chunks sits among a :func:`chunk_sweep`'s chunk sizes:
+    ``worst_itl_loads`` (the loads at which its p99 ITL is at least every chunk size's) and
+    ``off_curve_loads`` (the loads at which some chunk size also has a lower p99 TTFT, so that
+    no chunk size trades against it), each a count and a list; ``worst_everywhere`` and
+    ``off_curve_anywhere`` (bools); and at the last load, ``top_load``, its p99 TTFT
+    (``nochunk_ttft_p99``) against the best chunk size's (``best_ttft_p99``, ``best_chunk``)."""
+    worst = [k for k, d in sweep.items() if d["continuous_itl_p99"][0] >= d["itl_p99"].max()]
+    off = [k for k, d in sweep.items() if np.any(d["ttft_p99"] < d["continuous_ttft_p99"][0])]
+    top = list(sweep)[-1]
+    d = sweep[top]
+    b = int(np.argmin(d["ttft_p99"]))
+    return {
+        "worst_itl_loads": worst,
+        "off_curve_loads": off,
+        "worst_everywhere": len(worst) == len(sweep),
+        "off_curve_anywhere": bool(off),
+        "top_load": float(top),
+        "nochunk_ttft_p99": float(d["continuous_ttft_p99"][0]),
+        "best_ttft_p99": float(d["ttft_p99"][b]),
+        "best_chunk": float(d["chunk"][b]),
+    }
+
+
+def tradeoff_rows(
+    sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Sequence[int], low: float, high: float
+) -> tuple[list[str], list[list[str]]]:
+    """The page's table of a :func:`chunk_sweep`: per chunk size, the median ITL (ms) at the
+    ``high`` load and the p99 TTFT (s) at the ``low`` and ``high`` loads. Returns ``(header, rows)``."""
+    header = [
+        "chunk (tokens)",
+        f"median ITL, {high:g}x (ms)",
+        f"p99 TTFT, {low:g}x (s)",
+        f"p99 TTFT, {high:g}x (s)",
+    ]
+    rows = []
+    for c in chunks:
+        lo, hi = at(sweep[float(low)], "chunk", c), at(sweep[float(high)], "chunk", c)
+        rows.append(
+            [f"{c:,.0f}", f"{hi['itl_p50'] * 1e3:.1f}", f"{lo['ttft_p99']:.1f}", f"{hi['ttft_p99']:.1f}"]
+        )
+    return header, rows
+
+
+#: The configurations of capacity.CONFIGS this page compares, with their glue tags.
+CAPACITY_TAGS: dict[str, str] = {
+    "continuous, separate prefill": "sep",
+    "continuous, mixed prefill": "mix",
+    "chunked, budget 2048": "b2048",
+    "chunked, budget 512": "b512",
+}
+
+
+def capacity_numbers(
+    rows: Sequence[Mapping[str, Any]], tags: Mapping[str, str] = CAPACITY_TAGS
+) -> dict[str, float]:
+    """Glue-ready numbers of :func:`~batching.book.capacity.capacity_table` rows for the
+    configurations in ``tags``: ``<tag>_<slo>`` (capacity, req/s) and ``<tag>_<slo>_itl_ms``
+    (p99 ITL at capacity; left out where no rate met the SLO)."""
+    out: dict[str, float] = {}
+    for r in rows:
+        if r["config"] not in tags:
+            continue
+        k = f"{tags[r['config']]}_{r['slo']}"
+        out[k] = float(r["rate"])
+        if math.isfinite(r["itl_p99_ms"]):
+            out[f"{k}_itl_ms"] = float(r["itl_p99_ms"])
     return out

@@ -1,11 +1,12 @@
-"""What 7.2 sets up: the KV cache as the binding limit, slab against exact reservation, and KV
+"""The KV page: the KV cache as the binding limit, slab against exact reservation, and KV
 budget sweeps.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from .common import at, flat, metrics, simulate
 
 # ------------------------------------------------------------------------------ KV
 def kv_over_time(result: RunResult) -> dict[str, np.ndarray]:
-    """What chapter 7 sets up: KV tokens reserved and used, and running requests, at the
+    """The KV page: KV tokens reserved and used, and running requests, at the
     end of every logged step (a run of identical steps gives one point). Arrays ``t``
     (s), ``reserved``, ``used``, ``running``."""
     C = result.log.cols
@@ -36,7 +37,7 @@ def kv_runs(
     policies: Sequence[str] = ("slab", "exact"),
     kv_tokens: int | str = "device",
 ) -> dict[str, Any]:
-    """What chapter 7 sets up: continuous batching under each KV policy, every step logged.
+    """The KV page: continuous batching under each KV policy, every step logged.
 
     Returns ``series`` ({policy: :func:`kv_over_time`}) and ``numbers``: per policy
     (prefixed ``<policy>_``) the :func:`metrics` keys ``running_peak``, ``kv_reserved_mean``,
@@ -71,7 +72,7 @@ def kv_runs(
 
 
 def kv_fit(cost: Any, workload: Workload) -> dict[str, float]:
-    """What chapter 7 sets up: how many sequences fit the device's KV capacity.
+    """The KV page: how many sequences fit the device's KV capacity.
 
     ``capacity`` (tokens), ``kv_bytes_per_token``, ``max_context`` (the slab), ``slab``
     (= capacity // max_context), ``exact_final`` (capacity / mean final length
@@ -97,6 +98,42 @@ def kv_fit(cost: Any, workload: Workload) -> dict[str, float]:
     }
 
 
+def policy_roofline(cost: Any, workload: Workload, budget: float, slots: int) -> dict[str, float]:
+    """The KV page's derivation: roofline decode throughput with the batch as full as a KV
+    budget of ``budget`` tokens lets each policy keep it, every row at the workload's mean
+    length over a request's life (prompt + output / 2, ``ctx``).
+
+    ``rows_slab`` = min(slots, budget // max_context), ``rows_exact`` = min(slots, budget // ctx);
+    per policy ``step_<pol>_ms`` (:meth:`decode_step` at those rows and ``ctx``), ``tput_<pol>``
+    (rows / step, tokens/s) and ``kv_share_<pol>`` (the share of a step's bytes that is KV,
+    not weights); ``gain`` = tput_exact / tput_slab and ``rows_ratio`` = rows_exact / rows_slab."""
+    ctx = float((workload.prompt_lens + workload.output_lens / 2).mean())
+    m = cost.model
+    rows = {
+        "slab": min(slots, int(budget) // m.max_context),
+        "exact": min(slots, int(budget // ctx)),
+    }
+    out: dict[str, float] = {"budget": float(budget), "ctx": ctx}
+    for pol, r in rows.items():
+        if r < 1:
+            raise ValueError(
+                f"budget={budget:g} KV tokens holds no {pol} row (context {m.max_context}, mean {ctx:.0f})"
+            )
+        step = cost.decode_step(r, int(round(ctx)))
+        kv = r * ctx * m.kv_bytes_per_token
+        out.update(
+            {
+                f"rows_{pol}": float(r),
+                f"step_{pol}_ms": step * 1e3,
+                f"tput_{pol}": r / step,
+                f"kv_share_{pol}": kv / (kv + m.weight_read_bytes),
+            }
+        )
+    out["gain"] = out["tput_exact"] / out["tput_slab"]
+    out["rows_ratio"] = out["rows_exact"] / out["rows_slab"]
+    return out
+
+
 def kv_budget_sweep(
     workload: Workload,
     cost: Any,
@@ -106,7 +143,7 @@ def kv_budget_sweep(
     scheduler: str = "continuous",
     static_timeout: float | None = 2.0,
 ) -> dict[str, dict[str, np.ndarray]]:
-    """What chapter 7 sets up: continuous batching under a KV budget, per reservation policy,
+    """The KV page: continuous batching under a KV budget, per reservation policy,
     and static batching under the same budget (key ``static``, unless ``static_timeout`` is
     None): a dense batch reserves a slab per row, so it holds budget // max_context rows
     (at most ``slots``), sealed when full or after ``static_timeout`` seconds.
@@ -146,7 +183,7 @@ def kv_budget_sweep(
 
 
 def budget_numbers(sweep: Mapping[str, Mapping[str, np.ndarray]], budget: int) -> dict[str, float]:
-    """What chapter 7 sets up: the :func:`kv_budget_sweep` numbers at one budget, prefixed
+    """The KV page: the :func:`kv_budget_sweep` numbers at one budget, prefixed
     by series, plus ``gain`` = exact over slab throughput (if both policies ran) and, with
     a static series, ``slab_over_static`` and ``exact_over_static`` (continuous batching's
     gain over static batching under each policy) and ``slab_kept`` = (slab_over_static - 1)
@@ -166,10 +203,10 @@ def budget_numbers(sweep: Mapping[str, Mapping[str, np.ndarray]], budget: int) -
 
 
 def gain_kept(slab_gain: float, exact_gain: float) -> float:
-    """What chapter 7 sets up: the share of continuous batching's throughput gain over static
+    """The KV page: the share of continuous batching's throughput gain over static
     batching (``exact_gain``, with exact reservations) that slab reservations keep
     (``slab_gain``): (slab_gain - 1) / (exact_gain - 1). Simulated (:func:`budget_numbers`)
-    and measured (:func:`real_kv_text`) alike."""
+    and measured (:func:`real_kv_numbers`) alike."""
     if not exact_gain > 1:
         raise ValueError(f"exact_gain={exact_gain}: no gain over static batching to keep a share of")
     return (slab_gain - 1) / (exact_gain - 1)
@@ -178,7 +215,7 @@ def gain_kept(slab_gain: float, exact_gain: float) -> float:
 def slab_growth(
     sweep: Mapping[str, Mapping[str, np.ndarray]], cost: Any, workload: Workload
 ) -> dict[str, float]:
-    """What chapter 7 sets up (exercise 3): how slab throughput grows between the sweep's two
+    """The KV page (exercise 3): how slab throughput grows between the sweep's two
     largest budgets, and why less than the budget: ``budget_ratio``, ``tput_ratio``, the
     peak running rows at each (``rows_lo``, ``rows_hi``), and the roofline decode step at
     those rows with every row at the workload's mean length over a request's life
@@ -205,7 +242,7 @@ def slab_growth(
 
 
 # ------------------------------------------------------------------ measured
-#: What the real-model table of the closing section shows, per run: (label, metrics key, format).
+#: The measured section's table of the real-model runs, per run: (label, metrics key, format).
 REAL_KV_ROWS: tuple[tuple[str, str, str], ...] = (
     ("most requests running at once", "running_peak", "{:.0f}"),
     ("KV reserved, mean (tokens)", "kv_reserved_mean", "{:,.0f}"),
@@ -218,11 +255,17 @@ REAL_KV_ROWS: tuple[tuple[str, str, str], ...] = (
     ("busy (s)", "busy_s", "{:.1f}"),
 )
 
+#: The page's short table of the same runs: how many ran at once, and what they delivered.
+REAL_KV_PAGE_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("most requests running at once", "running_peak", "{:.0f}"),
+    ("output tokens/s", "throughput_tok", "{:.0f}"),
+)
+
 
 def real_kv_configs(
     budget: int, max_context: int, slots: int, static_timeout: float = 1.0
 ) -> dict[str, dict[str, Any]]:
-    """What chapter 7 sets up, measured: the three ways to spend one KV budget of ``budget``
+    """The KV page, measured: the three ways to spend one KV budget of ``budget``
     tokens. ``static``: one dense batch of budget // max_context rows (each row a slab);
     ``continuous, slab``: up to ``slots`` requests, each reserving a slab; ``continuous,
     exact``: up to ``slots`` requests, each reserving what it holds (preempted when full)."""
@@ -246,12 +289,12 @@ def real_kv(
     threads: int | None = None,
     profile: str | None = "auto",
 ) -> dict[str, Any]:
-    """What chapter 7 sets up, measured on the real model: ``workload`` served under a KV
+    """The KV page, measured on the real model: ``workload`` served under a KV
     budget of ``budget_slabs`` slabs of the model's context by :func:`real_kv_configs`'s
     three schedules (:func:`~batching.experiments.checks.real_schedulers`: one model for all
     runs, and the simulator beside them when a profile of this machine is committed).
 
-    The runner holds a slab for each of its ``slots`` (it has no paged cache: chapter 8);
+    The runner holds a slab for each of its ``slots`` (it has no paged cache);
     the budget is enforced by the schedulers' KV accounting, as the simulator enforces it.
     Adds ``budget``, ``max_context`` and ``slots`` to real_schedulers' result."""
     from ..models import get_model
@@ -271,63 +314,53 @@ def real_kv(
     return {**rs, "budget": budget, "max_context": ctx, "slots": slots}
 
 
-def real_kv_text(rs: Mapping[str, Any]) -> str:
-    """What chapter 7 sets up: what :func:`real_kv` measured, and the simulator beside it (MyST)."""
-    st, sl, ex = (rs["real"][k] for k in ("static", "continuous, slab", "continuous, exact"))
-    unused = 1 - sl["kv_used_mean"] / sl["kv_reserved_mean"]
-    gain_slab, gain_exact = (
-        sl["throughput_tok"] / st["throughput_tok"],
-        ex["throughput_tok"] / st["throughput_tok"],
+#: How a seed claim fares: "holds" as stated, "partly" (true in part, the numbers say which),
+#: "does not hold" as stated. The page words each verdict in its own cell.
+Verdict = Literal["holds", "partly", "does not hold"]
+
+
+def slab_verdict(slab_kept: float) -> Verdict:
+    """The seed claim "one max-length slab per slot gives back most of batching's gain",
+    judged on :func:`gain_kept`'s share: slabs keep under half the gain ("holds"; a negative
+    share, slabs slower than static batching, gives back all of it), under 80% ("partly":
+    much of the gain goes, not most), or more ("does not hold"; above 1, measured noise or
+    slots rather than memory binding exact reservations, slabs kept it all)."""
+    if math.isnan(slab_kept):
+        raise ValueError("slab_kept=nan: exact reservations gained nothing over static batching to share")
+    return "holds" if slab_kept < 0.5 else "partly" if slab_kept < 0.8 else "does not hold"
+
+
+def real_kv_numbers(rs: Mapping[str, Any]) -> dict[str, float]:
+    """What :func:`real_kv` measured, as the numbers the page and the measured section quote:
+    ``slab_over_static``, ``exact_over_static``, ``exact_over_slab`` (throughput ratios),
+    ``slab_kept`` (:func:`gain_kept`, NaN when exact reservations gained nothing over static),
+    ``slab_unused`` (1 - written / reserved KV, slab policy, means over the run),
+    ``exact_peak_share`` (exact's reserved peak over the budget), ``exact_slot_bound`` (1.0
+    when exact ran every slot at once: the slots, not the memory, were the limit, else 0.0),
+    the three runs' ``<run>_running_peak`` / ``<run>_throughput_tok`` / ``exact_preemptions``
+    (runs keyed ``static``, ``slab``, ``exact``) and, with a simulation beside the runs,
+    ``<run>_sim_tput_err`` (simulated over measured throughput, minus 1)."""
+    runs = {"static": "static", "slab": "continuous, slab", "exact": "continuous, exact"}
+    st, sl, ex = (rs["real"][runs[k]] for k in ("static", "slab", "exact"))
+    out: dict[str, float] = {
+        "slab_over_static": sl["throughput_tok"] / st["throughput_tok"],
+        "exact_over_static": ex["throughput_tok"] / st["throughput_tok"],
+        "exact_over_slab": ex["throughput_tok"] / sl["throughput_tok"],
+        "slab_unused": 1 - sl["kv_used_mean"] / sl["kv_reserved_mean"],
+        "exact_peak_share": ex["kv_reserved_peak"] / rs["budget"],
+        "exact_slot_bound": float(ex["running_peak"] >= rs["slots"]),
+        "exact_preemptions": float(ex["preemptions"]),
+    }
+    out["slab_kept"] = (
+        gain_kept(out["slab_over_static"], out["exact_over_static"])
+        if out["exact_over_static"] > 1
+        else float("nan")
     )
-    limit = (
-        f"every one of the {rs['slots']} slots: memory was no longer the limit"
-        if ex["running_peak"] >= rs["slots"]
-        else f"as many as the memory held, {ex['kv_reserved_peak']:,.0f} of {rs['budget']:,} tokens at the peak"
-    )
-    text = (
-        f"With the same {rs['budget']:,} KV tokens ({rs['budget'] // rs['max_context']} slabs of "
-        f"{rs['max_context']:,}), static batching ran {st['running_peak']:.0f} requests at a time and delivered "
-        f"{st['throughput_tok']:.0f} output tokens/s. Continuous batching with slab reservations was held to "
-        f"{sl['running_peak']:.0f} at a time as well, and {unused:.0%} of what it reserved stayed empty; "
-        f"refilling freed slots at once still gave {gain_slab:.1f}x static's throughput. Reserving only what each "
-        f"request held, the same memory ran up to {ex['running_peak']:.0f} requests at once ({limit}; "
-        f"{_count(ex['preemptions'], 'preemption')}) and delivered {gain_exact:.1f}x static's throughput, "
-        f"{ex['throughput_tok'] / sl['throughput_tok']:.1f}x slab reservations'."
-    )
-    if gain_exact > 1:
-        text += (
-            f" Slab reservations kept {gain_kept(gain_slab, gain_exact):.0%} of continuous batching's gain "
-            "over static batching."
-        )
-    if "sim" not in rs:
-        return (
-            text
-            + " No profile measured on this machine is committed, so no simulation is set beside these runs."
-        )
-    sim = rs["sim"]
-    parts = [
-        f"{REAL_KV_LABELS.get(n, n)} {_signed(sim[n]['throughput_tok'] / rs['real'][n]['throughput_tok'] - 1)}"
-        for n in rs["real"]
-    ]
-    return text + (
-        " In parentheses, the simulator on this machine's profile; its throughput differs from the "
-        "measured one by " + "; ".join(parts) + "."
-    )
-
-
-#: How :func:`real_kv_text` names the three runs inside a sentence.
-REAL_KV_LABELS: dict[str, str] = {
-    "continuous, slab": "continuous with slab reservations",
-    "continuous, exact": "continuous with exact reservations",
-}
-
-
-def _count(n: float, noun: str) -> str:
-    """ "no preemptions", "1 preemption", "3 preemptions" (the closing section's sentences)."""
-    k = int(round(n))
-    return f"no {noun}s" if k == 0 else f"{k:,} {noun}" + ("" if k == 1 else "s")
-
-
-def _signed(x: float) -> str:
-    """A relative difference for a sentence: "within 1%" when it rounds to zero, else "+12%"."""
-    return "within 1%" if abs(x) < 0.005 else f"{x:+.0%}"
+    for k, name in runs.items():
+        out[f"{k}_running_peak"] = float(rs["real"][name]["running_peak"])
+        out[f"{k}_throughput_tok"] = float(rs["real"][name]["throughput_tok"])
+        if "sim" in rs:
+            out[f"{k}_sim_tput_err"] = (
+                rs["sim"][name]["throughput_tok"] / rs["real"][name]["throughput_tok"] - 1
+            )
+    return out

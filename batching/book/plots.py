@@ -509,7 +509,7 @@ def _drop_overlapping(
     from matplotlib.transforms import Bbox
 
     fig.canvas.draw()  # lays the figure out, so the boxes are where they will be saved
-    renderer = fig.canvas.get_renderer()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # Agg and every raster canvas have it
     kept: list[Any] = []
     for ax, xs, ys in avoid:
         for px, py in ax.transData.transform(np.column_stack([np.asarray(xs, float), np.asarray(ys, float)])):
@@ -623,7 +623,7 @@ def itl_figure(
     fig.canvas.draw()
     if note.get_window_extent().x0 < ax.get_window_extent().x0:
         note.xyann = (4, 0)
-        note.set_ha("left")
+        note.set_horizontalalignment("left")
     return fig
 
 
@@ -769,7 +769,7 @@ def chunk_tradeoff_figure(sweeps: Mapping[str, Mapping[str, np.ndarray]]) -> Fig
 
 # ------------------------------------------------------------------------------- KV
 def kv_time_figure(series: Mapping[str, Mapping[str, np.ndarray]], capacity: float) -> Figure:
-    """What chapter 7 sets up: KV tokens reserved (solid) and written (dotted) over a run,
+    """The KV page: KV tokens reserved (solid) and written (dotted) over a run,
     and running requests, per policy."""
     fig, axes = plt.subplots(2, 1, figsize=(WIDTH, 4.2), sharex=True, height_ratios=(3, 2))
     for pol, d in series.items():
@@ -798,9 +798,14 @@ def kv_time_figure(series: Mapping[str, Mapping[str, np.ndarray]], capacity: flo
 
 
 def kv_fit_figure(
-    lengths: np.ndarray, fit: Mapping[str, float], measured_peak: Mapping[str, float]
+    lengths: np.ndarray,
+    fit: Mapping[str, float],
+    measured_peak: Mapping[str, float] | None = None,
+    bstar: float | None = None,
 ) -> Figure:
-    """What chapter 7 sets up: request lengths against the slab, and sequences that fit."""
+    """The KV page: request lengths against the slab, and sequences that fit (with ``bstar``:
+    a line at the batch where decode turns compute-bound; with ``measured_peak``: black bars
+    at the most requests a run held at once, per policy)."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.8))
     ax = axes[0]
     counts, _, _ = ax.hist(lengths, bins=60, color="#7f7f7f")
@@ -829,10 +834,14 @@ def kv_fit_figure(
     ax.bar(range(3), vals, color=cols, alpha=0.85)
     for i, v in enumerate(vals):
         ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=8.5)
-    for pol, v in measured_peak.items():
+    for pol, v in (measured_peak or {}).items():
         i = 0 if pol == "slab" else 1
         ax.plot([i - 0.4, i + 0.4], [v, v], color="black", lw=1.5)
         ax.text(i + 0.42, v, f"peak {v:.0f}", va="center", fontsize=7.5)
+    if bstar is not None:
+        ax.axhline(bstar, color="#444444", ls="--", lw=1)
+        ax.text(-0.45, bstar, f"B* = {bstar:.0f}", va="bottom", fontsize=8, color="#444444")
+        ax.set_ylim(0, max(max(vals), bstar) * 1.15)
     ax.set_xticks(range(3), names)
     ax.set_ylabel("sequences that fit")
     ax.grid(axis="x", visible=False)
@@ -840,7 +849,7 @@ def kv_fit_figure(
 
 
 def kv_budget_figure(sweep: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
-    """What chapter 7 sets up: throughput and preemptions vs KV budget, per policy of
+    """The KV page: throughput and preemptions vs KV budget, per policy of
     continuous batching, and static batching under the same budget (series ``static``)."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.8))
     for pol, d in sweep.items():

@@ -27,10 +27,11 @@ chromium:
 RUN     := env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=100000 THP_MEM_ALLOC_ENABLE=1
 
 # The code is kept honest before the suite runs: ruff (lint and format) over the package,
-# tests, benchmarks and tools (configured in pyproject.toml).
+# tests, benchmarks and tools, and mypy over the package (both configured in pyproject.toml).
 lint: venv
 	$(PY) -m ruff check batching tests benchmarks tools
 	$(PY) -m ruff format --check batching tests benchmarks tools
+	$(PY) -m mypy
 
 test: venv chromium lint
 	$(RUN) $(PY) -m pytest -q

@@ -232,8 +232,11 @@ def main() -> None:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
         "host": socket.gethostname(),
-        "shared_machine": "measured while other sessions used this machine; see loadavg_before/after "
-        "and each round's loadavg_1m. The replay client runs on the same CPU as the server.",
+        # Busy: the 1-minute load average exceeded the core count before or during a round.
+        "shared_machine": max([load_before[0], *(x["loadavg_1m"] for v in per_mode.values() for x in v)])
+        > (os.cpu_count() or 1),
+        "client_note": "the replay client runs on the same CPU as the server; see loadavg_before/after "
+        "and each round's loadavg_1m",
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "versions": {k: version(k) for k in ("torch", "transformers", "httpx", "fastapi", "uvicorn")},

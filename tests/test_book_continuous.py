@@ -94,14 +94,6 @@ def test_first_finisher_queue_static_makes_the_queue_wait_for_the_long_request()
     assert co["e2e_mean"] < 40 * step and co["queue_mean"] < 0.1
 
 
-def test_capped_text_never_writes_request_s():
-    assert common.capped_text(0) == "no request here"
-    assert common.capped_text(1) == "1 request here"
-    assert common.capped_text(1234) == "1,234 requests here"
-    with pytest.raises(ValueError):
-        common.capped_text(-1)
-
-
 # -------------------------------------------------------------------- verdicts and KV
 def test_kv_rows_by_hand():
     # llama-8b on one H100: (0.9 x 80 GB - 16.06 GB of weights) / 128 KiB per token = 426,784

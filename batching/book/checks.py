@@ -5,7 +5,7 @@ simulator's measured error against it (every simulated figure's caption).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,19 +116,6 @@ def committed_real_runs(root: str | None = None) -> list[dict[str, Any]]:
 def real_runs_label(doc: Mapping[str, Any]) -> str:
     """``model dtype on device_name, measured date`` for a committed real run (7.1, 7.3)."""
     return f"{doc['model']} {doc['dtype']} on {doc['device_name']}, measured {doc['date'][:10]}"
-
-
-def committed_text(
-    docs: Sequence[Mapping[str, Any]], what: str, sentence: Callable[[Mapping[str, Any]], str]
-) -> str:
-    """7.1, 7.3: a paragraph on committed real runs: ``sentence(doc)`` for each, after its
-    :func:`real_runs_label` and file, and whether a GPU is among them; ``what`` names them."""
-    if not docs:
-        return "No other device's measurement is committed in `benchmarks/results/` yet."
-    parts = [f"{real_runs_label(d)} (`{d['path']}`): {sentence(d)}" for d in docs]
-    gpu = any(d["device"] != "cpu-here" for d in docs)
-    tail = "" if gpu else " No GPU measurement is among them yet."
-    return f"Committed measurements of {what}: " + "; ".join(parts) + "." + tail
 
 
 def real_crosscheck(

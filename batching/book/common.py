@@ -74,16 +74,6 @@ def fit_context(workload: Workload, max_context: int) -> tuple[Workload, int]:
     return workload.cap_to_context(max_context, mode="cap")
 
 
-def capped_text(n_capped: int) -> str:
-    """7.1, 7.2 (Data): how many of a trace's requests :func:`fit_context` shortened, as the
-    parenthesis of the prose says it ("no request here", "1 request here", "12 requests here")."""
-    if n_capped < 0:
-        raise ValueError(f"n_capped={n_capped}: a count of requests cannot be negative")
-    if n_capped == 0:
-        return "no request here"
-    return f"{n_capped:,} request{'s' if n_capped > 1 else ''} here"
-
-
 def trace_workload(
     name: str,
     limit: int | None = None,

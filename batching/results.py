@@ -22,6 +22,13 @@ from .metrics import SLO, request_records, summarize, token_times
 SCHEMA = 1
 
 
+def machine_busy(load: float | None, cpus: int | float | None) -> bool:
+    """Whether other work shared the cores while something was measured: the 1-minute load
+    average above the core count (unknown load, as on Windows: not busy). The pages then say
+    so instead of reading the measurement as the device's."""
+    return load is not None and load > float(cpus or 1)
+
+
 def _versions() -> dict[str, str]:
     v = {"python": platform.python_version(), "numpy": np.__version__}
     try:

@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from batching import hf_serve  # noqa: E402
+from batching.results import machine_busy  # noqa: E402
 
 CACHE = ROOT / "_build" / "serve"
 MODES = ("ours-continuous", "ours-chunked", "hf-serve")
@@ -233,8 +234,9 @@ def main() -> None:
         "command": command,
         "host": socket.gethostname(),
         # Busy: the 1-minute load average exceeded the core count before or during a round.
-        "shared_machine": max([load_before[0], *(x["loadavg_1m"] for v in per_mode.values() for x in v)])
-        > (os.cpu_count() or 1),
+        "shared_machine": machine_busy(
+            max([load_before[0], *(x["loadavg_1m"] for v in per_mode.values() for x in v)]), os.cpu_count()
+        ),
         "client_note": "the replay client runs on the same CPU as the server; see loadavg_before/after "
         "and each round's loadavg_1m",
         "cpu_count": os.cpu_count(),

@@ -56,6 +56,7 @@ def test_numbers_by_hand():
     assert n["chunked_lower_itl_p99"]  # 0.045 < 0.06
     assert not n["same_throughput"]  # 100 vs 200 tok/s
     assert n["requests"] == 12 and n["rounds"] == 3 and n["max_loadavg"] == 4.0 and n["live"] is None
+    assert n["cpus"] == 1.0 and n["busy"]  # no cpu_count in the file: one core, under a load of 4
     sim = n["rows"]["simulated"]
     assert all(sim[c] is not None and sim[c] > 0 for c in COLS)
     assert sim["ttft_p50"] <= sim["e2e_p50"] and sim["ttft_p99"] >= sim["ttft_p50"]
@@ -87,3 +88,10 @@ def test_live_replay_against_a_given_server():
     assert 0 < live["ttft_p50"] <= live["e2e_p50"] and live["output_throughput"] > 0
     assert [x[0] for x in serve.table_rows(n)][-1] == "live"
     assert all(len(b["prompt"]) > 0 and b["ignore_eos"] for _, b in srv.received)  # token ids, forced length
+
+
+def test_a_busy_machine_is_the_load_above_the_core_count() -> None:
+    from batching.results import machine_busy
+
+    assert machine_busy(2.5, 2) and not machine_busy(2.0, 2) and not machine_busy(None, 2)
+    assert machine_busy(1.5, None)  # unknown core count: one

@@ -21,6 +21,7 @@ from typing import Any
 from ..costs import ProfileCost
 from ..engine import RunResult
 from ..metrics import request_records, summarize
+from ..results import machine_busy
 from ..traces import load_trace
 from ..workload import Workload, preset
 from .common import simulate
@@ -141,6 +142,7 @@ def numbers(
         rows["live"], live_info = live_row(lw, server_url, served_model, model=model)
     ours, hf, chk, sim = rows["ours-continuous"], rows["hf-serve"], rows["ours-chunked"], rows["simulated"]
     e2e_ratio = _ratio(sim["e2e_p50"], ours["e2e_p50"])
+    max_load = max(x["loadavg_1m"] for v in doc["rounds"].values() for x in v)
     return {
         "rows": rows,
         "server_over_ours": {k: _ratio(hf[k], ours[k]) for k in COLUMNS},
@@ -158,7 +160,10 @@ def numbers(
         "rounds": len(doc["round_order"]),
         "loadavg_before": doc["loadavg_before"][0],
         "loadavg_after": doc["loadavg_after"][0],
-        "max_loadavg": max(x["loadavg_1m"] for v in doc["rounds"].values() for x in v),
+        "max_loadavg": max_load,
+        "cpus": float(doc.get("cpu_count") or 1),
+        # Measured while other work shared the cores (the machine the file was measured on).
+        "busy": machine_busy(max_load, doc.get("cpu_count")),
         "date": doc["date"],
         "live": live_info,
     }

@@ -16,6 +16,7 @@ from ..costs import RooflineCost
 from ..engine import RunResult
 from ..metrics import summarize
 from ..plan import StepWork
+from ..results import machine_busy
 from ..workload import Workload
 from .capacity import queue_growth
 from .common import _OCC_KIND, metrics, simulate
@@ -153,7 +154,7 @@ def real_padding(
         executor=executor,
         load=load,
         cpus=cpus,
-        busy=bool(load > cpus),
+        busy=machine_busy(load, cpus),
     )
     return out
 

@@ -1,8 +1,12 @@
-"""Fixtures shared by the torch-model tests (test_model, test_real, test_graphs)."""
+"""Fixtures shared by the torch-model tests (test_model, test_real, test_graphs), and the figure
+backend of every test that draws (set once, before any test module imports pyplot)."""
 
 from __future__ import annotations
 
+import matplotlib
 import pytest
+
+matplotlib.use("Agg")
 
 
 @pytest.fixture(scope="module")

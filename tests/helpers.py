@@ -8,8 +8,11 @@ from types import ModuleType
 
 import numpy as np
 
+from batching.costs import get_cost_model
+from batching.engine import SimExecutor
 from batching.plan import StepWork
 from batching.request import Request
+from batching.workload import LogNormal, Workload, synthetic
 
 
 class LinearCost:
@@ -77,3 +80,20 @@ def _gpu_profile() -> dict:
         },
         "prefill": {"tokens": [128, 1024], "ms": [6.0, 30.0]},
     }
+
+
+#: One second per step, whatever it holds: step counts read as seconds (scheduler and metric tests).
+UNIT = SimExecutor(LinearCost(1.0))
+#: The book's hero setup on the roofline: llama-8b in bf16 on one H100-SXM.
+H100_8B = get_cost_model("llama-8b", "h100")
+
+
+def small_trace(n: int = 120, rate: float = 8.0, seed: int = 3) -> Workload:
+    """A long-tailed synthetic workload, small enough for unit tests."""
+    return synthetic(
+        n,
+        rate,
+        LogNormal(median=300, sigma=0.9, lo=8, hi=3000),
+        LogNormal(median=60, sigma=1.0, lo=2, hi=800),
+        seed=seed,
+    )

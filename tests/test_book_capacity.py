@@ -7,12 +7,10 @@ import math
 from types import SimpleNamespace
 
 import pytest
+from helpers import H100_8B
 
 from batching.book import capacity as cap
-from batching.costs import get_cost_model
 from batching.workload import LogNormal, synthetic
-
-H100_8B = get_cost_model("llama-8b", "h100")
 
 
 def test_slos_are_5x_and_25x_the_decode_step_of_32_rows_at_4096_tokens() -> None:
@@ -110,9 +108,6 @@ def test_continuous_batching_sustains_more_than_static_on_a_small_trace() -> Non
 
 
 def test_capacity_figure_draws_one_bar_per_row(tmp_path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
     from batching.book import plots
 
     rows = [

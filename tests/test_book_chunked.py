@@ -6,12 +6,9 @@ from __future__ import annotations
 import math
 
 import matplotlib
-
-matplotlib.use("Agg")
-
 import numpy as np
 import pytest
-from helpers import LinearCost, _gpu_profile, _texts, reqs
+from helpers import H100_8B, LinearCost, _gpu_profile, _texts, reqs
 
 from batching.book import (
     checks,
@@ -20,12 +17,9 @@ from batching.book import (
     plots,
     why,
 )
-from batching.costs import get_cost_model
 from batching.engine import SimExecutor, run
 from batching.schedulers import ContinuousScheduler, make_scheduler
 from batching.workload import LogNormal, Workload, synthetic
-
-H100_8B = get_cost_model("llama-8b", "h100")
 
 
 def test_itl_spike_without_chunks_and_none_with_them():

@@ -3,35 +3,10 @@ sweeps that must move the way theory says they do."""
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")
-
 import numpy as np
-from helpers import LinearCost
+from helpers import H100_8B, small_trace
 
 from batching.book import kv as kvbook
-from batching.book import (
-    static,
-)
-from batching.costs import get_cost_model
-from batching.engine import SimExecutor
-from batching.workload import LogNormal, Workload, synthetic
-
-UNIT = SimExecutor(LinearCost(1.0))
-H100_8B = get_cost_model("llama-8b", "h100")
-Seg = static.Segment
-
-
-def small_trace(n: int = 120, rate: float = 8.0, seed: int = 3) -> Workload:
-    """A long-tailed synthetic workload, small enough for unit tests."""
-    return synthetic(
-        n,
-        rate,
-        LogNormal(median=300, sigma=0.9, lo=8, hi=3000),
-        LogNormal(median=60, sigma=1.0, lo=2, hi=800),
-        seed=seed,
-    )
 
 
 # ------------------------------------------------------------------------------ KV

@@ -6,33 +6,16 @@ from __future__ import annotations
 import math
 
 import matplotlib
-
-matplotlib.use("Agg")
-
 import numpy as np
 import pytest
-from helpers import LinearCost, _texts, reqs
+from helpers import H100_8B, UNIT, _texts, reqs, small_trace
 
 from batching.book import common, plots, static
-from batching.costs import get_cost_model
-from batching.engine import SimExecutor, run
+from batching.engine import run
 from batching.schedulers import ContinuousScheduler, StaticScheduler
-from batching.workload import LogNormal, Workload, preset, synthetic
+from batching.workload import Workload, preset
 
-UNIT = SimExecutor(LinearCost(1.0))
-H100_8B = get_cost_model("llama-8b", "h100")
 Seg = static.Segment
-
-
-def small_trace(n: int = 120, rate: float = 8.0, seed: int = 3) -> Workload:
-    """A long-tailed synthetic workload, small enough for unit tests."""
-    return synthetic(
-        n,
-        rate,
-        LogNormal(median=300, sigma=0.9, lo=8, hi=3000),
-        LogNormal(median=60, sigma=1.0, lo=2, hi=800),
-        seed=seed,
-    )
 
 
 # ------------------------------------------------------------------------- timelines

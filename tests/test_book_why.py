@@ -5,17 +5,12 @@ says they do."""
 from __future__ import annotations
 
 import matplotlib
-
-matplotlib.use("Agg")
-
 import numpy as np
 import pytest
-from helpers import _gpu_profile, _texts
+from helpers import H100_8B, _gpu_profile, _texts
 
 from batching.book import common, decode, plots, why
 from batching.costs import get_cost_model
-
-H100_8B = get_cost_model("llama-8b", "h100")
 
 
 # ---------------------------------------------------------------------- why batching

@@ -6,23 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import H100_8B, small_trace
 
 from batching.book import checks
 from batching.book import kv as kvbook
-from batching.costs import get_cost_model
 from batching.workload import LogNormal, Workload, synthetic
-
-H100_8B = get_cost_model("llama-8b", "h100")
 
 
 def test_budget_sweep_gives_static_one_slab_per_row_and_continuous_beats_it():
-    w = synthetic(
-        120,
-        8.0,
-        LogNormal(median=300, sigma=0.9, lo=8, hi=3000),
-        LogNormal(median=60, sigma=1.0, lo=2, hi=800),
-        seed=3,
-    ).scale(time=16.0)
+    w = small_trace().scale(time=16.0)
     sw = kvbook.kv_budget_sweep(w, H100_8B, [16384, 65536], slots=128)
     assert set(sw) == {"slab", "exact", "static"}
     st = sw["static"]
@@ -34,19 +26,7 @@ def test_budget_sweep_gives_static_one_slab_per_row_and_continuous_beats_it():
 
 
 def test_budget_numbers_by_hand():
-    one = {
-        k: np.array([0.0])
-        for k in (
-            "e2e_p99",
-            "ttft_p99",
-            "preemptions",
-            "running_peak",
-            "kv_used_mean",
-            "kv_reserved_mean",
-            "slot_util",
-            "steps",
-        )
-    }
+    one = {k: np.array([0.0]) for k in kvbook.BUDGET_KEYS if k != "throughput_tok"}
     sweep = {
         pol: {**one, "budget": np.array([1000.0]), "throughput_tok": np.array([t])}
         for pol, t in (("static", 100.0), ("slab", 200.0), ("exact", 500.0))

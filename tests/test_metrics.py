@@ -6,7 +6,7 @@ import csv
 import json
 
 import pytest
-from helpers import LinearCost, reqs
+from helpers import UNIT, LinearCost, reqs
 
 from batching import results
 from batching.costs import get_cost_model
@@ -14,8 +14,6 @@ from batching.engine import SimExecutor, run
 from batching.metrics import SLO, request_record, summarize
 from batching.plan import StepWork
 from batching.schedulers import ContinuousScheduler, StaticScheduler
-
-UNIT = SimExecutor(LinearCost(1.0))
 
 
 def test_latencies_by_hand():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from helpers import LinearCost, reqs
+from helpers import UNIT, reqs
 
-from batching.engine import SimExecutor, run
+from batching.engine import run
 from batching.kv import ConfigError
 from batching.metrics import summarize
 from batching.request import RequestError
@@ -17,8 +17,6 @@ from batching.schedulers import (
     DynamicScheduler,
     StaticScheduler,
 )
-
-UNIT = SimExecutor(LinearCost(1.0))
 
 
 def go(requests, sched, **kw):

@@ -134,6 +134,20 @@ def policy_roofline(cost: Any, workload: Workload, budget: float, slots: int) ->
     return out
 
 
+#: What :func:`kv_budget_sweep` records per budget (:func:`~batching.book.common.metrics` keys).
+BUDGET_KEYS = (
+    "throughput_tok",
+    "e2e_p99",
+    "ttft_p99",
+    "preemptions",
+    "running_peak",
+    "kv_used_mean",
+    "kv_reserved_mean",
+    "slot_util",
+    "steps",
+)
+
+
 def kv_budget_sweep(
     workload: Workload,
     cost: Any,
@@ -152,17 +166,7 @@ def kv_budget_sweep(
     ``ttft_p99``, ``preemptions``, ``running_peak``, ``kv_used_mean``, ``kv_reserved_mean``,
     ``slot_util``, ``steps``. ``slots`` is set high so that memory, not slots, is the limit.
     """
-    keys = (
-        "throughput_tok",
-        "e2e_p99",
-        "ttft_p99",
-        "preemptions",
-        "running_peak",
-        "kv_used_mean",
-        "kv_reserved_mean",
-        "slot_util",
-        "steps",
-    )
+    keys = BUDGET_KEYS
     runs: list[tuple[str, str, dict[str, Any]]] = [
         (pol, scheduler, {"slots": slots, "kv_policy": pol}) for pol in policies
     ]

@@ -108,7 +108,7 @@ def test_continuous_batching_sustains_more_than_static_on_a_small_trace() -> Non
 
 
 def test_capacity_figure_draws_one_bar_per_row(tmp_path) -> None:
-    from batching.book import plots
+    from batching.book import figures
 
     rows = [
         {"config": c, "slo": s, "rate": r}
@@ -118,7 +118,9 @@ def test_capacity_figure_draws_one_bar_per_row(tmp_path) -> None:
             ("chunked, budget 512", "strict", 0.0),
         ]
     ]
-    fig = plots.capacity_figure(rows, trace_rate=4.7, slo_labels={"strict": "strict", "relaxed": "relaxed"})
+    fig = figures.continuous.capacity_figure(
+        rows, trace_rate=4.7, slo_labels={"strict": "strict", "relaxed": "relaxed"}
+    )
     ax = fig.axes[0]
     assert len(ax.patches) == 4  # 2 configs x 2 SLOs (a missing pair is drawn as NaN)
     texts = [t.get_text() for t in ax.texts]

@@ -14,6 +14,7 @@ from batching.book import (
     checks,
     chunked,
     chunked_real,
+    figures,
     plots,
     why,
 )
@@ -198,7 +199,7 @@ def test_itl_figure_keeps_the_arrival_label_inside_the_axes():
     series = {"continuous, mixed prefill": {"t": t, "itl": itl}}
     # Near the window's left edge (the measured run) the label goes right of the line; else left.
     for arrival, right_of_line in ((0.765, True), (1.5, False)):
-        fig = plots.itl_figure(series, arrival, window=(0.65, 2.2))
+        fig = figures.chunked.itl_figure(series, arrival, window=(0.65, 2.2))
         fig.canvas.draw()
         r = fig.canvas.get_renderer()
         ax = fig.axes[0]
@@ -221,7 +222,7 @@ def test_chunk_tradeoff_figure_separates_loads_and_keeps_labels_apart():
         "continuous_itl_p99": np.array([0.15]),
         "continuous_ttft_p99": np.array([ttft[-1]]),
     }
-    fig = plots.chunk_tradeoff_figure(
+    fig = figures.chunked.chunk_tradeoff_figure(
         {
             "1x": mk([5.4, 5.5, 9.5], [7.5, 1.5, 0.9]),
             "2x": mk([5.5, 5.5, 9.6], [15.0, 5.3, 3.8]),
@@ -395,7 +396,7 @@ def test_profile_chunk_steps_reads_the_measured_mixed_steps_as_they_are(tmp_path
     )
     assert chunked_real.profile_chunk_steps(why.load_profiles(tmp_path), decodes=16) == []
     for cs in (curves, []):
-        fig = plots.chunk_profile_figure(cs)
+        fig = figures.chunked.chunk_profile_figure(cs)
         png, _ = plots.save(fig, "chunk-profile", tmp_path)
         assert png.stat().st_size > 5000
         matplotlib.pyplot.close(fig)
@@ -411,7 +412,7 @@ def test_chunk_profile_figure_reads_the_itl_multiplier_as_1x_2x_5x():
         "share": np.array([0.05, 0.6, 1.0]),
         "bstar": 13.0,
     }
-    fig = plots.chunk_profile_figure([curve])
+    fig = figures.chunked.chunk_profile_figure([curve])
     fig.canvas.draw()
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["1x", "2x", "5x", "10x"]
     matplotlib.pyplot.close(fig)

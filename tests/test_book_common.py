@@ -12,6 +12,7 @@ from batching.book import (
     chunked,
     common,
     continuous,
+    figures,
     plots,
     static,
 )
@@ -61,26 +62,34 @@ def test_every_figure_draws_and_saves(tmp_path):
     kv = kvbook.kv_runs(w, H100_8B, slots=16)
     rt = chunked.chunk_step_times(H100_8B, [64, 512])
     figs = {
-        "padding": plots.padding_figure(static.padding_cost(H100_8B)),
-        "timeline": plots.timeline_figure([("static", static.timeline(ff))], marks=[[(0.1, "mark")]]),
-        "batch": plots.batch_sweep_figure(static.static_batch_sweep(w, H100_8B, [1, 4])),
-        "wait": plots.wait_figure(static.wait_sweep(w, H100_8B, [0, 1], slots=4), ceiling=0.4),
-        "utilization": plots.utilization_load_figure(sw, trace_rate=common.offered_rate(w)),
-        "real": plots.real_schedulers_figure(
+        "padding": figures.static.padding_figure(static.padding_cost(H100_8B)),
+        "timeline": figures.static.timeline_figure(
+            [("static", static.timeline(ff))], marks=[[(0.1, "mark")]]
+        ),
+        "batch": figures.static.batch_sweep_figure(static.static_batch_sweep(w, H100_8B, [1, 4])),
+        "wait": figures.static.wait_figure(static.wait_sweep(w, H100_8B, [0, 1], slots=4), ceiling=0.4),
+        "utilization": figures.continuous.utilization_load_figure(sw, trace_rate=common.offered_rate(w)),
+        "real": figures.continuous.real_schedulers_figure(
             {
                 "real": {n: {"slot_util": 0.5, "e2e_p99": 2.0, "throughput_tok": 90.0} for n in cfg},
                 "sim": {n: {"slot_util": 0.6, "e2e_p99": 1.5, "throughput_tok": 95.0} for n in cfg},
             }
         ),
-        "iters": plots.iterations_figure(continuous.probe_runs(wl, H100_8B, cfg, probes), 20),
-        "itl": plots.itl_figure(st["series"], 0.5, st["first_token"]),
-        "roofline": plots.chunk_roofline_figure(rt["chunk"], rt["step_s"], rt["decode_s"], rt["bstar"]),
-        "tradeoff": plots.chunk_tradeoff_figure(
+        "iters": figures.continuous.iterations_figure(continuous.probe_runs(wl, H100_8B, cfg, probes), 20),
+        "itl": figures.chunked.itl_figure(st["series"], 0.5, st["first_token"]),
+        "roofline": figures.chunked.chunk_roofline_figure(
+            rt["chunk"], rt["step_s"], rt["decode_s"], rt["bstar"]
+        ),
+        "tradeoff": figures.chunked.chunk_tradeoff_figure(
             {"1x": chunked.chunk_sweep(w, H100_8B, [256, 512], slots=8)[1.0]}
         ),
-        "kv_time": plots.kv_time_figure(kv["series"], H100_8B.kv_capacity()),
-        "kv_fit": plots.kv_fit_figure(w.prompt_lens + w.output_lens, kvbook.kv_fit(H100_8B, w), {"slab": 10}),
-        "kv_budget": plots.kv_budget_figure(kvbook.kv_budget_sweep(w, H100_8B, [16384, 32768], slots=32)),
+        "kv_time": figures.kv.kv_time_figure(kv["series"], H100_8B.kv_capacity()),
+        "kv_fit": figures.kv.kv_fit_figure(
+            w.prompt_lens + w.output_lens, kvbook.kv_fit(H100_8B, w), {"slab": 10}
+        ),
+        "kv_budget": figures.kv.kv_budget_figure(
+            kvbook.kv_budget_sweep(w, H100_8B, [16384, 32768], slots=32)
+        ),
     }
     for name, fig in figs.items():
         assert fig.axes, name

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import H100_8B, UNIT, _texts, reqs, small_trace
 
-from batching.book import common, plots, static
+from batching.book import common, figures, plots, static
 from batching.engine import run
 from batching.schedulers import ContinuousScheduler, StaticScheduler
 from batching.workload import Workload, preset
@@ -136,9 +136,9 @@ def test_wait_sweep_trades_queueing_for_fuller_batches():
 def test_timeline_panels_share_the_time_axis_on_request():
     short = [Seg(0, 0, "decode", 0.0, 2.0, 2)]
     long = [Seg(0, 0, "decode", 0.0, 5.0, 5)]
-    fig = plots.timeline_figure([("a", short), ("b", long)])
+    fig = figures.static.timeline_figure([("a", short), ("b", long)])
     assert [ax.get_xlim()[1] for ax in fig.axes] == [2.0, 5.0]
-    fig = plots.timeline_figure([("a", short), ("b", long)], sharex=True)
+    fig = figures.static.timeline_figure([("a", short), ("b", long)], sharex=True)
     assert [ax.get_xlim()[1] for ax in fig.axes] == [5.0, 5.0]
     matplotlib.pyplot.close("all")
 
@@ -297,7 +297,7 @@ def test_per_position_ms_by_hand():
 def test_real_padding_figure_draws_the_four_measured_steps():
     plots.style()
     rp = dict(short=50.0, long=2000.0, short_ms=35.2, long_ms=1238.0, packed_ms=1169.4, padded_ms=2425.4)
-    fig = plots.real_padding_figure(rp)
+    fig = figures.static.real_padding_figure(rp)
     ax = fig.axes[0]
     assert [round(p.get_width(), 1) for p in ax.patches] == [35.2, 1238.0, 1169.4, 2425.4]
     assert set(_texts(ax)) == {" 35.2 ms", " 1,238 ms", " 1,169 ms", " 2,425 ms"}
@@ -310,7 +310,7 @@ def test_wait_figure_labels_every_point_even_where_they_bunch():
     plots.style()
     ws = _wait_sweep_by_hand()
     ws["dynamic"]["queue_mean"] = np.array([1.59, 1.60, 4.2, 6.3])  # 0 and 1 s on one spot
-    fig = plots.wait_figure(ws, ceiling=0.46)
+    fig = figures.static.wait_figure(ws, ceiling=0.46)
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     ax = fig.axes[0]
@@ -326,7 +326,7 @@ def test_wait_figure_labels_every_point_even_where_they_bunch():
         if t.get_text().startswith("full batches"):  # the line's own label, on it
             continue
         box = t.get_window_extent(r)
-        clear = plots.WAIT_LABEL_CLEAR_PX
+        clear = figures.static.WAIT_LABEL_CLEAR_PX
         assert not box.y0 - clear <= y_line <= box.y1 + clear, t.get_text()
     sixteen = [
         t for t in ax.texts if t.get_text() == "16" and t.get_color() == plots.SCHEDULER_COLORS["dynamic"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import H100_8B, _gpu_profile, _texts
 
-from batching.book import common, decode, plots, why
+from batching.book import common, decode, figures, plots, why
 from batching.costs import get_cost_model
 
 
@@ -205,13 +205,15 @@ def test_why_batching_figures_draw_and_save(tmp_path):
     (tmp_path / "p" / "h200-llama-8b.json").write_text(json.dumps(_gpu_profile()))
     profs = why.load_profiles(why.PROFILE_DIR) + why.load_profiles(tmp_path / "p")
     figs = {
-        "roofline": plots.gpu_roofline_figure(gr),
-        "live": plots.live_decode_figure(sw, why.live_numbers(sw), why.live_roofline(sw, points=20)),
-        "live_uniform": plots.live_decode_figure(
+        "roofline": figures.why.gpu_roofline_figure(gr),
+        "live": figures.why.live_decode_figure(sw, why.live_numbers(sw), why.live_roofline(sw, points=20)),
+        "live_uniform": figures.why.live_decode_figure(
             sw, why.live_numbers(sw), why.live_roofline(sw, points=20), paths=["uniform"]
         ),
-        "profiles": plots.profiles_figure(profs, [why.profile_roofline(p) for p in profs], live=sw, gpu=gr),
-        "no_profiles": plots.profiles_figure([], [], live=sw),
+        "profiles": figures.why.profiles_figure(
+            profs, [why.profile_roofline(p) for p in profs], live=sw, gpu=gr
+        ),
+        "no_profiles": figures.why.profiles_figure([], [], live=sw),
     }
     for name, fig in figs.items():
         png, svg = plots.save(fig, name, tmp_path)
@@ -241,7 +243,7 @@ def test_live_decode_sweep_measures_every_path_on_the_cpu():
 def test_why_figures_keep_their_labels_clear_of_legend_and_reference_lines():
     plots.style()
     gr = why.gpu_rooflines()
-    fig = plots.gpu_roofline_figure(gr)
+    fig = figures.why.gpu_roofline_figure(gr)
     fig.canvas.draw()
     r = fig.canvas.get_renderer()
     ax = fig.axes[0]
@@ -252,7 +254,7 @@ def test_why_figures_keep_their_labels_clear_of_legend_and_reference_lines():
 
     sw = _synthetic_sweep()
     n = why.live_numbers(sw)  # 2x knee at batch 8 (t1 = 40 ms)
-    fig = plots.live_decode_figure(sw, n, why.live_roofline(sw, points=20))
+    fig = figures.why.live_decode_figure(sw, n, why.live_roofline(sw, points=20))
     fig.canvas.draw()
     ax = fig.axes[0]
     texts = _texts(ax)
@@ -268,7 +270,7 @@ def test_why_figures_keep_their_labels_clear_of_legend_and_reference_lines():
     matplotlib.pyplot.close(fig)
     # A knee at the first batch writes its label to the right, inside the axes.
     n1 = {**n, "knee": 1.0}
-    fig = plots.live_decode_figure(sw, n1, why.live_roofline(sw, points=20))
+    fig = figures.why.live_decode_figure(sw, n1, why.live_roofline(sw, points=20))
     fig.canvas.draw()
     ax = fig.axes[0]
     lab = matplotlib.text.Text.get_window_extent(_texts(ax)["knee: 1"], fig.canvas.get_renderer())
@@ -279,7 +281,7 @@ def test_why_figures_keep_their_labels_clear_of_legend_and_reference_lines():
 def test_profiles_figure_tells_the_coinciding_gpu_predictions_apart():
     plots.style()
     sw = _synthetic_sweep()
-    fig = plots.profiles_figure([], [], live=sw, gpu=why.gpu_rooflines())
+    fig = figures.why.profiles_figure([], [], live=sw, gpu=why.gpu_rooflines())
     lines = [ln for ln in fig.axes[1].get_lines() if ln.get_label().startswith("roofline simulation")]
     assert len(lines) == 2
     assert (

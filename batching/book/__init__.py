@@ -1,6 +1,7 @@
 """What the chapter's pages compute: one module per page, each returning that page's numbers
 and verdicts (numbers, small labels, booleans, tables as rows), plus the figures
-(:mod:`.plots`) and the glue helpers (:mod:`.common`).
+(:mod:`.figures`, one module per page) and the helpers that glue numbers, tables and
+figures into a page (:mod:`.plots`).
 
 No function here returns a sentence of the book: the sentences live in the notebooks'
 markdown, and where wording depends on a measurement the notebook picks it.
@@ -8,8 +9,8 @@ markdown, and where wording depends on a measurement the notebook picks it.
 Modules: :mod:`.common` (simulate, metrics, glue helpers), :mod:`.why` ("Why batching"),
 :mod:`.static` (7.1), :mod:`.continuous` (7.2), :mod:`.chunked` (7.3), :mod:`.kv` (what 7.2
 sets up), :mod:`.checks` (the real engine's runs and the simulator's measured error) and
-:mod:`.plots` (figures). Notebooks import the modules they use
-(``from batching.book import plots, static``).
+:mod:`.figures` with :mod:`.plots`. Notebooks import the modules they use
+(``from batching.book import figures, plots, static``).
 
 Utilization means two different things here (``shared/notes/conventions.md``): slot
 utilization (output tokens kept / (slots x steps)) and hardware utilization (achieved FLOP/s

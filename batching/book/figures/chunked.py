@@ -1,0 +1,231 @@
+"""Figures of 7.3 (chunked prefill): inter-token latency around a long prompt, the chunk-size
+roofline and profile, and the TTFT-ITL trade-off."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+import numpy as np
+from matplotlib.figure import Figure
+
+from ..plots import (
+    LOAD_STYLES,
+    PHASE_COLORS,
+    SCHEDULER_COLORS,
+    SOURCE_COLORS,
+    WIDTH,
+    drop_overlapping,
+    log_ticks,
+)
+
+
+# ------------------------------------------------------------------------------ 7.3
+def _config_style(name: str) -> dict[str, Any]:
+    """Line style of a 7.3 configuration from its label."""
+    if "chunk" in name and "no chunk" not in name:
+        return {"color": SCHEDULER_COLORS["chunked"], "ls": "-"}
+    if "separate" in name:
+        return {"color": "#888888", "ls": "--"}
+    return {"color": SCHEDULER_COLORS["continuous"], "ls": "-"}
+
+
+def itl_figure(
+    series: Mapping[str, Mapping[str, np.ndarray]],
+    arrival: float,
+    first_tokens: Mapping[str, float] | None = None,
+    window: tuple[float, float] | None = None,
+) -> Figure:
+    """7.3: the inter-token latency the running requests see, per configuration; triangles
+    on the time axis mark the newcomer's first token."""
+    fig, ax = plt.subplots(figsize=(WIDTH, 2.9))
+    top = 0.0
+    for name, d in series.items():
+        t, g = d["t"], d["itl"] * 1e3
+        # Every running request sees the same step: draw one line of the step-by-step ITL.
+        u, idx = np.unique(t, return_index=True)
+        ax.step(u, g[idx], where="pre", lw=1.5, label=name, **_config_style(name))
+        top = max(top, float(g.max(initial=0.0)))
+    ax.axvline(arrival, color="#999999", ls=":", lw=1)
+    note = ax.annotate(
+        "long prompt arrives",
+        (arrival, 0.93),
+        xycoords=("data", "axes fraction"),
+        xytext=(-4, 0),
+        textcoords="offset points",
+        ha="right",
+        fontsize=8,
+        color="#666666",
+    )
+    if first_tokens:
+        # Stacked a little apart on the time axis: first tokens a few ms apart would otherwise
+        # hide one another behind a single triangle.
+        for k, (name, tf) in enumerate(first_tokens.items()):
+            ax.plot(
+                [tf],
+                [0.035 * k],
+                marker="v",
+                ms=8,
+                clip_on=False,
+                zorder=6,
+                mec="white",
+                color=_config_style(name)["color"],
+                transform=ax.get_xaxis_transform(),
+            )
+    if window:
+        ax.set_xlim(*window)
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("inter-token latency of\nthe running requests (ms)")
+    # Headroom above the tallest stall for the legend, which would otherwise sit on it.
+    ax.set_ylim(0, top * 1.45 if top > 0 else None)
+    ax.legend(loc="upper right")
+    # Left of the arrival line unless that runs out of the axes (an arrival near the window's
+    # left edge, as in the measured run): then it would sit on the y tick labels, so right of it.
+    fig.canvas.draw()
+    if note.get_window_extent().x0 < ax.get_window_extent().x0:
+        note.xyann = (4, 0)
+        note.set_horizontalalignment("left")
+    return fig
+
+
+def chunk_roofline_figure(chunks: np.ndarray, step_s: np.ndarray, decode_s: float, bstar: float) -> Figure:
+    """7.3: roofline time of one step (running decodes + one prefill chunk) vs chunk size,
+    and the prefill throughput that chunk size gets."""
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.7))
+    ax = axes[0]
+    ax.plot(chunks, step_s * 1e3, "o-", color=SCHEDULER_COLORS["chunked"], ms=3.5)
+    ax.axhline(decode_s * 1e3, color=PHASE_COLORS["decode"], ls="--", lw=1)
+    ax.annotate(
+        "decode-only step",
+        (1.0, decode_s * 1e3),
+        xycoords=("axes fraction", "data"),
+        xytext=(0, 3),
+        textcoords="offset points",
+        ha="right",
+        va="bottom",
+        fontsize=8,
+        color=PHASE_COLORS["decode"],
+    )
+    ax.set_yscale("log")
+    log_ticks(ax, float(min(step_s.min(), decode_s)) * 1e3 * 0.9, float(step_s.max()) * 1e3 * 1.1, axis="y")
+    ax.set_ylabel("step time = decodes' ITL (ms)")
+    ax = axes[1]
+    ax.plot(chunks, chunks / step_s / 1e3, "o-", color=PHASE_COLORS["prefill"], ms=3.5)
+    ax.set_ylabel("prefill throughput (k tokens/s)")
+    for a in axes:
+        a.set_xscale("log", base=2)
+        a.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(list(chunks)))
+        a.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        a.tick_params(axis="x", labelrotation=45)
+        a.set_xlabel("prefill chunk (tokens)")
+        a.axvline(bstar, color="#999999", ls=":", lw=1)
+        # At the top: the decode-only step's line runs along the bottom of the left panel.
+        a.annotate(
+            "B*",
+            (bstar, 0.9),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, 0),
+            textcoords="offset points",
+            fontsize=8,
+            color="#666666",
+        )
+    return fig
+
+
+def chunk_profile_figure(curves: Sequence[Mapping[str, Any]]) -> Figure:
+    """7.3, measured: for each :func:`batching.experiments.profile_chunk_steps` curve, the step
+    carrying running decodes and one prefill chunk over the decode-only step (the running
+    requests' ITL multiplier, left) and the chunk's prefill throughput as a share of the best
+    measured (right), against the chunk size; dotted: each profile's B*."""
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.8))
+    ticks: set[float] = set()
+    for i, c in enumerate(curves):
+        col = SOURCE_COLORS[i % len(SOURCE_COLORS)]
+        label = f"{c['short']}, {c['decodes']} decodes"
+        axes[0].plot(c["chunk"], c["over_decode"], "o-", color=col, ms=3.5, lw=1.4, label=label)
+        axes[1].plot(c["chunk"], c["share"] * 100, "o-", color=col, ms=3.5, lw=1.4)
+        ticks.update(float(x) for x in c["chunk"])
+        for a in axes:
+            a.axvline(c["bstar"], color=col, ls=":", lw=1)
+        axes[1].annotate(
+            "B*",
+            (c["bstar"], 0.9),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, 0),
+            textcoords="offset points",
+            fontsize=8,
+            color=col,
+        )
+    if not curves:
+        axes[0].text(
+            0.5, 0.5, "no measured mixed steps", ha="center", va="center", transform=axes[0].transAxes
+        )
+    axes[0].set_yscale("log")
+    if curves:  # 1x, 2x, 5x... : a multiplier reads better than 10^0, 10^1
+        over = np.concatenate([np.asarray(c["over_decode"], dtype=float) for c in curves])
+        log_ticks(axes[0], min(1.0, over.min()) * 0.9, over.max() * 1.1, axis="y")
+        axes[0].yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+    axes[0].set_ylabel("step / decode-only step (log)")
+    axes[0].axhline(1.0, color="#bbbbbb", lw=0.8, zorder=1)
+    axes[1].set_ylabel("prefill throughput\n(% of best measured)")
+    axes[1].set_ylim(0, 105)
+    for a in axes:
+        a.set_xscale("log", base=2)
+        if ticks:
+            a.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(ticks)))
+        a.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        a.tick_params(axis="x", labelrotation=45)
+        a.set_xlabel("prefill chunk (tokens)")
+    if curves:
+        axes[0].legend(loc="upper left", fontsize=7)
+    return fig
+
+
+def chunk_tradeoff_figure(sweeps: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
+    """7.3: TTFT p99 vs ITL p99 as the chunk size varies, one curve per load; the hollow
+    marker is continuous batching without chunks."""
+    fig, ax = plt.subplots(figsize=(WIDTH, 3.4))
+    labels: list[Any] = []
+    points: list[tuple[Any, Any, Any]] = []
+    for i, (label, d) in enumerate(sweeps.items()):
+        c, mk = LOAD_STYLES[i % len(LOAD_STYLES)]
+        points += [
+            (ax, d["itl_p99"] * 1e3, d["ttft_p99"]),
+            (ax, d["continuous_itl_p99"] * 1e3, d["continuous_ttft_p99"]),
+        ]
+        ax.plot(d["itl_p99"] * 1e3, d["ttft_p99"], "-", marker=mk, color=c, ms=5, label=f"chunked, {label}")
+        first = int(np.argmin(d["chunk"]))
+        for j, (x, y, ch) in enumerate(zip(d["itl_p99"] * 1e3, d["ttft_p99"], d["chunk"])):
+            # The smallest chunks of every load sit at about the same ITL, where each curve
+            # drops in from above: label those to the left of the point, the others below it.
+            xy, ha = ((-6, -3), "right") if j == first else ((0, -13), "center")
+            t = ax.annotate(
+                f"{int(ch)}", (x, y), textcoords="offset points", xytext=xy, ha=ha, fontsize=7.5, color=c
+            )
+            labels.insert(0, t) if j == first else labels.append(t)  # the smallest chunks' labels win
+        ax.plot(
+            d["continuous_itl_p99"] * 1e3,
+            d["continuous_ttft_p99"],
+            "D",
+            mfc="white",
+            color=c,
+            ms=6,
+            label=f"no chunking, {label}",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    xs = np.concatenate([np.r_[d["itl_p99"], d["continuous_itl_p99"]] for d in sweeps.values()]) * 1e3
+    ys = np.concatenate([np.r_[d["ttft_p99"], d["continuous_ttft_p99"]] for d in sweeps.values()])
+    log_ticks(ax, xs.min() * 0.8, xs.max() * 1.25)
+    log_ticks(ax, ys.min() * 0.8, ys.max() * 1.25, axis="y")
+    ax.set_ylim(ys.min() * 0.6, ys.max() * 1.6)  # room for the labels under the lowest curve
+    ax.set_xlabel("p99 inter-token latency (ms, log)")
+    ax.set_ylabel("p99 time to first token (s, log)")
+    ax.legend(loc="upper right", ncol=max(1, len(sweeps)), fontsize=7.5)  # one column per load
+    drop_overlapping(fig, labels, avoid=points)
+    return fig

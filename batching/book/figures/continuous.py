@@ -1,0 +1,177 @@
+"""Figures of 7.2 (continuous batching): utilization against load (70B), the real engine's
+schedulers, iterations per probe, and capacity at a latency target (also drawn by 7.3)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from ..plots import SCHEDULER_COLORS, WIDTH, log_ticks, percent_axis
+
+
+# ------------------------------------------------------------------------------ 7.2
+def _config_color(name: str) -> str:
+    """A 7.2 configuration's colour from the scheduler its label starts with."""
+    return SCHEDULER_COLORS.get(name.split()[0].rstrip(","), "#999999")
+
+
+def utilization_load_figure(
+    sweep: Mapping[str, Mapping[str, np.ndarray]], trace_rate: float | None = None
+) -> Figure:
+    """7.2 (70B): slot utilization (left) and all-FLOP hardware compute utilization (right)
+    against offered rate, one line per configuration of a :func:`~batching.book.continuous.rate_sweep`;
+    filled markers where the run is stable, hollow where its queue grows over the replay."""
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.0), sharex=True)
+    for name, d in sweep.items():
+        c = _config_color(name)
+        x = np.asarray(d["offered_rate"], dtype=float)
+        ok = np.asarray(d["stable"], dtype=bool)
+        for ax, key in zip(axes, ("slot_util", "hw_compute")):
+            y = np.asarray(d[key], dtype=float)
+            ls = "--" if "32" in name else "-"
+            ax.plot(x, y, ls, color=c, lw=1.2, label=name)
+            ax.plot(x[ok], y[ok], "o", color=c, ms=4)
+            ax.plot(x[~ok], y[~ok], "o", color=c, ms=4, mfc="white")
+    xs = np.concatenate([np.asarray(d["offered_rate"], dtype=float) for d in sweep.values()])
+    for ax, t in zip(axes, ("slot utilization", "hardware compute utilization (all FLOPs)")):
+        ax.set_title(t, fontsize=9)
+        ax.set_xscale("log")
+        log_ticks(ax, xs.min(), xs.max())
+        ax.set_ylim(0, 1.02)
+        percent_axis(ax)
+        ax.set_xlabel("offered rate (req/s)")
+        if trace_rate:
+            ax.axvline(trace_rate, color="#999999", lw=1, ls=":")
+    marks = [
+        Line2D([], [], marker="o", color="#666666", ls="none", label="stable"),
+        Line2D([], [], marker="o", color="#666666", mfc="white", ls="none", label="queue grows"),
+    ]
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(
+        handles + marks, names + ["stable", "queue grows"], loc="outside lower center", ncol=3, fontsize=8
+    )
+    return fig
+
+
+def real_schedulers_figure(rs: Mapping[str, Any]) -> Figure:
+    """7.2, measured: slot utilization, p99 end-to-end latency and output tokens/s of each
+    scheduler of :func:`~batching.book.checks.real_schedulers` on the real engine (solid bars);
+    where a profile of this machine exists, the simulator's prediction beside them (hatched)."""
+    keys = (
+        ("slot_util", "slot utilization"),
+        ("e2e_p99", "p99 end-to-end (s)"),
+        ("throughput_tok", "output tokens/s"),
+    )
+    names = list(rs["real"])
+    sim = rs.get("sim")
+    fig, axes = plt.subplots(1, len(keys), figsize=(WIDTH, 2.6))
+    w = 0.38 if sim else 0.7
+    for ax, (key, title) in zip(axes, keys):
+        for i, n in enumerate(names):
+            c = _config_color(n)
+            x = i - w / 2 if sim else i
+            ax.bar(x, rs["real"][n][key], width=w, color=c, label="measured" if i == 0 else None)
+            if sim:
+                ax.bar(
+                    i + w / 2,
+                    sim[n][key],
+                    width=w,
+                    color="white",
+                    edgecolor=c,
+                    hatch="////",
+                    label="simulated" if i == 0 else None,
+                )
+        ax.set_xticks(range(len(names)), names)
+        ax.set_title(title, fontsize=9)
+        ax.grid(axis="x", visible=False)
+        if key == "slot_util":
+            ax.set_ylim(0, 1.02)
+            percent_axis(ax)
+    if sim:
+        axes[0].legend(loc="upper left", fontsize=8)
+    return fig
+
+
+def iterations_figure(its: Mapping[str, Mapping[str, np.ndarray]], probe: int) -> Figure:
+    """7.2: iterations and time a ``probe``-token request lives through, per scheduler."""
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.9))
+    for name, d in its.items():
+        c = SCHEDULER_COLORS.get(name.split()[0])
+        for ax, key in ((axes[0], "from_arrival"), (axes[1], "service")):
+            x = np.sort(d[key])
+            y = np.arange(1, len(x) + 1) / len(x)
+            ax.step(x, y, where="post", color=c, label=name)
+    axes[0].axvline(probe, color="#999999", ls="--", lw=1)
+    axes[0].annotate(
+        f"{probe} iterations",
+        (probe, 0.55),
+        xytext=(5, 0),
+        textcoords="offset points",
+        fontsize=8,
+        color="#666666",
+        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none"},
+    )
+    axes[0].set_xscale("log")
+    axes[0].set_xlim(left=probe / 2)
+    axes[0].set_xlabel("engine iterations from arrival to last token (log)")
+    axes[1].set_xscale("log")
+    service = np.concatenate([np.asarray(d["service"], dtype=float) for d in its.values()])
+    log_ticks(axes[1], float(service.min()), float(service.max()))
+    axes[1].set_xlabel("seconds from admission to last token (log)")
+    for ax in axes:
+        ax.set_ylabel("fraction of probes")
+        ax.set_ylim(0, 1.02)
+    axes[1].legend(loc="lower right")
+    return fig
+
+
+# ------------------------------------------------------------------ capacity (7.2, 7.3)
+def capacity_figure(
+    rows: Sequence[Mapping[str, Any]],
+    trace_rate: float | None = None,
+    slo_labels: Mapping[str, str] | None = None,
+) -> Figure:
+    """Capacity at a latency target (:func:`batching.book.capacity.capacity_table`): one row of
+    bars per configuration, one bar per SLO, the sustained request rate written at its end.
+    ``trace_rate``: the trace's own rate (req/s), drawn as a dotted line for scale."""
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    slos = list(dict.fromkeys(r["slo"] for r in rows))
+    rate = {(r["config"], r["slo"]): float(r["rate"]) for r in rows}
+    labels = dict(slo_labels or {})
+    fig, ax = plt.subplots(figsize=(WIDTH, 0.27 * len(configs) * len(slos) + 1.0))
+    h = 0.8 / len(slos)
+    shades = {0: 1.0, 1: 0.45}
+    top = max(rate.values()) if rate else 1.0
+    for j, slo in enumerate(slos):
+        for i, name in enumerate(configs):
+            v = rate.get((name, slo), float("nan"))
+            c = SCHEDULER_COLORS.get(name.split(",")[0].split()[0], "#555555")
+            y = i + (j - (len(slos) - 1) / 2) * h
+            ax.barh(
+                y,
+                v,
+                height=h * 0.9,
+                color=c,
+                alpha=shades.get(j, 0.3),
+                label=labels.get(slo, slo) if i == 0 else None,
+            )
+            ax.text(v + top * 0.01, y, f"{v:.1f}" if v > 0 else "0 (none met)", va="center", fontsize=7.5)
+    ax.set_yticks(range(len(configs)), configs)
+    ax.invert_yaxis()
+    ax.set_xlabel("capacity: highest sustained request rate (req/s)")
+    ax.set_xlim(0, top * 1.15)
+    if trace_rate:
+        ax.axvline(trace_rate, color="#999999", ls=":", lw=1.0)
+        ax.text(trace_rate, -0.75, " trace's own rate", fontsize=7, color="#666666", va="bottom")
+    handles = [
+        Patch(facecolor="#555555", alpha=shades.get(j, 0.3), label=labels.get(s, s))
+        for j, s in enumerate(slos)
+    ]
+    ax.legend(handles=handles, loc="upper right", fontsize=7.5, frameon=False)
+    return fig

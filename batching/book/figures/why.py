@@ -1,0 +1,330 @@
+"""Figures of "Why batching" and of the measured page's decode sweep: the GPU rooflines, the live
+decode sweep against its roofline, and the committed profiles."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from ..plots import PHASE_COLORS, POLICY_COLORS, SOURCE_COLORS, WIDTH, log_ticks, log_y
+from ..why import KNEE_FACTOR
+
+# ------------------------------------------------------------------ why batching
+#: "Why batching": the two measured decode paths (a uniform batch in contiguous slots; a
+#: live batch with mixed contexts whose slabs are gathered) and the roofline's lines.
+PATH_COLORS: dict[str, str] = {
+    "uniform": PHASE_COLORS["decode"],
+    "mixed": "#56B4E9",
+    "gathered": POLICY_COLORS["slab"],
+}
+PATH_LABELS: dict[str, str] = {
+    "uniform": "measured, uniform: equal contexts, contiguous slots",
+    "mixed": "measured, mixed: mixed contexts, contiguous slots",
+    "gathered": "measured, gathered: mixed contexts, scattered slots",
+}
+PATH_MARKERS: dict[str, str] = {"uniform": "o", "mixed": "^", "gathered": "s"}
+ROOF_STYLE: dict[str, dict[str, Any]] = {
+    "time": {"color": "#222222", "ls": "-", "lw": 1.3},
+    "memory": {"color": "#0072B2", "ls": "--", "lw": 1.1},
+    "compute": {"color": "#E69F00", "ls": ":", "lw": 1.5},
+}
+DEVICE_COLORS: dict[str, str] = {
+    "H100-SXM": "#0072B2",
+    "H200-SXM": "#CC79A7",
+    "A100-SXM": "#999999",
+    "cpu-here": PHASE_COLORS["decode"],
+}
+
+
+def _pow2_axis(ax: Any, lo: float, hi: float) -> None:
+    """Log-2 batch axis with plain labels at the powers of two (every other one if crowded)."""
+    ax.set_xscale("log", base=2)
+    ticks = [2.0**i for i in range(0, 14) if lo <= 2.0**i <= hi]
+    if len(ticks) > 9:
+        ticks = ticks[::2]
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def _bstar_line(
+    ax: Any, bstar: float, color: str = "#666666", label: str = "B*", y: float = 0.96, left: bool = False
+) -> None:
+    ax.axvline(bstar, color=color, ls="-.", lw=1)
+    ax.annotate(
+        f"{label} = {bstar:.0f}",
+        (bstar, y),
+        xycoords=("data", "axes fraction"),
+        xytext=(-3 if left else 3, 0),
+        textcoords="offset points",
+        va="top",
+        ha="right" if left else "left",
+        fontsize=7.5,
+        color=color,
+        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+    )
+
+
+def gpu_roofline_figure(gr: Mapping[str, Any]) -> Figure:
+    """Why batching: roofline predictions of a decode step (datasheet constants) for one
+    model on several GPUs (:func:`batching.experiments.gpu_rooflines`). Left: step time at
+    the shortest context (linear axis), with its memory and compute lines and B*. Right:
+    tokens/s at every context, drawn only where the batch's KV cache fits the device."""
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.1))
+    ctxs = sorted(next(iter(gr["devices"].values()))["ctx"])
+    c0 = ctxs[0]
+    styles = ["-", "--", ":", "-."]
+    lo, hi, top = math.inf, 0.0, 0.0
+    for i, (dev, d) in enumerate(gr["devices"].items()):
+        col = DEVICE_COLORS.get(dev, "#444444")
+        cur = d["ctx"][c0]
+        b = cur["batch"]
+        lo, hi, top = min(lo, b.min()), max(hi, b.max()), max(top, cur["time_s"].max() * 1e3)
+        ax = axes[0]
+        ax.plot(b, cur["time_s"] * 1e3, "-", color=col, lw=2.2, alpha=0.8)
+        ax.plot(b, cur["memory_s"] * 1e3, "--", color=col, lw=1)
+        ax.plot(b, cur["compute_s"] * 1e3, ":", color=col, lw=1.4)
+        _bstar_line(
+            ax,
+            d["bstar"],
+            col,
+            f"B* {dev.split('-')[0]}",
+            y=0.97 - 0.09 * i,
+            left=d["bstar"] < max(x["bstar"] for x in gr["devices"].values()),
+        )
+        for ls, c in zip(styles, ctxs):
+            cur = d["ctx"][c]
+            ok = cur["fits"] > 0
+            axes[1].plot(
+                cur["batch"][ok],
+                cur["tokens_per_s"][ok] / 1e3,
+                ls,
+                color=col,
+                marker="o",
+                ms=2.5,
+                label=f"{dev}, {c:,} tokens/row",
+            )
+    ax = axes[0]
+    ax.set_ylim(0, top * 1.05)
+    ax.set_ylabel("decode step (ms)")
+    ax.set_title(f"step time, {c0:,} KV tokens per row", fontsize=9)
+    handles = [
+        Line2D([], [], color=DEVICE_COLORS.get(dev, "#444444"), lw=2, label=f"{dev}: roofline")
+        for dev in gr["devices"]
+    ]
+    handles += [
+        Line2D([], [], color="#666666", ls="--", lw=1, label="memory: bytes / bandwidth"),
+        Line2D([], [], color="#666666", ls=":", lw=1.4, label="compute: FLOPs / peak"),
+    ]
+    # Mid-height on the left: the top of the panel holds the B* labels, the bottom the curves.
+    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(0.0, 0.6), fontsize=7.5)
+    axes[1].set_ylabel("output tokens/s (thousands)")
+    axes[1].set_title("throughput (lines end when KV fills memory)", fontsize=9)
+    axes[1].set_ylim(bottom=0)
+    axes[1].legend(loc="upper left", fontsize=7.5)
+    for a in axes:
+        _pow2_axis(a, lo, hi)
+        a.set_xlabel("batch (sequences per decode step)")
+    return fig
+
+
+def live_decode_figure(
+    sweep: Mapping[str, Any],
+    numbers: Mapping[str, float],
+    roof: Mapping[str, np.ndarray],
+    paths: Sequence[str] | None = None,
+) -> Figure:
+    """Why batching: the live sweep (:func:`batching.book.why.live_decode_sweep`) against
+    the roofline from the same run's bandwidth and peak (``roof``, a dense
+    :func:`batching.book.why.roofline_curve`). Left: step time of each path in ``paths``
+    (default: every measured one; median, bar = interquartile range), memory/compute/roofline
+    lines, B*, the band of the knee (``why.KNEE_FACTOR`` times batch 1) and the uniform
+    path's knee. Right: tokens/s."""
+
+    b = np.asarray(sweep["batch"], dtype=float)
+    shown = list(sweep["paths"] if paths is None else paths)
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.4))
+    ax = axes[0]
+    rb = roof["batch"]
+    ax.plot(rb, roof["time_s"] * 1e3, label="roofline: max(memory, compute)", **ROOF_STYLE["time"])
+    ax.plot(rb, roof["memory_s"] * 1e3, label="memory: (weights + KV) / bandwidth", **ROOF_STYLE["memory"])
+    ax.plot(rb, roof["compute_s"] * 1e3, label="compute: FLOPs / peak", **ROOF_STYLE["compute"])
+    ys = [roof["time_s"] * 1e3, roof["compute_s"] * 1e3]
+    for path in shown:
+        y = np.asarray(sweep[f"{path}_ms"])
+        ys.append(y)
+        err = np.vstack([y - np.asarray(sweep[f"{path}_p25_ms"]), np.asarray(sweep[f"{path}_p75_ms"]) - y])
+        ax.errorbar(
+            b,
+            y,
+            yerr=np.maximum(err, 0),
+            fmt=PATH_MARKERS[path] + "-",
+            color=PATH_COLORS[path],
+            ms=4,
+            lw=1.2,
+            capsize=2,
+            label=PATH_LABELS[path],
+            zorder=4,
+        )
+    t1 = float(np.asarray(sweep["uniform_ms"])[0])
+    for f in (KNEE_FACTOR,):
+        ax.axhline(f * t1, color="#bbbbbb", lw=0.8, zorder=1)
+        ax.annotate(
+            f"{f:g}x batch 1",
+            (1.0, f * t1),
+            xycoords=("axes fraction", "data"),
+            xytext=(-2, 1),
+            textcoords="offset points",
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color="#888888",
+            bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
+        )
+    k = numbers["knee"]
+    ky = float(np.asarray(sweep["uniform_ms"])[list(b).index(k)])
+    ax.plot([k], [ky], "o", ms=11, mfc="none", mec="black", mew=1.2, zorder=5)
+    # Far below the circle (a factor 3.5 on the log axis), with a leader line: the knee's
+    # band and its label run above the knee (it sits at most that factor above batch 1),
+    # and the measured points and the roofline close under it.
+    first = k <= b.min()  # a knee at the first batch has no room on its left
+    ax.annotate(
+        f"knee: {k:.0f}",
+        (k, ky),
+        xytext=(k, ky / 3.5),
+        textcoords="data",
+        ha="left" if first else "right",
+        va="top",
+        fontsize=7.5,
+        zorder=6,
+        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+        arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.7, "shrinkB": 6},
+    )
+    _bstar_line(ax, numbers["bstar"], y=0.97)
+    log_y(ax, ys, headroom=1.6)
+    ax.set_ylabel("decode step (ms, log)")
+    ax.set_title("step time", fontsize=9)
+    ax = axes[1]
+    ax.plot(rb, roof["tokens_per_s"], label="roofline", **ROOF_STYLE["time"])
+    tps = [roof["tokens_per_s"]]
+    for path in shown:
+        y = b / (np.asarray(sweep[f"{path}_ms"]) / 1e3)
+        tps.append(y)
+        ax.plot(b, y, PATH_MARKERS[path] + "-", color=PATH_COLORS[path], ms=4, lw=1.2)
+    _bstar_line(ax, numbers["bstar"], y=0.75)
+    log_y(ax, tps, headroom=1.3)
+    ax.set_ylabel("output tokens/s (log)")
+    ax.set_title("throughput", fontsize=9)
+    for a in axes:
+        _pow2_axis(a, b.min(), b.max())
+        a.set_xlabel("batch (sequences per decode step)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=7.5)
+    return fig
+
+
+def profiles_figure(
+    profiles: Sequence[Mapping[str, Any]],
+    roofs: Sequence[Mapping[str, np.ndarray]],
+    live: Mapping[str, Any] | None = None,
+    gpu: Mapping[str, Any] | None = None,
+) -> Figure:
+    """Why batching: every committed profile (:func:`batching.experiments.load_profiles`)
+    beside this build's live sweep (its uniform path) and, as predictions, the GPU
+    rooflines (:func:`batching.experiments.gpu_rooflines`, shortest context).
+
+    Left: measured decode step against batch at each profile's ``ref_ctx`` (solid), with
+    its roofline from its own bandwidth and peak (``roofs[i]``, dashed, same colour).
+    Right: the same step times relative to batch 1, where devices of any speed compare,
+    with the GPU roofline predictions (grey) and the knee's band (``why.KNEE_FACTOR``).
+    """
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.5))
+    series: list[tuple[str, np.ndarray, np.ndarray, str, Mapping[str, np.ndarray] | None]] = []
+    if live is not None:
+        m = live["meta"]
+        series.append(
+            (
+                f"this build: {m['model']} {m['dtype']} on {m['device']}, {live['ctx']} tok/row",
+                np.asarray(live["batch"], dtype=float),
+                np.asarray(live["uniform_ms"], dtype=float),
+                PATH_COLORS["uniform"],
+                None,
+            )
+        )
+    for i, (p, roof) in enumerate(zip(profiles, roofs)):
+        m = p["meta"]
+        series.append(
+            (
+                f"profile: {m['model']} {p['shape'].dtype} on {p['device']}, {m['date'][:10]}, "
+                f"{p['ref_ctx']:,.0f} tok/row",
+                np.asarray(p["batch"], dtype=float),
+                np.asarray(p["ref_ms"], dtype=float),
+                SOURCE_COLORS[i % len(SOURCE_COLORS)],
+                roof,
+            )
+        )
+    lo, hi = math.inf, 0.0
+    for label, b, ms, col, own in series:
+        lo, hi = min(lo, b.min()), max(hi, b.max())
+        axes[0].plot(b, ms, "o-", color=col, ms=3.5, lw=1.4, label=label)
+        axes[1].plot(b, ms / ms[0], "o-", color=col, ms=3.5, lw=1.4)
+        if own is not None:
+            axes[0].plot(own["batch"], own["time_s"] * 1e3, "--", color=col, lw=1)
+    if gpu is not None:
+        # Below B* both GPUs' relative costs are the same ratio of bytes, so their lines lie
+        # on top of each other: distinct markers (open vs filled) keep both visible.
+        for (dev, d), (ls, gc, mk, mfc) in zip(
+            gpu["devices"].items(),
+            (
+                ("--", "#888888", "s", "none"),
+                (":", "#222222", "^", "#222222"),
+                ("-.", "#555555", "D", "none"),
+            ),
+        ):
+            cur = d["ctx"][min(d["ctx"])]
+            ok = (cur["batch"] >= lo) & (cur["batch"] <= hi)
+            axes[1].plot(
+                cur["batch"][ok],
+                (cur["time_s"] / cur["time_s"][0])[ok],
+                ls,
+                color=gc,
+                lw=1.3,
+                marker=mk,
+                ms=5 if mfc == "none" else 3,
+                mfc=mfc,
+                mec=gc,
+                label=f"roofline simulation: {gpu['model']} {gpu['dtype']} on {dev}, "
+                f"{min(d['ctx']):,} tok/row",
+            )
+
+    axes[1].axhline(KNEE_FACTOR, color="#bbbbbb", lw=0.8, zorder=1)
+    if not series:
+        axes[0].text(
+            0.5, 0.5, "no measurement to show", ha="center", va="center", transform=axes[0].transAxes
+        )
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("decode step (ms, log)\nsolid: measured, dashed: roofline")
+    axes[0].set_title("step time", fontsize=9)
+    axes[1].set_yscale("log")
+    rel = [ms / ms[0] for _, _, ms, _, _ in series] or [np.array([1.0, 2.0])]
+    top = max(2.2, max(float(r.max()) for r in rel) * 1.15)
+    axes[1].set_ylim(0.9, top)
+    log_ticks(axes[1], 1.0, top, axis="y")
+    axes[1].set_ylabel("step time / step time at batch 1 (log)")
+    axes[1].set_title("relative cost of a bigger batch", fontsize=9)
+    for a in axes:
+        if math.isfinite(lo):
+            _pow2_axis(a, lo, hi)
+        a.set_xlabel("batch (sequences per decode step)")
+    h0, l0 = axes[0].get_legend_handles_labels()
+    h1, l1 = axes[1].get_legend_handles_labels()
+    fig.legend(h0 + h1, l0 + l1, loc="outside lower center", ncol=1, fontsize=7.5)
+    return fig

@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from batching.book.checks import predicted_steps
-from batching.costs import ProfileCost
 from batching.engine import SimExecutor, run
 from batching.metrics import request_records, summarize
 from batching.models import get_model
+from batching.profile import ProfileCost
 from batching.real.executor import resolve_device, run_real
 from batching.real.hardware import device_entry
 from batching.real.measure import StepTimer, load_average, save_json

@@ -51,7 +51,8 @@ def build_workload(a: argparse.Namespace) -> list[tuple[int, int, int]]:
     """(rid, prompt_len, output_len) of every request, all arriving at t=0."""
     import numpy as np
 
-    from batching.workload import LogNormal, Workload
+    from batching.lengths import LogNormal
+    from batching.workload import Workload
 
     rng = np.random.default_rng(a.seed)
     prompts = LogNormal(a.prompt_median, a.prompt_sigma, a.prompt_lo, a.prompt_hi).sample(a.requests, rng)

@@ -10,9 +10,10 @@ import numpy as np
 
 from batching.costs import get_cost_model
 from batching.engine import SimExecutor
+from batching.lengths import LogNormal
 from batching.plan import StepWork
 from batching.request import Request
-from batching.workload import LogNormal, Workload, synthetic
+from batching.workload import Workload, synthetic
 
 
 class LinearCost:

@@ -19,8 +19,9 @@ from batching.book import (
     why,
 )
 from batching.engine import SimExecutor, run
+from batching.lengths import LogNormal
 from batching.schedulers import ContinuousScheduler, make_scheduler
-from batching.workload import LogNormal, Workload, synthetic
+from batching.workload import Workload, synthetic
 
 
 def test_itl_spike_without_chunks_and_none_with_them():

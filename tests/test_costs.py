@@ -1,4 +1,5 @@
-"""Model shapes, devices and step-cost models (batching/models.py, devices.py, costs.py)."""
+"""Model shapes, devices and step-cost models (batching/models.py, devices.py, cost_base.py,
+costs.py, profile.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batching.costs import CostModel, ProfileCost, ProfileError, RooflineCost, get_cost_model
+from batching.costs import CostModel, RooflineCost, get_cost_model
 from batching.devices import DEVICES, get_device
 from batching.models import get_model
 from batching.plan import StepWork
+from batching.profile import ProfileCost, ProfileError
 
 H100, H200 = get_device("h100"), get_device("h200")
 
@@ -469,7 +471,7 @@ def test_no_step_is_estimated_below_the_cheapest_measured_step() -> None:
 def test_the_intro_quotes_the_roofline_assumptions_as_the_code_has_them() -> None:
     # chapters/intro.md names the roofline's unmeasured constants in prose (a .md page has
     # no glue): if one changes here, the sentence must change with it.
-    from batching.costs import MEM_RESERVE
+    from batching.cost_base import MEM_RESERVE
 
     intro = " ".join((Path(__file__).resolve().parent.parent / "chapters" / "intro.md").read_text().split())
     gpus = [d for d in DEVICES.values() if d.name != "cpu-here"]

@@ -10,7 +10,8 @@ from helpers import H100_8B, small_trace
 
 from batching.book import checks
 from batching.book import kv as kvbook
-from batching.workload import LogNormal, Workload, synthetic
+from batching.lengths import LogNormal
+from batching.workload import Workload, synthetic
 
 
 def test_budget_sweep_gives_static_one_slab_per_row_and_continuous_beats_it():

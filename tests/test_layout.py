@@ -9,18 +9,23 @@ import sys
 LIBRARY = [
     "batching",
     "batching.cli",
+    "batching.cost_base",
     "batching.costs",
     "batching.devices",
     "batching.engine",
     "batching.kv",
+    "batching.lengths",
     "batching.metrics",
     "batching.models",
     "batching.plan",
+    "batching.profile",
     "batching.request",
     "batching.results",
     "batching.schedulers",
+    "batching.trace_files",
     "batching.traces",
     "batching.workload",
+    "batching.workload_base",
 ]
 
 

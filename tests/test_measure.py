@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from batching.cli import main
-from batching.costs import ProfileCost
 from batching.plan import StepWork
+from batching.profile import ProfileCost
 from batching.real.measure import measure
 
 GRID = dict(

@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from batching.cli import main
-from batching.costs import ProfileCost
 from batching.devices import DeviceSpec
+from batching.profile import ProfileCost
 from batching.real import hardware, measure
 from batching.real.hardware import DeviceError, available_bytes, entry_for, resolve_device
 

@@ -1,4 +1,5 @@
-"""Tests for batching.traces: Azure and Mooncake loaders, lookup, merge, quantile tables."""
+"""Tests for batching.traces and batching.trace_files: Azure and Mooncake loaders, lookup, merge,
+quantile tables."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batching import traces
+from batching import trace_files
+from batching.lengths import QUANTILE_DIR, Empirical, quantile_table
 from batching.request import RequestError
-from batching.traces import TraceError, find_trace, load_azure, load_mooncake, load_trace, merge
-from batching.workload import QUANTILE_DIR, Empirical, Workload, WorkloadError, quantile_table
+from batching.trace_files import TraceError, find_trace
+from batching.traces import load_azure, load_mooncake, load_trace, merge
+from batching.workload import Workload
+from batching.workload_base import WorkloadError
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 
@@ -205,7 +209,7 @@ def no_traces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point every lookup location into tmp_path (env dir, repo sibling, cache)."""
     monkeypatch.setenv("BATCHING_TRACES", str(tmp_path / "env"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(traces, "_repo_root", lambda: tmp_path / "repo")
+    monkeypatch.setattr(trace_files, "_repo_root", lambda: tmp_path / "repo")
     return tmp_path
 
 
@@ -244,13 +248,13 @@ def test_named_trace_found_via_env(no_traces: Path) -> None:
 def test_download_checks_sha(no_traces: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = azure_csv(no_traces, SIX, name="remote.csv")
     good = hashlib.sha256(src.read_bytes()).hexdigest()
-    entry = dict(traces.TRACES["azure-code"], url=src.as_uri(), sha256="0" * 64)
-    monkeypatch.setitem(traces.TRACES, "azure-code", entry)
+    entry = dict(trace_files.TRACES["azure-code"], url=src.as_uri(), sha256="0" * 64)
+    monkeypatch.setitem(trace_files.TRACES, "azure-code", entry)
     dest = no_traces / "cache" / "batching" / "traces" / entry["path"]
     with pytest.raises(TraceError, match="has sha256 .* expected 0000"):
         load_trace("azure-code", download=True)
     assert not dest.exists() and not list(dest.parent.glob("*.part"))
-    monkeypatch.setitem(traces.TRACES, "azure-code", dict(entry, sha256=good))
+    monkeypatch.setitem(trace_files.TRACES, "azure-code", dict(entry, sha256=good))
     assert len(load_trace("azure-code", download=True)) == 6
     assert dest.is_file()
 

@@ -1,4 +1,5 @@
-"""Tests for batching.workload: containers, arrivals, length distributions, presets."""
+"""Tests for batching.workload and batching.lengths: containers, arrivals, length distributions,
+presets."""
 
 from __future__ import annotations
 
@@ -9,21 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batching.lengths import Empirical, Fixed, LogNormal, Uniform, quantile_table
 from batching.request import Request, RequestError
-from batching.workload import (
-    PRESETS,
-    Empirical,
-    Fixed,
-    LogNormal,
-    Uniform,
-    Workload,
-    WorkloadError,
-    gamma_arrivals,
-    poisson_arrivals,
-    preset,
-    quantile_table,
-    synthetic,
-)
+from batching.workload import PRESETS, Workload, gamma_arrivals, poisson_arrivals, preset, synthetic
+from batching.workload_base import WorkloadError
 
 
 def _spec(w: Workload | list[Request]) -> list[tuple[int, float, int, int]]:

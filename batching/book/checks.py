@@ -232,7 +232,7 @@ def real_schedulers(
     ``steps_pred_over_real`` ({name: {"prefill", "decode": the profile's time for the real
     run's steps with a prefill, and for its decode-only steps, over their measured time}}).
     ``profile="auto"``: :func:`profile_measured_here`, if there is one."""
-    from ..costs import ProfileCost
+    from ..profile import ProfileCost
 
     slots = max(int(o.get("slots", 32)) for o in configs.values())
     runner = real_runner(model, device, slots=slots, threads=threads)

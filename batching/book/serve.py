@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..costs import ProfileCost
 from ..engine import RunResult
 from ..metrics import request_records, summarize
+from ..profile import ProfileCost
 from ..results import machine_busy
 from ..traces import load_trace
 from ..workload import Workload, preset

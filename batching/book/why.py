@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..costs import MEM_RESERVE, RooflineCost
+from ..cost_base import MEM_RESERVE
+from ..costs import RooflineCost
 from ..models import ModelShape
 from .common import roofline_numbers
 
@@ -115,7 +116,7 @@ def stream_numbers(
     (over the weights), ``kv_equal_batch`` (rows of ``long_ctx`` tokens whose KV equals the
     weight bytes), ``tokens_s_long`` and ``long_fit`` (rows of ``long_ctx`` tokens whose KV
     fits the device after the weights, in the ``mem_usable`` fraction of its ``mem_gb`` that
-    the cost model counts: all but ``mem_reserve``, :data:`~batching.costs.MEM_RESERVE`).
+    the cost model counts: all but ``mem_reserve``, :data:`~batching.cost_base.MEM_RESERVE`).
     """
     if cost.tp != 1:
         raise ValueError("stream_numbers is the single-device derivation: tp must be 1")
@@ -523,7 +524,7 @@ def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[di
     (batch 1), ``knee`` (:func:`knee`); ``mixed``: the measured mixed steps
     (``ProfileCost.mixed``, times in seconds; None if the profile has none).
     """
-    from ..costs import ProfileCost
+    from ..profile import ProfileCost
 
     out = []
     for path in sorted(Path(directory).glob("*.json")):

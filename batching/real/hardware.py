@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..costs import MEM_RESERVE
+from ..cost_base import MEM_RESERVE
 from ..devices import DeviceSpec
 
 #: Substring of torch.cuda.get_device_name() -> registry device (datasheet numbers of the SXM parts).
@@ -185,7 +185,7 @@ def available_bytes(device: torch.device) -> int | None:
 def check_fits(needed: int, available: int | None, what: str, device: torch.device) -> None:
     """Raise :class:`DeviceMemoryError` with both numbers unless ``needed`` fits (7.2, slab KV).
 
-    Only ``1 - MEM_RESERVE`` of what is available counts, the headroom ``costs.py`` keeps
+    Only ``1 - MEM_RESERVE`` of what is available counts, the headroom ``cost_base.py`` keeps
     too (activations, allocator fragmentation, the rest of the process).
     """
     if available is None:

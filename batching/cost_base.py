@@ -1,0 +1,77 @@
+"""What both cost models share (:mod:`batching.costs`, :mod:`batching.profile`): the memory
+they keep in reserve and the vectorized plumbing that makes ``decode_run`` (k decode-only
+steps at once) return exactly the floats that k ``step_time`` calls would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .devices import DeviceSpec
+from .models import ModelShape
+from .plan import StepWork
+
+#: Fraction of device memory kept for activations, CUDA graphs, the runtime and
+#: fragmentation (vLLM's default gpu_memory_utilization is 0.9).
+MEM_RESERVE = 0.10
+
+
+class _VectorCost:
+    """Shared plumbing: subclasses define ``_times`` on float64 arrays (elementwise only)."""
+
+    model: ModelShape
+    device: DeviceSpec
+    tp: int = 1
+
+    def usable_bytes(self, mem_fraction: float = 1 - MEM_RESERVE) -> float:
+        """Memory of the ``tp`` devices left after the reserve."""
+        return self.tp * self.device.mem_bytes * mem_fraction
+
+    def kv_capacity(self, mem_fraction: float = 1 - MEM_RESERVE) -> int:
+        """KV tokens that fit in ``mem_fraction`` of the devices' memory after the weights."""
+        free = self.usable_bytes(mem_fraction) - self.model.weight_bytes
+        return max(0, int(free // self.model.kv_bytes_per_token))
+
+    def _times(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
+        # float64 arrays (decode_run) or Python floats (step_time): the same expressions
+        raise NotImplementedError
+
+    def step_time(self, work: StepWork) -> float:
+        """Seconds for one step; 0.0 for a step that computes nothing."""
+        # Python floats through the same expressions as the arrays of decode_run: the
+        # same IEEE operations in the same order, so the same bits, at a tenth of the cost.
+        return float(
+            self._times(
+                float(work.prefill_tokens),
+                float(work.prefill_attn),
+                float(work.decode_rows),
+                float(work.decode_ctx),
+            )
+        )
+
+    def decode_run(self, rows: int, ctx0: int, growth: int, k: int) -> np.ndarray:
+        """Durations of ``k`` decode-only steps of ``rows`` rows, summed context ``ctx0 + j*growth``.
+
+        ``growth`` is the number of live rows (dead rows of a static batch do not grow).
+        Bit-identical to ``step_time(StepWork(decode_rows=rows, decode_ctx=ctx0 + j*growth))``.
+        """
+        if k < 0 or rows < 0 or ctx0 < 0 or growth < 0:
+            raise ValueError(
+                f"decode_run(rows={rows}, ctx0={ctx0}, growth={growth}, k={k}): arguments must be >= 0"
+            )
+        ctx = (ctx0 + np.arange(k, dtype=np.int64) * growth).astype(np.float64)
+        return self._decode_times(float(rows), ctx)
+
+    def _decode_times(self, rows: float, ctx: np.ndarray) -> np.ndarray:
+        zeros = np.zeros(len(ctx), dtype=np.float64)
+        return self._times(zeros, zeros, np.full(len(ctx), rows), ctx)
+
+    def flops(self, work: StepWork) -> float:
+        """Model FLOPs of the step, all devices together (see ``ModelShape.flops``)."""
+        return self.model.flops(work)
+
+    def bytes_moved(self, work: StepWork) -> float:
+        """Bytes the step moves, all devices together (see ``ModelShape.bytes_moved``)."""
+        return self.model.bytes_moved(work)

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from batching.book import runs
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -84,6 +86,9 @@ def execute_all(
 ) -> None:
     """Execute every chapter notebook into the staging tree (zero notebooks is fine)."""
     nbs = notebooks(repo)
+    # Each live measurement runs once per build and is shared by its page and the measured
+    # page (batching/book/runs.py): drop what an earlier build or test run kept.
+    runs.clear()
     print(f"[book] executing {len(nbs)} notebook(s) with parameters {parameters or {}}", flush=True)
     for nb in nbs:
         t0 = time.perf_counter()

@@ -14,9 +14,9 @@ from batching.book import (
     checks,
     chunked,
     chunked_real,
+    decode,
     figures,
     plots,
-    why,
 )
 from batching.engine import SimExecutor, run
 from batching.lengths import LogNormal
@@ -378,7 +378,7 @@ def test_profile_chunk_steps_reads_the_measured_mixed_steps_as_they_are(tmp_path
     no_mixed = _gpu_profile()
     no_mixed["meta"]["model"] = "llama-1b"
     (tmp_path / "h200-llama-1b.json").write_text(json.dumps(no_mixed))
-    curves = chunked_real.profile_chunk_steps(why.load_profiles(tmp_path), decodes=8)
+    curves = chunked_real.profile_chunk_steps(decode.load_profiles(tmp_path), decodes=8)
     assert len(curves) == 1  # the profile without mixed steps is left out
     c = curves[0]
     assert c["chunk"].tolist() == [64, 256, 1024] and c["step_ms"].tolist() == [5.125, 8.0, 16.0]
@@ -395,7 +395,7 @@ def test_profile_chunk_steps_reads_the_measured_mixed_steps_as_they_are(tmp_path
         and e["times_bstar"] == pytest.approx(6.144)
         and e["over_decode"] == pytest.approx(16 / 4.1)
     )
-    assert chunked_real.profile_chunk_steps(why.load_profiles(tmp_path), decodes=16) == []
+    assert chunked_real.profile_chunk_steps(decode.load_profiles(tmp_path), decodes=16) == []
     for cs in (curves, []):
         fig = figures.chunked.chunk_profile_figure(cs)
         png, _ = plots.save(fig, "chunk-profile", tmp_path)

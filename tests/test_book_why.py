@@ -1,6 +1,6 @@
-"""The numbers, verdicts and figures behind "Why batching" (batching/book/why.py) and its measured
-section (batching/book/decode.py): hand-computed cases, and sweeps that must move the way theory
-says they do."""
+"""The numbers, verdicts and figures behind "Why batching" (batching/book/why.py), and the live
+decode sweep, its committed profiles and its measured section (batching/book/decode.py):
+hand-computed cases, and sweeps that must move the way theory says they do."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def test_live_numbers_by_hand():
     from batching.models import get_model
 
     sw = _synthetic_sweep()
-    n = why.live_numbers(sw)
+    n = decode.live_numbers(sw)
     m = get_model("cpu-m")
     moved = m.weight_read_bytes + m.kv_bytes_per_token * (128 + 1)  # weights, KV read, KV written
     assert n["achieved_gbs"] == pytest.approx(moved / 0.040 / 1e9)
@@ -156,16 +156,16 @@ def test_live_numbers_by_hand():
     assert n["pred1_ms"] < n["t1_ms"] and n["over_pred"] == pytest.approx(n["t1_ms"] / n["pred1_ms"])
     sw["uniform_ms"] = np.array([41.0, 40.0, 48.0, 70.0])
     with pytest.raises(ValueError):
-        why.live_numbers({**sw, "batch": np.array([2.0, 4.0, 8.0, 16.0])})
+        decode.live_numbers({**sw, "batch": np.array([2.0, 4.0, 8.0, 16.0])})
 
 
 def test_live_defaults():
-    assert why.live_defaults("cpu") == ("cpu-m", [1, 2, 4, 8, 16, 32, 64, 128])
-    assert why.live_defaults("cuda", free_bytes=100e9) == ("llama-8b", [2**i for i in range(9)])
-    assert why.live_defaults("cuda", free_bytes=20e9)[0] == "llama-1b"
-    assert why.live_defaults("cuda", model="tiny", free_bytes=1e9)[0] == "tiny"
+    assert decode.live_defaults("cpu") == ("cpu-m", [1, 2, 4, 8, 16, 32, 64, 128])
+    assert decode.live_defaults("cuda", free_bytes=100e9) == ("llama-8b", [2**i for i in range(9)])
+    assert decode.live_defaults("cuda", free_bytes=20e9)[0] == "llama-1b"
+    assert decode.live_defaults("cuda", model="tiny", free_bytes=1e9)[0] == "tiny"
     with pytest.raises(ValueError):
-        why.live_defaults("cpu", batches=[2, 4])
+        decode.live_defaults("cpu", batches=[2, 4])
 
 
 def test_load_profiles_picks_up_every_profile_and_says_which_devices_are_measured(tmp_path):
@@ -173,12 +173,12 @@ def test_load_profiles_picks_up_every_profile_and_says_which_devices_are_measure
     import shutil
     from pathlib import Path
 
-    assert why.load_profiles(tmp_path) == []
-    shutil.copy(Path(why.PROFILE_DIR) / "cpu-here-cpu-s.json", tmp_path / "cpu-here-cpu-s.json")
-    only_cpu = why.load_profiles(tmp_path)
+    assert decode.load_profiles(tmp_path) == []
+    shutil.copy(Path(decode.PROFILE_DIR) / "cpu-here-cpu-s.json", tmp_path / "cpu-here-cpu-s.json")
+    only_cpu = decode.load_profiles(tmp_path)
     assert [p["gpu"] for p in only_cpu] == [False]
     (tmp_path / "h200-llama-8b.json").write_text(json.dumps(_gpu_profile()))
-    both = why.load_profiles(tmp_path, ctx=100)
+    both = decode.load_profiles(tmp_path, ctx=100)
     assert [p["device"] for p in both] == ["cpu-here", "H200-SXM"]
     h200 = both[1]
     assert h200["gpu"] and h200["ref_ctx"] == 128 and h200["t1_ms"] == 4.0
@@ -191,7 +191,7 @@ def test_load_profiles_picks_up_every_profile_and_says_which_devices_are_measure
     # within 8.4 ms up to batch 64 (8.0), out at 256 (knee 64).
     assert rows[-2] == ["H200-SXM", "llama-8b", "128", "4.0", "256", "8.0", "256"]
     assert rows[-1] == ["H200-SXM", "llama-8b", "1024", "4.2", "256", "20.0", "64"]
-    roof = why.profile_roofline(h200, points=10)
+    roof = decode.profile_roofline(h200, points=10)
     assert len(roof["batch"]) == 10 and roof["batch"][0] == 1 and roof["batch"][-1] == pytest.approx(256)
 
 
@@ -203,15 +203,17 @@ def test_why_batching_figures_draw_and_save(tmp_path):
     gr = why.gpu_rooflines(batches=[1, 4, 16, 64, 256, 1024])
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "h200-llama-8b.json").write_text(json.dumps(_gpu_profile()))
-    profs = why.load_profiles(why.PROFILE_DIR) + why.load_profiles(tmp_path / "p")
+    profs = decode.load_profiles(decode.PROFILE_DIR) + decode.load_profiles(tmp_path / "p")
     figs = {
         "roofline": figures.why.gpu_roofline_figure(gr),
-        "live": figures.why.live_decode_figure(sw, why.live_numbers(sw), why.live_roofline(sw, points=20)),
+        "live": figures.why.live_decode_figure(
+            sw, decode.live_numbers(sw), decode.live_roofline(sw, points=20)
+        ),
         "live_uniform": figures.why.live_decode_figure(
-            sw, why.live_numbers(sw), why.live_roofline(sw, points=20), paths=["uniform"]
+            sw, decode.live_numbers(sw), decode.live_roofline(sw, points=20), paths=["uniform"]
         ),
         "profiles": figures.why.profiles_figure(
-            profs, [why.profile_roofline(p) for p in profs], live=sw, gpu=gr
+            profs, [decode.profile_roofline(p) for p in profs], live=sw, gpu=gr
         ),
         "no_profiles": figures.why.profiles_figure([], [], live=sw),
     }
@@ -224,7 +226,7 @@ def test_why_batching_figures_draw_and_save(tmp_path):
 @pytest.mark.model
 def test_live_decode_sweep_measures_every_path_on_the_cpu():
     pytest.importorskip("torch")
-    sw = why.live_decode_sweep(
+    sw = decode.live_decode_sweep(
         model="tiny", device="cpu", batches=[1, 2, 4], ctx=16, reps=2, peak_n=128, bandwidth_bytes=1 << 20
     )
     assert sw["paths"] == ["uniform", "mixed", "gathered"]
@@ -234,10 +236,10 @@ def test_live_decode_sweep_measures_every_path_on_the_cpu():
         assert sw[f"{p}_ms"].shape == (3,) and np.all(sw[f"{p}_ms"] > 0)
         assert np.all(sw[f"{p}_p25_ms"] <= sw[f"{p}_p75_ms"])
     assert sw["matvec_gbs"] > 0 and sw["peak_tflops"] > 0
-    n = why.live_numbers(sw)
+    n = decode.live_numbers(sw)
     assert n["efficiency"] > 0 and n["bmax"] == 4
     with pytest.raises(ValueError):
-        why.live_decode_sweep(model="tiny", device="cpu", batches=[1, 2], ctx=1000)
+        decode.live_decode_sweep(model="tiny", device="cpu", batches=[1, 2], ctx=1000)
 
 
 def test_why_figures_keep_their_labels_clear_of_legend_and_reference_lines():
@@ -253,8 +255,8 @@ def test_why_figures_keep_their_labels_clear_of_legend_and_reference_lines():
     matplotlib.pyplot.close(fig)
 
     sw = _synthetic_sweep()
-    n = why.live_numbers(sw)  # 2x knee at batch 8 (t1 = 40 ms)
-    fig = figures.why.live_decode_figure(sw, n, why.live_roofline(sw, points=20))
+    n = decode.live_numbers(sw)  # 2x knee at batch 8 (t1 = 40 ms)
+    fig = figures.why.live_decode_figure(sw, n, decode.live_roofline(sw, points=20))
     fig.canvas.draw()
     ax = fig.axes[0]
     texts = _texts(ax)
@@ -270,7 +272,7 @@ def test_why_figures_keep_their_labels_clear_of_legend_and_reference_lines():
     matplotlib.pyplot.close(fig)
     # A knee at the first batch writes its label to the right, inside the axes.
     n1 = {**n, "knee": 1.0}
-    fig = figures.why.live_decode_figure(sw, n1, why.live_roofline(sw, points=20))
+    fig = figures.why.live_decode_figure(sw, n1, decode.live_roofline(sw, points=20))
     fig.canvas.draw()
     ax = fig.axes[0]
     lab = matplotlib.text.Text.get_window_extent(_texts(ax)["knee: 1"], fig.canvas.get_renderer())
@@ -303,13 +305,13 @@ def test_flat_verdict_reads_the_step_at_bstar_against_the_roofline_then_the_knee
     # Synthetic sweep: B* = 2 x 0.1 TFLOP/s / 20 GB/s = 10, so batch 8 decides: 70 / 40 = 1.75
     # against the roofline's ~1.02, more than 1.25 times it; every batch stays within 2x.
     sw = _synthetic_sweep()
-    n = why.live_numbers(sw)
+    n = decode.live_numbers(sw)
     assert n["ratio_bstar"] > why.FLAT_TOL * n["pred_ratio_bstar"] and n["knee"] == 8
     assert why.flat_verdict(n) is why.Flat.PARTLY
     sw["uniform_ms"] = np.array([40.0, 40.5, 41.0, 42.0])  # 1.05 at batch 8: nearly free
-    assert why.flat_verdict(why.live_numbers(sw)) is why.Flat.HOLDS
+    assert why.flat_verdict(decode.live_numbers(sw)) is why.Flat.HOLDS
     sw["uniform_ms"] = np.array([40.0, 81.0, 90.0, 120.0])  # no batch above 1 within 2x
-    assert why.flat_verdict(why.live_numbers(sw)) is why.Flat.FAILS
+    assert why.flat_verdict(decode.live_numbers(sw)) is why.Flat.FAILS
     # The tolerance is relative to the roofline's own ratio: 1.6 holds where 1.31 is predicted
     # (llama-8b on an H100 at batch 295), not where 1.0 is.
     assert why.flat_verdict({"ratio_bstar": 1.6, "pred_ratio_bstar": 1.31, "knee": 256.0}) is why.Flat.HOLDS
@@ -323,7 +325,7 @@ def test_flat_verdict_reads_the_step_at_bstar_against_the_roofline_then_the_knee
 
 
 def test_live_labels_name_the_device_kind():
-    cpu, gpu = why.live_labels(_synthetic_sweep("cpu")), why.live_labels(_synthetic_sweep("cuda"))
+    cpu, gpu = decode.live_labels(_synthetic_sweep("cpu")), decode.live_labels(_synthetic_sweep("cuda"))
     assert cpu["kind"] == "CPU" and cpu["where"] == "AMD EPYC [cpu-here], 2 threads"
     assert gpu["kind"] == "GPU" and gpu["where"] == "NVIDIA H200 [H200-SXM]"
     assert cpu["what"] == "cpu-m (117.2M parameters, fp32)" and cpu["date"] == "2026-11-30"
@@ -352,7 +354,7 @@ def test_gather_numbers_by_hand():
     # cpu-m: 12 layers x 4 KV heads x 64 dims x 4 bytes, K and V, 193 positions, 128 rows.
     assert decode.gather_bytes(get_model("cpu-m"), 128, 192) == 2 * 12 * 4 * 64 * 4 * 193 * 128
     sw = _synthetic_sweep()  # batch up to 8, ctx 128: longest context 192
-    g = decode.gather_numbers(sw, why.live_numbers(sw))
+    g = decode.gather_numbers(sw, decode.live_numbers(sw))
     copy = 2 * 12 * 4 * 64 * 4 * 193 * 8
     assert g["copy_mb"] == pytest.approx(copy / 1e6)
     assert g["copy_ms"] == pytest.approx(2 * copy / 30e9 * 1e3)  # a read and a write per byte
@@ -360,14 +362,14 @@ def test_gather_numbers_by_hand():
     # CUDA graphs: no gathered path, nothing to say about it.
     gpu = _synthetic_sweep("cuda")
     gpu["paths"] = ["uniform", "mixed"]
-    assert decode.gather_numbers(gpu, why.live_numbers(gpu)) == {}
-    assert list(why.decode_paths(graphs=True)) == ["uniform", "mixed"]
-    assert list(why.decode_paths()) == ["uniform", "mixed", "gathered"]
+    assert decode.gather_numbers(gpu, decode.live_numbers(gpu)) == {}
+    assert list(decode.decode_paths(graphs=True)) == ["uniform", "mixed"]
+    assert list(decode.decode_paths()) == ["uniform", "mixed", "gathered"]
 
 
 def test_path_and_probe_rows_by_hand():
     sw = _synthetic_sweep()
-    n = why.live_numbers(sw)
+    n = decode.live_numbers(sw)
     rows, header = decode.path_rows(sw, n)
     assert header[3] == "B=8 ms" and [r[0] for r in rows] == ["uniform", "mixed", "gathered"]
     # gathered: 40 -> 140 ms, knee 4, 3.5x batch 1, 8 / 0.140 = 57 tokens/s, 2.00x uniform.

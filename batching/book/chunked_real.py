@@ -158,7 +158,7 @@ def real_stall(
 def profile_chunk_steps(profiles: Sequence[Mapping[str, Any]], decodes: int = 8) -> list[dict[str, Any]]:
     """7.3, measured: how a step with ``decodes`` running decodes grows with the prefill chunk
     it carries, read straight from each committed profile's measured mixed steps (no
-    interpolation). ``profiles``: :func:`~batching.book.why.load_profiles` entries; a
+    interpolation). ``profiles``: :func:`~batching.book.decode.load_profiles` entries; a
     profile without mixed steps at ``decodes`` rows is left out.
 
     Each entry: ``label``, ``short`` (model, dtype, device for a legend), ``device``, ``ctx`` (KV tokens per decode row), ``chunk``,

@@ -1,20 +1,404 @@
-"""The "Decode on this device" section of chapters/measured.ipynb: what a live decode sweep
-(:func:`batching.book.why.live_decode_sweep`) knows beyond the "Why batching" page's one
-figure: the rates of its first two steps, the gathered path's copy, a table per path, the
-device probes and the B* each gives, and the committed profiles' table. Numbers, small
-verdicts and table rows only: the sentences are the notebook's.
+"""The live decode sweep and the committed profiles: running the sweep on the reader's device,
+its roofline, the numbers and labels the pages quote (the live figure of chapters/why.ipynb,
+whose verdict is :func:`batching.book.why.flat_verdict`), and, for the "Decode on this device"
+section of chapters/measured.ipynb, what the sweep knows beyond that one figure: the rates of
+its first two steps, the gathered path's copy, a table per path, the device probes and the B*
+each gives, and the committed profiles with their roofline and table. Numbers, small verdicts
+and table rows only: the sentences are the notebooks'.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..models import ModelShape
-from .why import bstar_of, knee, sweep_shape
+from .why import bstar_of, knee, roofline_curve
+
+# ------------------------------------------------------------- the live decode sweep
+# The sweep measures now, on the reader's device: it imports torch (the ``model`` extra) when
+# called; everything else here is torch-free.
+
+#: Live decode sweep defaults per device type: the model that tells the weight-streaming
+#: story there, and the batch sizes. On the CPU, cpu-m (117M parameters, 469 MB in fp32)
+#: is bandwidth-bound while cpu-s is dominated by per-step overhead
+#: (shared/notes/cpu-decode-measurements.md); on a GPU, the 8B shape the prose derives.
+LIVE_DEFAULTS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "cpu": ("cpu-m", (1, 2, 4, 8, 16, 32, 64, 128)),
+    "cuda": ("llama-8b", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
+}
+#: Where committed profiles live (data/README.md); every ``*.json`` there is shown.
+PROFILE_DIR = "data/profiles"
+
+
+def live_defaults(
+    device_type: str,
+    model: str | None = None,
+    batches: Sequence[int] | None = None,
+    free_bytes: float | None = None,
+) -> tuple[str, list[int]]:
+    """Why batching: the model and batch sizes of the live sweep (``None`` = the device
+    type's :data:`LIVE_DEFAULTS`). On a GPU with under 40 GB free, the default model is
+    llama-1b instead of llama-8b (16 GB of weights plus the bandwidth probe's buffers)."""
+    kind = "cuda" if device_type == "cuda" else "cpu"
+    name, bs = LIVE_DEFAULTS[kind]
+    if model is None and kind == "cuda" and free_bytes is not None and free_bytes < 40e9:
+        name = "llama-1b"
+    out = [int(b) for b in (bs if batches is None else batches)]
+    if not out or out[0] != 1 or any(b2 <= b1 for b1, b2 in zip(out, out[1:])):
+        raise ValueError(f"batches={out}: must start at 1 and increase")
+    return (name if model is None else model), out
+
+
+def decode_paths(graphs: bool = False) -> dict[str, dict[str, bool]]:
+    """Why batching: the decode paths the live sweep times, as ``StepTimer.decode`` options.
+
+    * ``uniform``: equal contexts, slots 0..B-1 (the slabs are read as one view): the pure
+      weight-streaming step;
+    * ``mixed``: contexts spread over ctx/2 .. 3ctx/2, slots 0..B-1 (measure's default, the
+      schedulers' usual layout): attention reads every row's slab up to the longest
+      context and masks the rest;
+    * ``gathered``: the same mixed contexts in slots spread over twice the batch and more,
+      as a batch has them once requests have come and gone out of order: the runner
+      gathers (copies) the slabs in every layer before attention. Not with ``graphs``
+      (CUDA graphs, ``batching/graphs.py``): a replayed step gathers or reads every slab
+      by its own rule, whatever the slots, so a separate gathered timing would not differ
+      from the mixed one by the gather.
+    """
+    paths: dict[str, dict[str, bool]] = {"uniform": {"uniform": True}, "mixed": {}}
+    return paths if graphs else {**paths, "gathered": {"scattered": True}}
+
+
+def live_decode_sweep(
+    model: str | None = None,
+    device: str = "auto",
+    dtype: str | None = None,
+    batches: Sequence[int] | None = None,
+    ctx: int = 128,
+    reps: int = 5,
+    seed: int = 0,
+    peak_n: int | None = None,
+    bandwidth_bytes: int | None = None,
+) -> dict[str, Any]:
+    """Why batching: decode-step time against batch size, measured now on this device.
+
+    Builds ``model`` (random weights) with a slab KV cache on ``device`` ("auto": CUDA if
+    present, else the CPU; dtype fp32 on CPU, bf16 on CUDA unless given), measures the
+    device's bandwidth (copy, read, matrix-vector over the model's weight bytes; capped at
+    2 GiB on a GPU) and matmul peak in the same process, then times decode steps of every
+    batch size at ``ctx`` KV tokens per row, every path at one batch size before the next,
+    so that drift hits the paths alike (``batching.measure.StepTimer.decode``), along
+
+    the paths of :func:`decode_paths` (uniform, mixed, and on the CPU gathered).
+
+    Returns ``meta`` (what, where, when), ``batch``, ``ctx``, ``paths``, ``<path>_ms``
+    (medians) with ``<path>_p25_ms``/``<path>_p75_ms``, and ``matvec_gbs``, ``copy_gbs``,
+    ``read_gbs`` (best of the bandwidth probe; copy counts read + write), ``peak_tflops``.
+    """
+    import datetime as dt
+    import time
+
+    import torch
+
+    from ..models import get_model
+    from ..real.executor import REGISTRY_DTYPE, resolve_dtype
+    from ..real.hardware import available_bytes, device_entry, device_memory, measured_spec, resolve_device
+    from ..real.measure import StepTimer, bandwidth, load_average, matmul_peak
+    from ..real.measure import stats as time_stats
+    from ..real.runner import SPAN_PER_ROW, ModelRunner
+
+    dev = resolve_device(device)
+    entry = device_entry(dev)  # any GPU: one the registry lacks gets its measured figures below
+    free = float(available_bytes(dev) or 0) if dev.type == "cuda" else None
+    name, bs = live_defaults(dev.type, model, batches, free)
+    tdt = resolve_dtype(dtype, dev)
+    if tdt not in REGISTRY_DTYPE:
+        raise ValueError(f"dtype={dtype!r}: the live sweep runs in fp32 or bf16")
+    shape = get_model(name).with_dtype(REGISTRY_DTYPE[tdt])
+    if not (isinstance(ctx, int) and ctx >= 2 and ctx * 3 // 2 + 2 <= shape.max_context):
+        raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
+    load0, t0 = load_average(), time.perf_counter()
+    # The gathered path spreads the rows over more than SPAN_PER_ROW slots each, which is
+    # what makes the eager runner copy their slabs (StepTimer.decode, scattered=True). CUDA
+    # steps replay graphs, which read the slabs of slots 0 .. up to the bucket whatever the
+    # slots are (graphs.py): there is no gathered path to time.
+    paths = decode_paths(graphs=dev.type == "cuda")
+    slots = SPAN_PER_ROW * max(bs) + 1 if "gathered" in paths else max(bs)
+    runner = ModelRunner.from_shape(
+        get_model(name), slots, device=dev, dtype=tdt, seed=seed, max_len=ctx * 3 // 2 + 2
+    )
+    runner.warmup()
+    nbytes = bandwidth_bytes or (
+        shape.weight_read_bytes if dev.type == "cpu" else min(shape.weight_read_bytes, 2 << 30)
+    )
+    bw = bandwidth(dev, tdt, nbytes)
+    n = peak_n or (2048 if dev.type == "cpu" else 8192)
+    peak = matmul_peak(dev, tdt, n)
+    # Round-robin: each of the ``reps`` rounds times every (batch, path) once, right after
+    # one untimed step of the same shape; a slow spell of a shared machine then spreads
+    # over all points instead of bending one stretch of the curve.
+    timer = StepTimer(runner, 1, warmup=1)
+    samples: dict[tuple[str, int], list[float]] = {(p, b): [] for p in paths for b in bs}
+    for _ in range(reps):
+        for b in bs:
+            for path, kwargs in paths.items():
+                samples[(path, b)].append(timer.decode(b, ctx, **kwargs)["median_ms"] / 1e3)
+    acc: dict[str, list[float]] = {f"{p}_{s}": [] for p in paths for s in ("ms", "p25_ms", "p75_ms")}
+    for path in paths:
+        for b in bs:
+            st = time_stats(samples[(path, b)])
+            acc[f"{path}_ms"].append(st["median_ms"])
+            acc[f"{path}_p25_ms"].append(st["p25_ms"])
+            acc[f"{path}_p75_ms"].append(st["p75_ms"])
+    meta = {
+        "device": entry.name,
+        "device_type": dev.type,
+        "device_name": entry.device_name,
+        "datasheet": entry.datasheet,
+        "model": name,
+        "dtype": shape.dtype,
+        "params": float(shape.params),
+        "weight_read_bytes": float(shape.weight_read_bytes),
+        "kv_bytes_per_token": float(shape.kv_bytes_per_token),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "reps": reps,
+        "seed": seed,
+        "bandwidth_bytes": float(nbytes),
+        "peak_n": n,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "loadavg_before": load0,
+        "loadavg_after": load_average(),
+        "wall_s": time.perf_counter() - t0,
+        "linear": runner.model.linear_form,
+        "matvec_layout": bw["matvec"]["layout"],
+        "decode_graphs": runner.graphs_info(),
+        "attention": runner.attention_backends(),
+    }
+    if not entry.registered:  # a GPU the registry lacks: its figures are the ones measured here
+        meta["device_spec"] = measured_spec(entry, bw, peak, shape.dtype, device_memory(dev) or 0.0)
+    del runner, timer
+    return {
+        "meta": meta,
+        "batch": np.asarray(bs, dtype=float),
+        "ctx": int(ctx),
+        "paths": list(paths),
+        **{k: np.asarray(v) for k, v in acc.items()},
+        "matvec_gbs": bw["matvec"]["GBps_best"],
+        "copy_gbs": bw["copy"]["GBps_best"],
+        "read_gbs": bw["read"]["GBps_best"],
+        "peak_tflops": peak["TFLOPs_best"],
+    }
+
+
+def sweep_shape(sweep: Mapping[str, Any]) -> ModelShape:
+    from ..models import get_model
+
+    return get_model(sweep["meta"]["model"]).with_dtype(sweep["meta"]["dtype"])
+
+
+def _dense(batches: ArrayLike, points: int) -> np.ndarray:
+    b = np.asarray(batches, dtype=float)
+    return np.geomspace(b[0], b[-1], points) if points > 1 else b
+
+
+def live_roofline(sweep: Mapping[str, Any], points: int = 0) -> dict[str, np.ndarray]:
+    """Why batching: the roofline a live sweep predicts from the bandwidth (matrix-vector)
+    and matmul peak it measured itself, no overhead (:func:`~batching.book.why.roofline_curve`), at the
+    sweep's batch sizes, or at ``points`` batch sizes spread evenly in log between them."""
+    return roofline_curve(
+        sweep_shape(sweep),
+        _dense(sweep["batch"], points),
+        sweep["ctx"],
+        sweep["matvec_gbs"] * 1e9,
+        sweep["peak_tflops"] * 1e12,
+    )
+
+
+def profile_roofline(profile: Mapping[str, Any], points: int = 60) -> dict[str, np.ndarray]:
+    """Why batching: the roofline of a :func:`load_profiles` entry at its ``ref_ctx``, from
+    its own bandwidth and peak (or the registry's), no overhead; ``points`` as in
+    :func:`live_roofline`."""
+    return roofline_curve(
+        profile["shape"],
+        _dense(profile["batch"], points),
+        int(profile["ref_ctx"]),
+        profile["bandwidth_gbs"] * 1e9,
+        profile["peak_tflops"] * 1e12,
+    )
+
+
+def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
+    """Why batching: the numbers the pages quote from a :func:`live_decode_sweep`.
+
+    Sizes: ``params_m``, ``weight_mb`` (streamed per step), ``kv_kb_per_token``, ``ctx``,
+    ``bmax``. Device, same run: ``matvec_gbs``, ``copy_gbs``, ``read_gbs``, ``peak_gflops``,
+    ``bstar`` (:func:`~batching.book.why.bstar_of` on matvec bandwidth and peak), ``bstar_copy`` (on the copy
+    bandwidth). Batch 1 (uniform path): ``stream_ms`` (weights / matvec bandwidth),
+    ``pred1_ms`` (roofline, KV included), ``t1_ms`` measured, ``over_pred`` (measured /
+    predicted), ``achieved_gbs`` ((weight + KV bytes) / step time), ``efficiency``
+    (achieved / matvec bandwidth), ``efficiency_copy`` (achieved / copy bandwidth).
+    Uniform path: ``knee`` (:func:`~batching.book.why.knee`); ``bstar_batch`` (the largest swept batch at or
+    below B*, batch 1 if none), ``ratio_bstar`` (its step over batch 1's) and
+    ``pred_ratio_bstar`` (the same ratio on the roofline of the same run); at the
+    largest batch ``tmax_ms``, ``ratio_max`` (over batch 1), ``tps1``, ``tps_max``,
+    ``tps_gain`` (tokens/s and their ratio), ``per_token_max_ms``, ``pred_max_ms``
+    (roofline); ``reps``, ``threads``, ``wall_s`` from the sweep's meta. Every other
+    measured path ``p`` (``mixed``, ``gathered``): ``p_t1_ms``, ``p_knee``, ``p_tmax_ms``,
+    ``p_ratio_max``, ``p_tps_max`` and ``p_gap_max`` (its step over the uniform one at the
+    largest batch).
+    """
+    from ..plan import StepWork
+
+    shape = sweep_shape(sweep)
+    b = np.asarray(sweep["batch"], dtype=float)
+    if b[0] != 1:
+        raise ValueError("the sweep must start at batch 1")
+    u = np.asarray(sweep["uniform_ms"], dtype=float)
+    roof = live_roofline(sweep)
+    bw = sweep["matvec_gbs"] * 1e9
+    peak = sweep["peak_tflops"] * 1e12
+    bstar = bstar_of(peak, bw, shape.bytes_per_param)
+    moved1 = shape.bytes_moved(StepWork(decode_rows=1, decode_ctx=sweep["ctx"]))
+    achieved = moved1 / (u[0] / 1e3)
+    ib = int(np.flatnonzero(b <= max(bstar, 1.0))[-1])
+    out = {
+        "params_m": shape.params / 1e6,
+        "weight_mb": shape.weight_read_bytes / 1e6,
+        "kv_kb_per_token": shape.kv_bytes_per_token / 1e3,
+        "ctx": float(sweep["ctx"]),
+        "bmax": float(b[-1]),
+        "matvec_gbs": float(sweep["matvec_gbs"]),
+        "copy_gbs": float(sweep["copy_gbs"]),
+        "read_gbs": float(sweep["read_gbs"]),
+        "peak_gflops": float(sweep["peak_tflops"]) * 1e3,
+        "bytes_per_param": float(shape.bytes_per_param),
+        "bstar": bstar,
+        "bstar_copy": bstar_of(peak, sweep["copy_gbs"] * 1e9, shape.bytes_per_param),
+        "stream_ms": shape.weight_read_bytes / bw * 1e3,
+        "pred1_ms": float(roof["time_s"][0]) * 1e3,
+        "t1_ms": float(u[0]),
+        "over_pred": float(u[0] / (roof["time_s"][0] * 1e3)),
+        "achieved_gbs": achieved / 1e9,
+        "efficiency": achieved / bw,
+        "efficiency_copy": achieved / (sweep["copy_gbs"] * 1e9),
+        "knee": float(knee(b, u)),
+        "bstar_batch": float(b[ib]),
+        "ratio_bstar": float(u[ib] / u[0]),
+        "pred_ratio_bstar": float(roof["time_s"][ib] / roof["time_s"][0]),
+        "tmax_ms": float(u[-1]),
+        "ratio_max": float(u[-1] / u[0]),
+        "pred_max_ms": float(roof["time_s"][-1]) * 1e3,
+        "tps1": float(1e3 / u[0]),
+        "tps_max": float(b[-1] * 1e3 / u[-1]),
+        "tps_gain": float(b[-1] * u[0] / u[-1]),
+        "per_token_max_ms": float(u[-1] / b[-1]),
+        "reps": float(sweep["meta"]["reps"]),
+        "threads": float(sweep["meta"]["threads"]),
+        "wall_s": float(sweep["meta"]["wall_s"]),
+    }
+    for path in sweep.get("paths", ["uniform"]):
+        if path == "uniform":
+            continue
+        t = np.asarray(sweep[f"{path}_ms"], dtype=float)
+        out.update(
+            {
+                f"{path}_t1_ms": float(t[0]),
+                f"{path}_knee": float(knee(b, t)),
+                f"{path}_tmax_ms": float(t[-1]),
+                f"{path}_ratio_max": float(t[-1] / t[0]),
+                f"{path}_tps_max": float(b[-1] * 1e3 / t[-1]),
+                f"{path}_gap_max": float(t[-1] / u[-1]),
+            }
+        )
+    return {k: float(v) for k, v in out.items()}
+
+
+def live_labels(sweep: Mapping[str, Any]) -> dict[str, str]:
+    """Why batching: short labels of a live sweep for captions and prose: ``what`` (model,
+    size, dtype), ``where`` (device name, registry name, threads on a CPU), ``kind`` ("CPU"
+    or "GPU"), ``model``, ``device_name``, ``torch``, ``date`` (the day)."""
+    m = sweep["meta"]
+    gpu = m["device_type"] == "cuda"
+    where = f"{m['device_name']} [{m['device']}]" + ("" if gpu else f", {m['threads']} threads")
+    return {
+        "what": f"{m['model']} ({m['params'] / 1e6:,.1f}M parameters, {m['dtype']})",
+        "where": where,
+        "kind": "GPU" if gpu else "CPU",
+        "model": str(m["model"]),
+        "device_name": str(m["device_name"]),
+        "torch": str(m["torch"]),
+        "date": str(m["date"])[:10],
+    }
+
+
+def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[dict[str, Any]]:
+    """Why batching: every committed profile (``<directory>/*.json``, sorted by name),
+    validated through ``ProfileCost`` and summarized for the page.
+
+    Each entry: ``path``, ``meta``, ``label`` (model, dtype, device, date), ``gpu`` (not
+    the CPU), ``device`` (registry name), ``batch``, ``ctxs``, ``ms`` (decode grid,
+    ``ms[i, j]`` = batch i at context j), ``shape`` (the model in the profile's dtype),
+    ``bandwidth_gbs``/``peak_tflops`` and ``roofs_from`` (the profile's own ``device``
+    section if it has one, else the device registry's constants), ``bstar``; and at
+    ``ref_ctx``, the profile's context nearest ``ctx``: ``ref_ms`` (the column), ``t1_ms``
+    (batch 1), ``knee`` (:func:`~batching.book.why.knee`); ``mixed``: the measured mixed steps
+    (``ProfileCost.mixed``, times in seconds; None if the profile has none).
+    """
+    from ..profile import ProfileCost
+
+    out = []
+    for path in sorted(Path(directory).glob("*.json")):
+        data = json.loads(path.read_text())
+        cost = ProfileCost.from_dict(data, source=str(path))
+        meta, dev = data["meta"], data.get("device") or {}
+        try:
+            bw = float(dev["bandwidth"]["matvec"]["GBps_best"])
+            peak = float(dev["matmul_peak"]["TFLOPs_best"])
+            roofs = "bandwidth and peak measured in the same run"
+        except (KeyError, TypeError):
+            bw, peak = cost.device.bandwidth / 1e9, cost.device.peak(cost.model.dtype) / 1e12
+            roofs = "the device registry's bandwidth and peak"
+        where = meta.get("device_name") or cost.device.name
+        label = (
+            f"{meta['model']} ({cost.model.dtype}) on {where} [{cost.device.name}], "
+            f"measured {meta['date'][:10]}"
+        )
+        b, ms = cost.db, cost.ds * 1e3
+        j = int(np.argmin(np.abs(np.log(np.maximum(cost.dc, 1.0) / max(ctx, 1)))))
+        col = ms[:, j]
+        out.append(
+            {
+                "path": str(path),
+                "meta": meta,
+                "label": label,
+                "gpu": cost.device.name != "cpu-here",
+                "device": cost.device.name,
+                "batch": b,
+                "ctxs": cost.dc,
+                "ms": ms,
+                "shape": cost.model,
+                "bandwidth_gbs": bw,
+                "peak_tflops": peak,
+                "roofs_from": roofs,
+                "bstar": bstar_of(peak * 1e12, bw * 1e9, cost.model.bytes_per_param),
+                "mixed": cost.mixed,
+                "ref_ctx": float(cost.dc[j]),
+                "ref_ms": col,
+                "t1_ms": float(col[0]),
+                "knee": float(knee(b, col)),
+            }
+        )
+    return out
+
+
+# ------------------------------------------------------ the measured page's decode section
 
 
 class Versus(enum.Enum):
@@ -71,7 +455,7 @@ def gather_numbers(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> di
     copies (``copy_mb``), the time that copy takes at the copy bandwidth of the same run,
     which counts a read and a write per byte (``copy_ms``), and how much longer the gathered
     step took than the mixed one (``extra_ms``; negative if shorter). Empty where the sweep
-    timed no gathered path (CUDA graphs: :func:`~batching.book.why.decode_paths`)."""
+    timed no gathered path (CUDA graphs: :func:`decode_paths`)."""
     if "gathered_tmax_ms" not in numbers:
         return {}
     longest = round(sweep["ctx"] * 1.5)  # StepTimer.decode spreads contexts over ctx/2 .. 3ctx/2
@@ -112,7 +496,7 @@ def probe_rows(
 ) -> tuple[list[list[Any]], list[str]]:
     """Measured page: rows and header of the device-probe table: each
     bandwidth the sweep measured (and the device registry's matrix-vector figure, if given)
-    with the B* it gives against the same run's matmul peak (``numbers``: :func:`~batching.book.why.live_numbers`)."""
+    with the B* it gives against the same run's matmul peak (``numbers``: :func:`live_numbers`)."""
     peak, bpp = numbers["peak_gflops"] * 1e9, numbers["bytes_per_param"]
     probes = [
         ("matrix-vector product over the weight bytes", numbers["matvec_gbs"]),

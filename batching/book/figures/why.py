@@ -75,7 +75,7 @@ def _bstar_line(
 
 def gpu_roofline_figure(gr: Mapping[str, Any]) -> Figure:
     """Why batching: roofline predictions of a decode step (datasheet constants) for one
-    model on several GPUs (:func:`batching.experiments.gpu_rooflines`). Left: step time at
+    model on several GPUs (:func:`batching.book.why.gpu_rooflines`). Left: step time at
     the shortest context (linear axis), with its memory and compute lines and B*. Right:
     tokens/s at every context, drawn only where the batch's KV cache fits the device."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.1))
@@ -142,7 +142,7 @@ def live_decode_figure(
     roof: Mapping[str, np.ndarray],
     paths: Sequence[str] | None = None,
 ) -> Figure:
-    """Why batching: the live sweep (:func:`batching.book.why.live_decode_sweep`) against
+    """Why batching: the live sweep (:func:`batching.book.decode.live_decode_sweep`) against
     the roofline from the same run's bandwidth and peak (``roof``, a dense
     :func:`batching.book.why.roofline_curve`). Left: step time of each path in ``paths``
     (default: every measured one; median, bar = interquartile range), memory/compute/roofline
@@ -237,9 +237,9 @@ def profiles_figure(
     live: Mapping[str, Any] | None = None,
     gpu: Mapping[str, Any] | None = None,
 ) -> Figure:
-    """Why batching: every committed profile (:func:`batching.experiments.load_profiles`)
+    """Why batching: every committed profile (:func:`batching.book.decode.load_profiles`)
     beside this build's live sweep (its uniform path) and, as predictions, the GPU
-    rooflines (:func:`batching.experiments.gpu_rooflines`, shortest context).
+    rooflines (:func:`batching.book.why.gpu_rooflines`, shortest context).
 
     Left: measured decode step against batch at each profile's ``ref_ctx`` (solid), with
     its roofline from its own bandwidth and peak (``roofs[i]``, dashed, same colour).

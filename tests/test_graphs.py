@@ -14,8 +14,8 @@ from test_model import F64, TINY, admitted, commit
 
 from batching.plan import PrefillChunk, StepPlan
 from batching.real.executor import run_real
-from batching.real.graphs import batch_bucket, ctx_bucket, gqa_decode_attention
-from batching.real.model import Llama, sdpa
+from batching.real.graphs import batch_bucket, ctx_bucket
+from batching.real.model import Llama, gqa_decode, sdpa
 from batching.real.runner import ModelRunner, kv_cache_bytes
 from batching.schedulers import make_scheduler
 from batching.workload import Workload
@@ -71,7 +71,7 @@ def test_grouped_query_decode_attention_equals_sdpa_gqa() -> None:
     k, v = (torch.randn(3, 2, 10, 16, generator=g, dtype=F64) for _ in range(2))
     mask = (torch.arange(10)[None, :] <= torch.tensor([2, 9, 5])[:, None])[:, None, None, :]
     ref = sdpa(q.unsqueeze(2), k, v, mask).squeeze(2)
-    torch.testing.assert_close(gqa_decode_attention(q, k, v, mask), ref, rtol=0, atol=1e-13)
+    torch.testing.assert_close(gqa_decode(q, k, v, mask), ref, rtol=0, atol=1e-13)
 
 
 def test_grouped_query_chunk_attention_equals_sdpa_gqa() -> None:

@@ -20,7 +20,7 @@ from .model import ModelConfig
 
 def kv_cache_bytes(cfg: ModelConfig, slots: int, max_len: int, dtype: torch.dtype) -> int:
     """Bytes of the K and V slabs (7.2, the slab layout): 2 x layers x slots x kv_heads x max_len x head_dim x elem."""
-    elem = torch.empty(0, dtype=dtype).element_size()
+    elem = dtype.itemsize
     return 2 * cfg.layers * slots * cfg.kv_heads * max_len * cfg.head_dim * elem
 
 
@@ -58,8 +58,3 @@ class SlabCache:
         # Per-layer views made once: indexing the slab anew in every layer of every step is
         # two more dispatches per layer, which a one-token CPU step pays in full.
         self.layers: list[tuple[Tensor, Tensor]] = list(zip(self.k.unbind(0), self.v.unbind(0)))
-
-    @property
-    def slabs(self) -> int:
-        """Slabs allocated: the slots, and the scratch slab if there is one."""
-        return int(self.k.shape[1])

@@ -30,14 +30,6 @@ from .model import Llama, ModelConfig
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {
-    torch.float32: "float32",
-    torch.bfloat16: "bfloat16",
-    torch.float16: "float16",
-    torch.float64: "float64",
-}
-_NAME_DTYPES: dict[str, torch.dtype] = {v: k for k, v in _DTYPE_NAMES.items()}
-
 
 class CheckpointError(ValueError):
     """A checkpoint this engine cannot load (missing or unknown tensors, unsupported config)."""
@@ -62,7 +54,7 @@ def hf_config(model: Llama) -> dict[str, Any]:
     the registry shape's name, which transformers keeps as an extra attribute.
     """
     cfg = model.cfg
-    dtype = _DTYPE_NAMES[model.dtype]
+    dtype = str(model.dtype).removeprefix("torch.")  # float32, bfloat16, ...
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -92,32 +84,39 @@ def hf_config(model: Llama) -> dict[str, Any]:
     }
 
 
+def _hf_layout(model: Llama) -> list[tuple[Tensor, dict[str, int]]]:
+    """Each of ``model``'s tensors with the Hugging Face tensors stacked in it, top to bottom,
+    and their rows (``wqkv`` is q, k, v; ``w_gate_up`` is gate, up): the one naming table
+    that saving, loading and a load's checks share."""
+    cfg = model.cfg
+    q, kv, d, f = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.hidden, cfg.ffn
+    out: list[tuple[Tensor, dict[str, int]]] = [
+        (model.embed, {"model.embed_tokens.weight": cfg.vocab}),
+        (model.norm, {"model.norm.weight": d}),
+    ]
+    for i, b in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        out += [
+            (b.wqkv, {p + f"self_attn.{x}_proj.weight": n for x, n in zip("qkv", (q, kv, kv))}),
+            (b.wo, {p + "self_attn.o_proj.weight": d}),
+            (b.w_gate_up, {p + "mlp.gate_proj.weight": f, p + "mlp.up_proj.weight": f}),
+            (b.w_down, {p + "mlp.down_proj.weight": d}),
+            (b.attn_norm, {p + "input_layernorm.weight": d}),
+            (b.mlp_norm, {p + "post_attention_layernorm.weight": d}),
+        ]
+    if not cfg.tied_embeddings:
+        out.append((model.lm_head, {"lm_head.weight": cfg.vocab}))
+    return out
+
+
 def hf_state_dict(model: Llama) -> dict[str, Tensor]:
     """``model``'s weights under Hugging Face Llama names (q/k/v and gate/up split apart),
     each a contiguous tensor of its own (safetensors refuses tensors sharing memory)."""
-    cfg = model.cfg
-    q, kv = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
-    out: dict[str, Tensor] = {"model.embed_tokens.weight": model.embed, "model.norm.weight": model.norm}
-    for i, b in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        wq, wk, wv = b.wqkv.split([q, kv, kv], dim=0)
-        gate, up = b.w_gate_up.split([cfg.ffn, cfg.ffn], dim=0)
-        out.update(
-            {
-                p + "self_attn.q_proj.weight": wq,
-                p + "self_attn.k_proj.weight": wk,
-                p + "self_attn.v_proj.weight": wv,
-                p + "self_attn.o_proj.weight": b.wo,
-                p + "mlp.gate_proj.weight": gate,
-                p + "mlp.up_proj.weight": up,
-                p + "mlp.down_proj.weight": b.w_down,
-                p + "input_layernorm.weight": b.attn_norm,
-                p + "post_attention_layernorm.weight": b.mlp_norm,
-            }
-        )
-    if not cfg.tied_embeddings:
-        out["lm_head.weight"] = model.lm_head
-    return {k: v.detach().to("cpu").clone().contiguous() for k, v in out.items()}
+    return {
+        name: piece.detach().to("cpu").clone().contiguous()
+        for t, parts in _hf_layout(model)
+        for name, piece in zip(parts, t.split(list(parts.values())))
+    }
 
 
 def save_hf_checkpoint(model: Llama, path: str | Path) -> Path:
@@ -165,8 +164,8 @@ def config_from_hf(hf: dict[str, Any], name: str | None = None) -> ModelConfig:
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     _require(rope_type == "default", f"rope_type={rope_type!r}: only plain RoPE ('default') is implemented")
     theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
-    dtype = _NAME_DTYPES.get(str(hf.get("dtype") or hf.get("torch_dtype") or "float32"), torch.float32)
-    bytes_per = {torch.bfloat16: 2, torch.float16: 2}.get(dtype, 4)  # the registry knows 1, 2 and 4 bytes
+    dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
+    bytes_per = 2 if dtype in ("bfloat16", "float16") else 4  # the registry knows 1, 2 and 4 bytes
     return ModelConfig(
         name=name or hf.get("batching_model") or "hf-llama",
         layers=int(hf["num_hidden_layers"]),
@@ -220,64 +219,19 @@ def load_hf_checkpoint(
                 "lm_head.weight differs from model.embed_tokens.weight but tie_word_embeddings is true"
             )
     model = Llama(cfg, device, dtype, seed=0, wx=wx)  # random init, overwritten below
-    want = hf_state_dict_shapes(cfg)
-    unknown = sorted(set(tensors) - set(want))
-    missing = sorted(set(want) - set(tensors))
-    if unknown:
-        raise CheckpointError(
-            f"{f}: unknown tensor {unknown[0]!r}"
-            + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
-        )
-    if missing:
-        raise CheckpointError(
-            f"{f}: missing tensor {missing[0]!r}"
-            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-        )
+    layout = _hf_layout(model)
+    want = {name: (rows, *t.shape[1:]) for t, parts in layout for name, rows in parts.items()}
+    for what, names in (("unknown", set(tensors) - set(want)), ("missing", set(want) - set(tensors))):
+        if names:
+            first, *more = sorted(names)
+            raise CheckpointError(
+                f"{f}: {what} tensor {first!r}" + (f" (and {len(more)} more)" if more else "")
+            )
     for k, shape in want.items():
         if tuple(tensors[k].shape) != shape:
             raise CheckpointError(
                 f"{f}: tensor {k!r} has shape {list(tensors[k].shape)}, expected {list(shape)}"
             )
-
-    def put(dst: Tensor, *names: str) -> None:
-        src = tensors[names[0]] if len(names) == 1 else torch.cat([tensors[n] for n in names], dim=0)
-        dst.copy_(src.to(device=dst.device, dtype=dst.dtype))
-
-    put(model.embed, "model.embed_tokens.weight")
-    put(model.norm, "model.norm.weight")
-    for i, b in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        put(b.wqkv, *(p + f"self_attn.{x}_proj.weight" for x in "qkv"))
-        put(b.wo, p + "self_attn.o_proj.weight")
-        put(b.w_gate_up, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
-        put(b.w_down, p + "mlp.down_proj.weight")
-        put(b.attn_norm, p + "input_layernorm.weight")
-        put(b.mlp_norm, p + "post_attention_layernorm.weight")
-    if not cfg.tied_embeddings:
-        put(model.lm_head, "lm_head.weight")
+    for t, parts in layout:
+        t.copy_(torch.cat([tensors[name] for name in parts]).to(device=t.device, dtype=t.dtype))
     return model
-
-
-def hf_state_dict_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor name a Hugging Face checkpoint of ``cfg`` holds, with its shape."""
-    d, hd = cfg.hidden, cfg.head_dim
-    q, kv = cfg.heads * hd, cfg.kv_heads * hd
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab, d), "model.norm.weight": (d,)}
-    for i in range(cfg.layers):
-        p = f"model.layers.{i}."
-        out.update(
-            {
-                p + "self_attn.q_proj.weight": (q, d),
-                p + "self_attn.k_proj.weight": (kv, d),
-                p + "self_attn.v_proj.weight": (kv, d),
-                p + "self_attn.o_proj.weight": (d, q),
-                p + "mlp.gate_proj.weight": (cfg.ffn, d),
-                p + "mlp.up_proj.weight": (cfg.ffn, d),
-                p + "mlp.down_proj.weight": (d, cfg.ffn),
-                p + "input_layernorm.weight": (d,),
-                p + "post_attention_layernorm.weight": (d,),
-            }
-        )
-    if not cfg.tied_embeddings:
-        out["lm_head.weight"] = (cfg.vocab, d)
-    return out

@@ -24,8 +24,8 @@ from ..request import Request, RequestError
 from ..schedulers.base import Scheduler
 from ..workload import Workload
 from .checkpoint import load_hf_checkpoint, read_config
-from .hardware import device_entry, device_name, resolve_device
-from .model import ModelConfig
+from .hardware import device_entry, device_name, resolve_device, synchronize
+from .model import default_dtype
 from .runner import ModelRunner, check_model_fits
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -43,7 +43,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     """The dtype of a real run (7.1-7.3). ``None``: fp32 on CPU, bf16 on CUDA; else a torch dtype or
     a name (``fp32``, ``bf16``, ``fp64``)."""
     if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return default_dtype(device)
     if isinstance(dtype, torch.dtype):
         return dtype
     try:
@@ -52,33 +52,20 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         raise ValueError(f"dtype={dtype!r}: must be one of {', '.join(_DTYPES)}") from None
 
 
-def registry_shape(cfg: ModelConfig) -> ModelShape | None:
-    """The registry shape the model was built from, if it has the same sizes ("Why batching" accounting)."""
-    try:
-        shape = get_model(cfg.name)
-    except ValueError:
-        return None
-    same = ModelConfig.from_shape(shape)
-    keys = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "tied_embeddings")
-    return shape if all(getattr(same, k) == getattr(cfg, k) for k in keys) else None
-
-
 def hardware_cost(runner: ModelRunner) -> RooflineCost | None:
     """Accounting for hardware utilization ("Why batching"; conventions, "Measures"): the roofline of the
     registry device this runs on, used for its FLOPs, bytes, peak and bandwidth, never for
     durations. None where there is no registry entry (an unknown GPU, float64, a model
-    outside the registry): then the run reports no hardware utilization."""
-    shape = registry_shape(runner.cfg)
-    dt = REGISTRY_DTYPE.get(runner.dtype)
-    if shape is None or dt is None:
-        return None
-    entry = device_entry(runner.device)
-    if not entry.registered:
-        return None
-    dev = get_device(entry.name)
+    outside the registry, or a checkpoint's of other sizes): then the run reports no
+    hardware utilization."""
+    cfg, dt, entry = runner.cfg, REGISTRY_DTYPE.get(runner.dtype), device_entry(runner.device)
     try:
-        return RooflineCost(shape.with_dtype(dt), dev)
-    except ValueError:  # the device has no peak for this dtype, or the registry says it can't fit
+        shape = get_model(cfg.name)
+        keys = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "tied_embeddings")
+        if dt is None or not entry.registered or any(getattr(shape, k) != getattr(cfg, k) for k in keys):
+            return None
+        return RooflineCost(shape.with_dtype(dt), get_device(entry.name))
+    except ValueError:  # no such model; the device has no peak for this dtype, or can't fit it
         return None
 
 
@@ -98,34 +85,25 @@ class RealExecutor:
     def __init__(
         self,
         runner: ModelRunner,
-        device: str | torch.device | None = None,
         warmup: bool = True,
         warmup_tokens: int = 0,
         graph_rows: int | None = None,
         graph_ctx: int | None = None,
     ) -> None:
-        if device is not None and resolve_device(device).type != runner.device.type:
-            raise ValueError(f"device={device!r} but the runner's model is on {runner.device}")
         self.runner = runner
         self.device = runner.device
         self.hardware = hardware_cost(runner)
         self.steps = 0
         self.warmup_s = 0.0
         if warmup:
-            # The first step of a fresh process pays one-off costs (kernel selection,
-            # OpenMP/CUDA start-up, first touch of buffers) of up to several step times;
-            # run one small step untimed so that it doesn't show up as the first request's TTFT.
-            # On CUDA this also captures the decode graphs the workload can reach (graphs.py).
+            # Untimed: a fresh process's one-off costs (ModelRunner.warmup), up to several
+            # step times, and graph captures must not show up as the first request's TTFT.
             t0 = time.perf_counter()
             runner.warmup(
                 capture_graphs=True, tokens=warmup_tokens, graph_rows=graph_rows, graph_ctx=graph_ctx
             )
-            self._sync()
+            synchronize(self.device)
             self.warmup_s = time.perf_counter() - t0
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run the plan as one forward pass (7.1-7.3); duration in wall-clock seconds."""
@@ -202,7 +180,6 @@ def run_real(
     steps as CUDA graphs (default on CUDA; False runs them eagerly; see ``graphs.py``).
     """
     reqs = workload_requests.fresh() if isinstance(workload_requests, Workload) else list(workload_requests)
-    shape: ModelShape
     if runner is not None:
         if (
             checkpoint is not None
@@ -221,20 +198,22 @@ def run_real(
             raise ValueError(
                 f"the runner has slots={runner.slots} but the scheduler uses max_slots={scheduler.max_slots}"
             )
-        shape = runner.cfg
-    elif checkpoint is not None:
-        shape = read_config(checkpoint)
-        if model_name is not None and model_name != shape.name:
-            raise ValueError(f"model {model_name!r} but the checkpoint {checkpoint} holds {shape.name!r}")
-    elif model_name is None:
-        raise ValueError("run_real needs a model name or a checkpoint")
+        limit = runner.max_len
     else:
-        shape = get_model(model_name)
-    dev = runner.device if runner is not None else resolve_device(device)
-    dt = runner.dtype if runner is not None else resolve_dtype(dtype, dev)
+        shape: ModelShape
+        if checkpoint is not None:
+            shape = read_config(checkpoint)
+            if model_name is not None and model_name != shape.name:
+                raise ValueError(f"model {model_name!r} but the checkpoint {checkpoint} holds {shape.name!r}")
+        elif model_name is None:
+            raise ValueError("run_real needs a model name or a checkpoint")
+        else:
+            shape = get_model(model_name)
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
+        limit = shape.max_context if max_len is None else max_len
     if threads is not None:
         torch.set_num_threads(threads)
-    limit = runner.max_len if runner is not None else shape.max_context if max_len is None else max_len
     for r in reqs:
         if r.prompt_len + r.output_len > limit:
             raise RequestError(
@@ -248,12 +227,9 @@ def run_real(
             shape, scheduler.max_slots, device=dev, dtype=dt, seed=seed, max_len=max_len, graphs=graphs
         )
     elif runner is None and checkpoint is not None:
-        check_model_fits(
-            shape, scheduler.max_slots, dev, dt, max_len, graphs=graphs
-        )  # before loading the weights
-        runner = ModelRunner(
-            load_hf_checkpoint(checkpoint, dev, dt), scheduler.max_slots, max_len, seed, graphs=graphs
-        )
+        check_model_fits(shape, scheduler.max_slots, dev, dt, max_len, graphs=graphs)  # before loading
+        model = load_hf_checkpoint(checkpoint, dev, dt)
+        runner = ModelRunner(model, scheduler.max_slots, max_len, seed, graphs=graphs)
     assert runner is not None  # given, built, or loaded above
     # The warm-up prefills the scheduler's largest step (the runner caps it at its slabs) and
     # captures the decode graphs of the rows and contexts this workload can reach.

@@ -26,17 +26,14 @@ A graph replays fixed shapes at fixed addresses, so a step is fitted to a bucket
   tail of a run) pays the rows up to its highest slot, at most what reading every slab
   would cost.
 
-Attention uses no ``enable_gqa``: the G = H/K query heads that share a kv head become G
-query positions of that head (``q.view(B, K, G, D)``), plain multi-head SDPA that every
-backend runs, as decode kernels do (FlashDecoding's "GQA packing"; ``model.gqa_decode``).
+Attention is ``model.gqa_decode``: grouped-query heads packed as queries of their kv head,
+plain multi-head SDPA that every backend runs with a mask (FlashDecoding's "GQA packing").
 
 Only decode-only plans (decodes, and static batching's dead rows) replay graphs; plans with
-a prefill chunk run eagerly. Graphs are captured lazily, one per (rows bucket, context
-bucket), or up front by :meth:`DecodeGraphs.capture_all` for every bucket a workload can
-reach (the real executor's warm-up, so that no timed step pays a capture). A bucket whose
-capture fails (an op CUDA graphs refuse; out of memory on a bucket the workload never
-needed) is recorded and its steps run eagerly; the other buckets still replay
-(:meth:`DecodeGraphs.info`, every result's and profile's ``decode_graphs``). On a CPU
+a prefill chunk run eagerly. A bucket is captured on first use, or by the real executor's
+warm-up for every bucket its workload can reach (:meth:`DecodeGraphs.capture_all`), so that
+no timed step pays a capture. A bucket whose capture fails (an op CUDA graphs refuse; out
+of memory) is recorded and its steps run eagerly; the other buckets still replay. On a CPU
 there is nothing to capture: with ``capture=False`` the same fixed-shape step runs
 eagerly, which is how the tests check it against the eager path.
 """
@@ -84,34 +81,26 @@ def ctx_bucket(length: int, limit: int) -> int:
     return min(b, limit)
 
 
-def gqa_decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """One query per row against its slab (the graphs' and the eager decode's attention;
-    ``model.gqa_decode``): q [B, H, D], k, v [B, K, L, D] -> [B, H, D]."""
-    return gqa_decode(q, k, v, mask)
-
-
 class GraphCaptureError(RuntimeError):
     """Capturing a decode graph failed; that bucket's steps then run eagerly, and it is recorded."""
 
 
 @dataclass
 class _Graph:
-    """One captured bucket: its static input [4, rows] (ids, positions, the slots written,
-    the slots the queries sit at), its output logits [rows, V], and the graph (None where
-    nothing is captured: CPU, tests)."""
+    """One bucket: its static input [4, rows] (ids, positions, the slots written, the slots
+    the queries sit at), its static output logits [rows, V] and its ``torch.cuda.CUDAGraph``
+    (both None where nothing is captured: CPU, tests)."""
 
     inp: Tensor
     logits: Tensor | None
-    graph: Any  # torch.cuda.CUDAGraph (replay()), None where nothing is captured
+    graph: Any
 
 
 class DecodeGraphs:
     """Fixed-shape decode steps over one model and its slab cache, replayed as CUDA graphs
     ("Why batching", 7.2 on a GPU). The runner holds this object; this object holds the
     model and the cache, not the runner (no reference cycle keeps a dropped runner's
-    weights, slabs and graph pool alive until a garbage collection).
-
-    ``capture=False`` runs the same fixed-shape step eagerly (CPU, tests)."""
+    weights, slabs and graph pool alive until a garbage collection)."""
 
     def __init__(self, model: Llama, cache: SlabCache, capture: bool) -> None:
         if capture and model.device.type != "cuda":
@@ -131,12 +120,6 @@ class DecodeGraphs:
         """The (rows, context) buckets made so far (captured, or on a CPU prepared)."""
         return sorted(self._graphs)
 
-    def bucket(self, rows: int, length: int, top_slot: int = -1) -> tuple[int, int]:
-        """The (rows, context) bucket of a decode step of ``rows`` rows, longest context
-        ``length`` and highest slot ``top_slot``: the rows bucket holds the rows and every
-        slot up to the highest (module doc, "slabs")."""
-        return batch_bucket(max(rows, top_slot + 1), self.cache.slots), ctx_bucket(length, self.cache.max_len)
-
     def _step(self, inp: Tensor, length: int) -> Tensor:
         """The fixed-shape step: inp [4, R] (ids, positions, slots written, query slots: a
         permutation of 0..R-1) -> logits [R, V], reading slabs 0..R-1 up to ``length``."""
@@ -147,9 +130,8 @@ class DecodeGraphs:
         vpos = torch.zeros(R, dtype=pos.dtype, device=m.device).index_copy_(0, qslot, pos)  # [R]
         seen = torch.arange(length, device=m.device)[None, :] <= vpos[:, None]  # [R, L]
         # Additive, made once per step: a boolean mask is converted inside every layer's SDPA call.
-        mask = torch.zeros(seen.shape, dtype=m.dtype, device=m.device).masked_fill_(~seen, float("-inf"))[
-            :, None, None, :
-        ]  # [R, 1, 1, L]
+        bias = torch.zeros(seen.shape, dtype=m.dtype, device=m.device).masked_fill_(~seen, float("-inf"))
+        mask = bias[:, None, None, :]  # [R, 1, 1, L]
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             kc, vc = c.layers[layer]  # [S+1, K, max_len, D]
@@ -244,7 +226,9 @@ class DecodeGraphs:
         """One decode-only step (rows in any slot order): logits [len(ids), V], or None if
         its bucket's capture failed (the caller runs the step eagerly)."""
         n = len(ids)
-        rows, length = self.bucket(n, max(pos) + 1, max(slot))
+        # The rows bucket holds the rows and every slot up to the highest (module doc, "slabs").
+        rows = batch_bucket(max(n, max(slot) + 1), self.cache.slots)
+        length = ctx_bucket(max(pos) + 1, self.cache.max_len)
         g = self.graph(rows, length)
         if g is None:
             self.eager_steps += 1
@@ -258,9 +242,8 @@ class DecodeGraphs:
         return g.logits[:n].clone()
 
     def info(self) -> dict[str, Any]:
-        """What the graphs did, for results' executor records and profiles' metadata:
-        buckets made and captured, whether steps replayed as graphs, the buckets whose
-        capture failed (``"ROWSxCTX": error``) and how many steps ran eagerly for it."""
+        """What the graphs did, for results' executor records and profiles' metadata (the
+        failed buckets as ``"ROWSxCTX": error``)."""
         return {
             "captured": self.captures,
             "replayed_as_graphs": self.capture,

@@ -1,19 +1,9 @@
-"""Which device a real run uses, what it is called, and how much of its memory is free.
+"""Which device a real run uses, what the registry calls it, and how much of its memory is free.
 
 Every real path (``run``, ``measure``, the benchmarks, the live sweep of "Why batching")
-resolves its device here first, before it builds a model or measures anything:
-
-- :func:`resolve_device` turns ``auto``/``cpu``/``cuda`` into a torch device, and refuses
-  (:class:`DeviceError`, a ``ValueError``: one line at the command line) a CUDA device that
-  this torch cannot use, instead of torch's ``AssertionError`` deep inside the first
-  allocation;
-- :func:`device_entry` names the device for the registry (``batching/devices.py``): the
-  A100, H100 and H200 have datasheet entries; the CPU is ``cpu-here``; any other GPU (an
-  RTX 4090, an L4...) gets an entry of its own, named after the GPU, whose bandwidth and
-  peak are the ones measured in the same run (:func:`measured_spec`), never an error at
-  the end of a sweep;
-- :func:`available_bytes` counts what is free for new tensors, PyTorch's own cache
-  included, and :func:`check_fits` refuses what would not fit (:class:`DeviceMemoryError`).
+resolves its device here first, before it builds a model or measures anything. A GPU the
+registry lacks (an RTX 4090, an L4...) gets an entry of its own whose figures are the ones
+measured in the same run (:func:`measured_spec`), never an error at the end of a sweep.
 """
 
 from __future__ import annotations
@@ -48,7 +38,8 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """Where real runs of 7.1-7.3 execute; ``"auto"``: CUDA when present, else the CPU.
 
     A CUDA device this torch cannot use raises :class:`DeviceError` saying why (a CPU
-    build, no GPU visible, an index past the GPUs there are)."""
+    build, no GPU visible, an index past the GPUs there are): one line at the command line,
+    not torch's ``AssertionError`` inside the first allocation."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -69,6 +60,12 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     elif dev.type != "cpu":
         raise DeviceError(f"device={device!r}: real runs use cpu or cuda")
     return dev
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued kernels (a no-op on the CPU, whose ops are synchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def device_name(device: torch.device) -> str:

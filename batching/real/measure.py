@@ -31,28 +31,23 @@ from ..models import get_model
 from ..plan import PrefillChunk, StepPlan
 from ..request import Request
 from .executor import REGISTRY_DTYPE, resolve_dtype
-from .hardware import device_entry, device_memory, measured_spec, resolve_device
+from .hardware import device_entry, device_memory, measured_spec, resolve_device, synchronize
 from .model import split_ways
 from .runner import SPAN_PER_ROW, ModelRunner
 
 PROFILE_SCHEMA = 1
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_fn(fn: Callable[[], Any], device: torch.device, reps: int, warmup: int = 2) -> list[float]:
     """Wall-clock seconds of ``reps`` calls after ``warmup`` untimed ones (synchronized)."""
     for _ in range(warmup):
         fn()
-    _sync(device)
+    synchronize(device)
     out = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         out.append(time.perf_counter() - t0)
     return out
 
@@ -98,34 +93,28 @@ def matvec(
 ) -> tuple[Callable[[], Any], int]:
     """One matrix-vector product over ``nbytes`` of fresh weights in ``layout`` (a
     :func:`bandwidth` key) and the bytes it reads: the reference of decode efficiency."""
-    n = nbytes // torch.empty(0, dtype=dtype).element_size()
+    n = nbytes // dtype.itemsize
     return _matvecs(torch.empty(n, dtype=dtype, device=device).uniform_())[layout]
 
 
 @torch.inference_mode()
 def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int = 10) -> dict[str, Any]:
     """Memory bandwidth three ways ("Why batching"): copy into an existing tensor (read +
-    write), a reduction (read), and a matrix-vector product over ``nbytes`` of weights, the
-    best a decode step's weight stream can hope for. ``clone()`` is not used: it page-faults
-    fresh memory and reports a fraction of the real figure.
-
-    The matrix-vector product is timed in both layouts a linear layer can store, ``W @ x``
-    (``matvec_wx``) and ``x @ W.T`` with ``W.T`` stored row-major (``matvec_xwt``), and the
-    latter split over the threads (``matvec_split``, CPU), on a 4096-column matrix; ``matvec``
-    is the best of them, the reference that decode efficiency is judged against."""
-    n = nbytes // torch.empty(0, dtype=dtype).element_size()
+    write), a reduction (read), and the matrix-vector products of :func:`_matvecs` over
+    ``nbytes`` of weights, the best a decode step's weight stream can hope for; ``matvec`` is
+    the best of them, the reference that decode efficiency is judged against. ``clone()`` is
+    not used: it page-faults fresh memory and reports a fraction of the real figure."""
+    n = nbytes // dtype.itemsize
     src = torch.empty(n, dtype=dtype, device=device).uniform_()  # no fp32 copy: 15 GB for an 8B's bytes
     dst = torch.empty_like(src)
     out: dict[str, Any] = {"bytes": nbytes}
     fns = [("copy", lambda: dst.copy_(src), 2 * src.nbytes), ("read", lambda: src.sum(), src.nbytes)]
-    fns += [(name, fn, moved) for name, (fn, moved) in _matvecs(src).items()]
+    matvecs = _matvecs(src)
+    fns += [(name, fn, moved) for name, (fn, moved) in matvecs.items()]
     for name, fn, moved in fns:
         ts = time_fn(fn, device, reps)
         out[name] = {"GBps_best": moved / min(ts) / 1e9, "GBps_median": moved / statistics.median(ts) / 1e9}
-    best = max(
-        (k for k in ("matvec_wx", "matvec_xwt", "matvec_split") if k in out),
-        key=lambda k: out[k]["GBps_best"],
-    )
+    best = max(matvecs, key=lambda k: out[k]["GBps_best"])
     out["matvec"] = {**out[best], "layout": best}
     return out
 
@@ -207,22 +196,17 @@ class StepTimer:
             StepPlan(decodes=[self._decoding(i, s, c) for i, (s, c) in enumerate(zip(slots, pos))]),
         )
 
-    def prefill(self, tokens: int) -> dict[str, float]:
-        """One prompt of ``tokens`` tokens from an empty cache (slot 0), emitting its first token."""
-        req = Request(0, 0.0, tokens, 1)
-        req.on_admit(0, 0.0)
-        return self._time(("prefill", tokens), StepPlan(prefills=[PrefillChunk(req, tokens)]))
-
-    def prefill_rows(self, rows: int, tokens: int) -> dict[str, float]:
+    def prefill(self, tokens: int, rows: int = 1) -> dict[str, float]:
         """``rows`` prompts of ``tokens`` tokens each from empty caches (slots 0..rows-1) in
-        one pass, each emitting its first token: a static batch's prefill of equal prompts,
-        the same positions as one prompt of ``rows x tokens`` but 1/rows of its attention."""
+        one pass, each emitting its first token. Several rows are a static batch's prefill of
+        equal prompts: the same positions as one prompt of ``rows x tokens``, 1/rows of its
+        attention."""
         chunks = []
         for i in range(rows):
             req = Request(i, 0.0, tokens, 1)
             req.on_admit(i, 0.0)
             chunks.append(PrefillChunk(req, tokens))
-        return self._time(("prefill_rows", rows, tokens), StepPlan(prefills=chunks))
+        return self._time(("prefill", rows, tokens), StepPlan(prefills=chunks))
 
     def mixed(self, tokens: int, rows: int, ctx: int) -> dict[str, float]:
         """A ``tokens``-token prompt prefilled in the pass of ``rows`` decodes, its slot in
@@ -304,15 +288,14 @@ def measure(
     over the whole grid. ``graphs``: decode steps as CUDA graphs (default on CUDA, as the
     real executor runs them; each (rows, context) bucket is captured in its first warm-up).
     ``prefill_rows``: (rows, tokens) pairs, that many equal prompts prefilled in one pass
-    (:meth:`StepTimer.prefill_rows`): set beside single prompts of ``rows x tokens``
+    (:meth:`StepTimer.prefill`): set beside single prompts of ``rows x tokens``
     tokens, they separate the cost of attention from the cost of positions (``ProfileCost``).
     ``partial``: called with the profile so far (``meta.partial`` true, points not yet
     measured null) at most every ``partial_every_s`` seconds and after each round, so that
     a run cut by a time limit keeps what it measured (a GPU session's stage)."""
-    if not (isinstance(rounds, int) and rounds >= 1):
-        raise ValueError(f"rounds={rounds!r}: must be an integer >= 1")
-    if not (isinstance(reps, int) and reps >= 1):
-        raise ValueError(f"reps={reps!r}: must be an integer >= 1")
+    for name, n in (("rounds", rounds), ("reps", reps)):
+        if not (isinstance(n, int) and n >= 1):
+            raise ValueError(f"{name}={n!r}: must be an integer >= 1")
     dev = resolve_device(device)  # the device first: no GPU is said before any length is checked
     entry = device_entry(dev)
     shape = get_model(model)
@@ -337,7 +320,7 @@ def measure(
     slots = max(batches + [r + 1 for _, r, _ in mixed] + [r for r, _ in prefill_rows])
     load0 = load_average()
     t_start = time.perf_counter()
-    elem = torch.empty(0, dtype=tdt).element_size()
+    elem = tdt.itemsize
     weight_bytes = shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
     # The device first: its buffers (twice the weights' bytes) are freed before the model
     # and its slabs take the memory (an 8B profile's slabs fill most of an H200).
@@ -364,7 +347,7 @@ def measure(
     def med(p: dict[str, float] | None) -> float | None:
         return None if p is None else p["median_ms"]
 
-    def _document(done: int) -> dict[str, Any]:
+    def document(done: int) -> dict[str, Any]:
         # The profile document (schema 1) of the points measured so far.
         doc: dict[str, Any] = {
             "schema": PROFILE_SCHEMA,
@@ -426,10 +409,6 @@ def measure(
                 "ms": [med(p) for p in prows],
                 "spread": prows,
             }
-        return doc
-
-    def document(done: int) -> dict[str, Any]:
-        doc = _document(done)
         if done < len(points) * rounds:
             doc["meta"]["partial"] = True
             doc["meta"]["points_done"] = done
@@ -443,7 +422,8 @@ def measure(
         elif kind == "prefill":
             pre[i] = timer.prefill(prefill_tokens[i])
         elif kind == "prefill_rows":
-            prows[i] = timer.prefill_rows(*prefill_rows[i])
+            rows, tokens = prefill_rows[i]
+            prows[i] = timer.prefill(tokens, rows)
         else:
             mix[i] = timer.mixed(*mixed[i])
         end_of_round = n % len(points) == 0

@@ -91,19 +91,25 @@ def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2] if p.isdigit()) >= (2, 5)
 
 
+def _gqa_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, dict[str, bool]]:
+    """k, v and the keywords to call SDPA with, q having H heads and k, v K: as they are, with
+    ``enable_gqa`` where H != K; on torch < 2.5, which has no enable_gqa, each kv head copied H/K times."""
+    if q.shape[1] == k.shape[1]:
+        return k, v, {}
+    if _SDPA_HAS_GQA:
+        return k, v, {"enable_gqa": True}
+    rep = q.shape[1] // k.shape[1]
+    return k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), {}
+
+
 def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
     """Grouped-query attention (7.2 decode rows, 7.3 chunks): q [B, H, Tq, D], k, v [B, K, Tk, D] -> [B, H, Tq, D].
 
     ``mask`` is boolean, True where a query may attend, or a float bias added to the scores
     (decode graphs: 0 or -inf); broadcast to [B, H, Tq, Tk].
     """
-    if _SDPA_HAS_GQA:
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1]
-        )
-    rep = q.shape[1] // k.shape[1]  # torch < 2.5 has no enable_gqa: copy each kv head
-    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    k, v, gqa = _gqa_kv(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, **gqa)
 
 
 #: Token id of static batching's padding (7.1) and of decode graphs' padding rows; prompts never contain it.
@@ -142,21 +148,11 @@ def sdpa_backend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, ca
     and real run, since a step timed on the math kernel is timed on a kernel no server runs."""
     from torch.nn.attention import SDPBackend
 
-    gqa = q.shape[1] != k.shape[1]
+    k, v, gqa = _gqa_kv(q, k, v)
+    # A private API: where it fails, say so, never fail a run.
     try:
-        if gqa and _SDPA_HAS_GQA:
-            choice = torch._fused_sdp_choice(q, k, v, mask, 0.0, causal, enable_gqa=True)
-        else:
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-            choice = torch._fused_sdp_choice(q, k, v, mask, 0.0, causal)
-        return str(SDPBackend(int(choice)).name).lower()
-    except (
-        AttributeError,
-        RuntimeError,
-        TypeError,
-        ValueError,
-    ) as e:  # a private API: say so, never fail a run
+        return str(SDPBackend(int(torch._fused_sdp_choice(q, k, v, mask, 0.0, causal, **gqa))).name).lower()
+    except (AttributeError, RuntimeError, TypeError, ValueError) as e:
         return f"unknown ({type(e).__name__})"
 
 

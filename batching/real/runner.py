@@ -1,8 +1,5 @@
-"""Run any :class:`~batching.plan.StepPlan` as one forward pass of the torch model (chapter 7).
-
-The KV cache is the naive layout the chapter ends on: one slab of ``max_len`` positions per
-slot (``cache.py``), allocated up front whether a slot's request uses 10 positions or 2,000
-(the ``slab`` policy of ``kv.py`` counts exactly this reservation).
+"""Run any :class:`~batching.plan.StepPlan` as one forward pass of the torch model (chapter 7),
+over the slab KV cache of ``cache.py``.
 
 A step packs every token of the plan into one ``[T, hidden]`` matrix, in this order:
 
@@ -61,7 +58,7 @@ def check_model_fits(
     A CPU model (``wx``) also keeps transposed copies of its weights for one-token
     steps; a runner with decode graphs (``graphs``, default on CUDA) one more slab."""
     cfg = ModelConfig.from_shape(shape)
-    elem = torch.empty(0, dtype=dtype).element_size()
+    elem = dtype.itemsize
     copies = batch1_copy_params(cfg) if (device.type == "cpu" if wx is None else wx) else 0
     weights = (cfg.params + copies) * elem
     slabs = slots + (1 if (device.type == "cuda" if graphs is None else graphs) else 0)
@@ -161,7 +158,6 @@ class ModelRunner:
         # Decode graphs pad a batch with rows that write into a slab no request owns.
         self.cache = SlabCache(cfg, slots, max_len, self.device, self.dtype, graphs, mem_available)
         self.k_cache, self.v_cache, self.kv_bytes = self.cache.k, self.cache.v, self.cache.nbytes
-        self._layers = self.cache.layers
         self.graphs = DecodeGraphs(model, self.cache, capture=self.device.type == "cuda") if graphs else None
         self._backends: dict[str, str] | None = None
 
@@ -216,8 +212,6 @@ class ModelRunner:
                 f"request {req.rid}: prefill to {start + n} tokens but it has "
                 f"{req.prompt_len + req.generated} ids (prompt and generated)"
             )
-        if start + n <= req.prompt_len:
-            return prompt_ids(self.seed, req.rid, req.prompt_len, self.cfg.vocab)[start : start + n]
         return self.tokens(req)[start : start + n]
 
     def _decode_id(self, req: Request) -> int:
@@ -249,18 +243,14 @@ class ModelRunner:
         (a dense batch computes them: their cost is real) and the last token of each chunk
         that completes a prefill; dead rows' tokens are discarded.
         """
-        ids: list[int] = []
-        pos: list[int] = []
-        slot: list[int] = []
         # Decode rows sorted by slot: a batch whose slots form one range then reads its
         # slabs as a view instead of gathering a copy (see _decode_attention).
         rows = sorted(
             [(r, True) for r in plan.decodes] + [(r, False) for r in plan.dead], key=lambda x: _slot(x[0])
         )
-        for r, _ in rows:
-            ids.append(self._decode_id(r))
-            pos.append(r.num_computed)
-            slot.append(_slot(r))
+        ids = [self._decode_id(r) for r, _ in rows]
+        pos = [r.num_computed for r, _ in rows]
+        slot = [_slot(r) for r, _ in rows]
         chunks: list[ChunkSpan] = []
         logit_rows = list(range(len(rows)))
         emit: list[int | None] = [r.rid if live else None for r, live in rows]
@@ -314,7 +304,7 @@ class ModelRunner:
         dec = self._decode_index(row_slots, row_pos) if n_rows else None
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            kc, vc = self._layers[layer]  # [S, K, L, D]
+            kc, vc = self.cache.layers[layer]  # [S, K, L, D]
             # One scatter writes every token's K/V (decode, prompt, padding) into its slab;
             # a plan holds each request once, so no (slot, position) is written twice.
             kc[slot_t, :, pos_t] = k  # k [T, K, D]
@@ -332,27 +322,22 @@ class ModelRunner:
         """How decode rows (7.2) read their slabs (see :class:`DecodeIndex`); ``row_slots`` ascending."""
         n, length = len(row_slots), max(row_pos) + 1
         lo, hi = row_slots[0], row_slots[-1]
-        place = None
-        if hi - lo + 1 == n:  # one range of slots: a view
-            sel: slice | Tensor = slice(lo, hi + 1)
-            pos = row_pos
-        elif hi - lo + 1 <= SPAN_PER_ROW * n:  # a range with holes: a view, holes read too
-            sel = slice(lo, hi + 1)
+        sel: slice | Tensor = slice(lo, hi + 1)  # one range of slots: a view
+        place, pos = None, row_pos
+        if hi - lo + 1 > SPAN_PER_ROW * n:  # scattered wide apart: gather the rows' slabs
+            sel = torch.tensor(row_slots, dtype=torch.long, device=self.device)
+        elif hi - lo + 1 > n:  # a range with holes: a view, holes read too
             place = torch.tensor([s - lo for s in row_slots], dtype=torch.long, device=self.device)
             # A hole's query (zeros) attends to its slab's position 0 alone, so that no
             # softmax row is empty; its output is dropped.
             pos = [0] * (hi - lo + 1)
             for s_, p_ in zip(row_slots, row_pos):
                 pos[s_ - lo] = p_
-        else:  # scattered wide apart: gather the rows' slabs
-            sel = torch.tensor(row_slots, dtype=torch.long, device=self.device)
-            pos = row_pos
         mask = None
         if min(pos) != max(pos):
             p = torch.tensor(pos, device=self.device)
-            mask = (torch.arange(length, device=self.device)[None, :] <= p[:, None])[
-                :, None, None, :
-            ]  # [N,1,1,L]
+            seen = torch.arange(length, device=self.device)[None, :] <= p[:, None]  # [N, L]
+            mask = seen[:, None, None, :]  # [N, 1, 1, L]
         return DecodeIndex(sel, length, mask, place)
 
     @staticmethod
@@ -408,9 +393,7 @@ class ModelRunner:
         return dict(self._backends)
 
     def graphs_info(self) -> dict[str, Any] | None:
-        """What decode graphs did (results' executor record, profiles' meta): None when off,
-        else :meth:`DecodeGraphs.info` (buckets made and captured, failed buckets and why,
-        steps that ran eagerly for them)."""
+        """:meth:`DecodeGraphs.info` (results' executor record, profiles' meta); None when off."""
         return None if self.graphs is None else self.graphs.info()
 
     @torch.inference_mode()
@@ -439,25 +422,16 @@ class ModelRunner:
         if capture_graphs and self.graphs is not None and self.graphs.capture:
             self.graphs.capture_all(graph_rows, graph_ctx)
         m = min(4, self.max_len)
-        if self.slots == 1:  # no second slot for the decode row: the chunk alone
-            self._forward_packed([1] * m, list(range(m)), [0] * m, 0, [ChunkSpan(0, 0, 0, m)], [m - 1])
-        else:
-            self._forward_packed(
-                [1] * (m + 1), [0] + list(range(m)), [1] + [0] * m, 1, [ChunkSpan(1, 0, 0, m)], [0, m]
-            )
+        d = min(1, self.slots - 1)  # the decode row, in slot 1 (none with a single slot)
+        ids, pos, slot = [1] * (d + m), [0] * d + list(range(m)), [1] * d + [0] * m
+        self._forward_packed(ids, pos, slot, d, [ChunkSpan(d, 0, 0, m)], list(range(d)) + [d + m - 1])
         n = min(int(tokens), WARMUP_TOKENS_MAX, self.slots * self.max_len)
         if n <= self._warm_tokens:
             return
-        chunks: list[ChunkSpan] = []
-        pos: list[int] = []
-        slot: list[int] = []
-        off = 0
-        for k in range(-(-n // self.max_len)):
-            c = min(self.max_len, n - off)
-            chunks.append(ChunkSpan(off, k, 0, c))
-            pos += range(c)
-            slot += [k] * c
-            off += c
+        L = self.max_len  # chunk k fills slot k from position 0
+        chunks = [ChunkSpan(off, k, 0, min(L, n - off)) for k, off in enumerate(range(0, n, L))]
+        pos = [p for c in chunks for p in range(c.length)]
+        slot = [c.slot for c in chunks for _ in range(c.length)]
         self._forward_packed([1] * n, pos, slot, 0, chunks, [n - 1])
         self._warm_tokens = n
 

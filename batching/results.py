@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import json
+import math
+import os
 import platform
 import socket
 from pathlib import Path
@@ -27,6 +29,28 @@ def machine_busy(load: float | None, cpus: int | float | None) -> bool:
     average above the core count (unknown load, as on Windows: not busy). The pages then say
     so instead of reading the measurement as the device's."""
     return load is not None and load > float(cpus or 1)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average now, or None where the platform has none (``os.getloadavg``
+    does not exist on Windows)."""
+    getloadavg = getattr(os, "getloadavg", None)
+    if getloadavg is None:
+        return None
+    try:
+        return float(getloadavg()[0])
+    except OSError:
+        return None
+
+
+def machine_load(*loads: float | None) -> dict[str, Any]:
+    """What a live run records about its machine: ``load``, the highest of the 1-minute load
+    averages taken around it (nan if none is known), ``cpus`` and ``busy``
+    (:func:`machine_busy`)."""
+    known = [x for x in loads if x is not None and not math.isnan(x)]
+    cpus = float(os.cpu_count() or 1)
+    load = max(known) if known else None
+    return {"load": math.nan if load is None else load, "cpus": cpus, "busy": machine_busy(load, cpus)}
 
 
 def _versions() -> dict[str, str]:

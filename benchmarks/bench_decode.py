@@ -25,9 +25,10 @@ import torch
 from batching.models import get_model
 from batching.real.executor import REGISTRY_DTYPE, resolve_dtype
 from batching.real.hardware import device_entry, resolve_device
-from batching.real.measure import StepTimer, bandwidth, load_average, matmul_peak, time_fn
+from batching.real.measure import StepTimer, bandwidth, matmul_peak, time_fn
 from batching.real.measure import matvec as matvec_op
 from batching.real.runner import ModelRunner
+from batching.results import load_average
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -32,8 +32,9 @@ from batching.models import get_model
 from batching.profile import ProfileCost
 from batching.real.executor import resolve_device, run_real
 from batching.real.hardware import device_entry
-from batching.real.measure import StepTimer, load_average, save_json
+from batching.real.measure import StepTimer, save_json
 from batching.real.runner import ModelRunner
+from batching.results import load_average
 from batching.schedulers import make_scheduler
 from batching.traces import load_trace
 

@@ -33,8 +33,8 @@ from batching.engine import RunResult, run
 from batching.models import get_model
 from batching.real.executor import RealExecutor
 from batching.real.hardware import device_entry, resolve_device
-from batching.real.measure import load_average
 from batching.real.runner import ModelRunner
+from batching.results import load_average
 from batching.schedulers import make_scheduler
 from batching.workload import Workload
 

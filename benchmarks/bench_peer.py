@@ -451,8 +451,8 @@ def main() -> None:
     from batching.models import get_model
     from batching.real.checkpoint import save_hf_checkpoint
     from batching.real.executor import device_name
-    from batching.real.measure import load_average
     from batching.real.model import Llama, ModelConfig
+    from batching.results import load_average
 
     shape = get_model(a.model)
     reqs = build_workload(a)

@@ -22,6 +22,7 @@ from pathlib import Path
 from batching.costs import get_cost_model
 from batching.engine import SimExecutor, run
 from batching.metrics import summarize
+from batching.results import load_average
 from batching.schedulers import make_scheduler
 from batching.traces import load_trace
 
@@ -44,9 +45,7 @@ def main() -> None:
     cost = get_cost_model(a.model, a.device)
     runs = []
     for _ in range(a.repeats):
-        # No batching.real.measure.load_average here: it would import torch into a torch-free
-        # benchmark. The same guard: Windows has no getloadavg.
-        load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        load0 = load_average()
         sched = make_scheduler("continuous", max_context=8192, slots=a.slots, kv_capacity=cost.kv_capacity())
         reqs = w.fresh()
         t0 = time.perf_counter()

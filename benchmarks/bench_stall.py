@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from batching.book import chunked_real, static  # noqa: E402
 from batching.real.hardware import device_entry, resolve_device  # noqa: E402
-from batching.real.measure import load_average, save_json  # noqa: E402
+from batching.real.measure import save_json  # noqa: E402
+from batching.results import load_average  # noqa: E402
 
 
 def series_near(series: dict, t0: float, t1: float) -> dict:

@@ -152,6 +152,7 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
     }
     rs = checks.real_schedulers(w, configs, model="tiny", device="cpu", threads=1, profile=None)
     assert "sim" not in rs and rs["model"] == "tiny" and rs["requests"] == 6
+    assert rs["cpus"] >= 1 and rs["busy"] == (rs["load"] > rs["cpus"])  # the machine, recorded
     assert (rs["real"]["static"]["steps"], rs["real"]["continuous"]["steps"]) == (40, 30)
     assert rs["real"]["static"]["slot_util"] == pytest.approx(55 / 80)
     assert rs["real"]["continuous"]["slot_util"] == pytest.approx(55 / 60)

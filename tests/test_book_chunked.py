@@ -14,9 +14,9 @@ from batching.book import (
     checks,
     chunked,
     chunked_real,
-    decode,
     figures,
     plots,
+    profiles,
 )
 from batching.engine import SimExecutor, run
 from batching.lengths import LogNormal
@@ -257,6 +257,7 @@ def test_real_stall_serves_the_long_prompt_whole_or_in_chunks_on_the_model():
         threads=1,
     )
     assert st["budget"] == 16 + 4 and st["at_s"] > 0 and st["decode_ms"] > 0
+    assert st["cpus"] >= 1 and st["busy"] == (st["load"] > st["cpus"])
     output = 2 * 10 + math.ceil(100 / 16) + 20
     for tag, res in st["results"].items():
         done = {r.rid: len(r.token_ids) for r in res.requests}
@@ -378,7 +379,7 @@ def test_profile_chunk_steps_reads_the_measured_mixed_steps_as_they_are(tmp_path
     no_mixed = _gpu_profile()
     no_mixed["meta"]["model"] = "llama-1b"
     (tmp_path / "h200-llama-1b.json").write_text(json.dumps(no_mixed))
-    curves = chunked_real.profile_chunk_steps(decode.load_profiles(tmp_path), decodes=8)
+    curves = chunked_real.profile_chunk_steps(profiles.load_profiles(tmp_path), decodes=8)
     assert len(curves) == 1  # the profile without mixed steps is left out
     c = curves[0]
     assert c["chunk"].tolist() == [64, 256, 1024] and c["step_ms"].tolist() == [5.125, 8.0, 16.0]
@@ -395,7 +396,7 @@ def test_profile_chunk_steps_reads_the_measured_mixed_steps_as_they_are(tmp_path
         and e["times_bstar"] == pytest.approx(6.144)
         and e["over_decode"] == pytest.approx(16 / 4.1)
     )
-    assert chunked_real.profile_chunk_steps(decode.load_profiles(tmp_path), decodes=16) == []
+    assert chunked_real.profile_chunk_steps(profiles.load_profiles(tmp_path), decodes=16) == []
     for cs in (curves, []):
         fig = figures.chunked.chunk_profile_figure(cs)
         png, _ = plots.save(fig, "chunk-profile", tmp_path)

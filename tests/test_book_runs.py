@@ -46,7 +46,7 @@ def test_a_code_change_or_an_old_result_measures_again(tmp_path: Path, monkeypat
     os.utime(kept, (old, old))
     runs.shared(measure, 3, directory=tmp_path)
     assert len(calls) == 2
-    monkeypatch.setattr(runs, "source_digest", lambda package=runs.PACKAGE: "edited")
+    monkeypatch.setattr(runs, "LOADED_SOURCE", "edited")
     runs.shared(measure, 3, directory=tmp_path)
     assert len(calls) == 3
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import H100_8B, _gpu_profile, _texts
 
-from batching.book import common, decode, figures, plots, why
+from batching.book import common, decode, figures, plots, profiles, why
 from batching.costs import get_cost_model
 
 
@@ -173,25 +173,25 @@ def test_load_profiles_picks_up_every_profile_and_says_which_devices_are_measure
     import shutil
     from pathlib import Path
 
-    assert decode.load_profiles(tmp_path) == []
-    shutil.copy(Path(decode.PROFILE_DIR) / "cpu-here-cpu-s.json", tmp_path / "cpu-here-cpu-s.json")
-    only_cpu = decode.load_profiles(tmp_path)
+    assert profiles.load_profiles(tmp_path) == []
+    shutil.copy(Path(profiles.PROFILE_DIR) / "cpu-here-cpu-s.json", tmp_path / "cpu-here-cpu-s.json")
+    only_cpu = profiles.load_profiles(tmp_path)
     assert [p["gpu"] for p in only_cpu] == [False]
     (tmp_path / "h200-llama-8b.json").write_text(json.dumps(_gpu_profile()))
-    both = decode.load_profiles(tmp_path, ctx=100)
+    both = profiles.load_profiles(tmp_path, ctx=100)
     assert [p["device"] for p in both] == ["cpu-here", "H200-SXM"]
     h200 = both[1]
     assert h200["gpu"] and h200["ref_ctx"] == 128 and h200["t1_ms"] == 4.0
     assert h200["knee"] == 256  # 8.0 ms is exactly 2x: still inside
     assert h200["bstar"] == pytest.approx(700e12 * 2 / (2 * 4200e9))
     assert "NVIDIA H200" in h200["label"] and "2026-12-01" in h200["label"]
-    rows, header = decode.profile_rows(both)
+    rows, header = profiles.profile_rows(both)
     assert len(rows) == len(only_cpu[0]["ctxs"]) + 2 and all(len(r) == len(header) for r in rows)
     # The H200's two contexts by hand: 4.0 -> 8.0 ms, all within 2x (knee 256); 4.2 -> 20.0 ms,
     # within 8.4 ms up to batch 64 (8.0), out at 256 (knee 64).
     assert rows[-2] == ["H200-SXM", "llama-8b", "128", "4.0", "256", "8.0", "256"]
     assert rows[-1] == ["H200-SXM", "llama-8b", "1024", "4.2", "256", "20.0", "64"]
-    roof = decode.profile_roofline(h200, points=10)
+    roof = profiles.profile_roofline(h200, points=10)
     assert len(roof["batch"]) == 10 and roof["batch"][0] == 1 and roof["batch"][-1] == pytest.approx(256)
 
 
@@ -203,7 +203,7 @@ def test_why_batching_figures_draw_and_save(tmp_path):
     gr = why.gpu_rooflines(batches=[1, 4, 16, 64, 256, 1024])
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "h200-llama-8b.json").write_text(json.dumps(_gpu_profile()))
-    profs = decode.load_profiles(decode.PROFILE_DIR) + decode.load_profiles(tmp_path / "p")
+    profs = profiles.load_profiles(profiles.PROFILE_DIR) + profiles.load_profiles(tmp_path / "p")
     figs = {
         "roofline": figures.why.gpu_roofline_figure(gr),
         "live": figures.why.live_decode_figure(
@@ -213,7 +213,7 @@ def test_why_batching_figures_draw_and_save(tmp_path):
             sw, decode.live_numbers(sw), decode.live_roofline(sw, points=20), paths=["uniform"]
         ),
         "profiles": figures.why.profiles_figure(
-            profs, [decode.profile_roofline(p) for p in profs], live=sw, gpu=gr
+            profs, [profiles.profile_roofline(p) for p in profs], live=sw, gpu=gr
         ),
         "no_profiles": figures.why.profiles_figure([], [], live=sw),
     }

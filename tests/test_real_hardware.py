@@ -3,8 +3,6 @@ is one line, PyTorch's cached memory counts as free, and a missing load average 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -80,13 +78,6 @@ def test_free_cuda_memory_counts_what_pytorch_caches(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev: 300)
     assert available_bytes(torch.device("cuda")) == 1_600
     assert available_bytes(torch.device("cpu")) > 0
-
-
-def test_load_average_is_none_where_the_platform_has_none(monkeypatch) -> None:
-    if hasattr(os, "getloadavg"):
-        assert isinstance(measure.load_average(), float)
-    monkeypatch.delattr(os, "getloadavg", raising=False)
-    assert measure.load_average() is None
 
 
 def _no_cuda(monkeypatch) -> None:

@@ -7,10 +7,11 @@ No function here returns a sentence of the book: the sentences live in the noteb
 markdown, and where wording depends on a measurement the notebook picks it.
 
 Modules: :mod:`.common` (simulate, metrics, glue helpers), :mod:`.why` ("Why batching"),
-:mod:`.decode` (the live decode sweep and the committed profiles), :mod:`.static` (7.1),
-:mod:`.continuous` (7.2), :mod:`.chunked` (7.3), :mod:`.kv` (what 7.2 sets up), :mod:`.checks`
-(the real engine's runs and the simulator's measured error) and :mod:`.figures` with
-:mod:`.plots`. Notebooks import the modules they use
+:mod:`.decode` (the live decode sweep), :mod:`.profiles` (the committed profiles),
+:mod:`.static` (7.1), :mod:`.continuous` (7.2), :mod:`.chunked` (7.3), :mod:`.capacity`
+(capacity at a latency target, 7.2 and 7.3), :mod:`.kv` (what 7.2 sets up), :mod:`.checks`
+(the real engine's runs and the simulator's measured error), :mod:`.runs` (each live
+measurement once per build) and :mod:`.figures` with :mod:`.plots`. Notebooks import the modules they use
 (``from batching.book import figures, plots, static``).
 
 Utilization means two different things here (``shared/notes/conventions.md``): slot

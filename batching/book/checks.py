@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..metrics import summarize
+from ..results import load_average, machine_load
 from ..schedulers import make_scheduler
 from ..workload import Workload
 from .common import metrics, simulate
@@ -222,16 +223,18 @@ def real_schedulers(
     profile: str | None = "auto",
 ) -> dict[str, Any]:
     """7.2, measured: ``workload`` served on the real model under each ``{name: options}``
-    (:func:`~batching.schedulers.make_scheduler`'s, ``scheduler`` among them), one model for
-    all runs. Its slabs hold the model's whole context, the limit the simulator's schedulers
-    see too: a static batch pads its prompts to the longest, and with slabs cut to the
-    longest request a long prompt could share a batch with no one (measured: batches of one
-    where the simulator formed batches of 16). Returns ``real`` ({name: :func:`metrics`
-    of the run}), ``executor``, ``model`` and, with a ``profile`` measured for this model,
-    ``sim`` (the same runs through the simulator on that profile), ``profile`` and
-    ``steps_pred_over_real`` ({name: {"prefill", "decode": the profile's time for the real
-    run's steps with a prefill, and for its decode-only steps, over their measured time}}).
-    ``profile="auto"``: :func:`profile_measured_here`, if there is one."""
+        (:func:`~batching.schedulers.make_scheduler`'s, ``scheduler`` among them), one model for
+        all runs. Its slabs hold the model's whole context, the limit the simulator's schedulers
+        see too: a static batch pads its prompts to the longest, and with slabs cut to the
+        longest request a long prompt could share a batch with no one (measured: batches of one
+        where the simulator formed batches of 16). Returns ``real`` ({name: :func:`metrics`
+        of the run}), ``executor``, ``model`` and, with a ``profile`` measured for this model,
+        ``sim`` (the same runs through the simulator on that profile), ``profile`` and
+        ``steps_pred_over_real`` ({name: {"prefill", "decode": the profile's time for the real
+        run's steps with a prefill, and for its decode-only steps, over their measured time}}).
+        ``profile="auto"``: :func:`profile_measured_here`, if there is one. ``load``, ``cpus`` and
+    ``busy``: :func:`~batching.results.machine_load` around the runs (busy: other work shared the
+    cores, so every measured second is inflated)."""
     from ..profile import ProfileCost
 
     slots = max(int(o.get("slots", 32)) for o in configs.values())
@@ -252,6 +255,7 @@ def real_schedulers(
         if cost.model.name != runner.cfg.name:
             raise ValueError(f"profile {profile} is of {cost.model.name}, the runs use {runner.cfg.name}")
         out.update(sim={}, profile=profile)
+    load0 = load_average()
     for name, opts in configs.items():
         opts = dict(opts)
         sched = opts.pop("scheduler")
@@ -270,6 +274,7 @@ def real_schedulers(
                 else None
                 for kind, m in (("prefill", pre), ("decode", ~pre))
             }
+    out.update(machine_load(load0, load_average()))
     return out
 
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..engine import RunResult
+from ..results import load_average, machine_load
 from ..workload import Workload
 from .chunked import long_prompt_among_decodes, stall_configs, stall_summary
 
@@ -58,17 +59,18 @@ def real_stall(
 ) -> dict[str, Any]:
     """7.3, measured: the long prompt among running decodes on the real model.
 
-    ``running`` requests (``running_prompt``-token prompts) start at t = 0; a short
-    calibration run of the same requests (chunked, their slowest prefill) measures this
-    device's decode step, and the long prompt is set to arrive ``lead_steps`` decode steps
-    after their prefill ends. Each
-    running request wants enough tokens to decode through twice the lead, the slowest
-    (chunked) prefill and ``tail_steps`` more. The workload then runs under each of :func:`stall_configs` on one
-    model. Returns :func:`stall_summary` plus ``at_s`` (the arrival), ``decode_ms`` (the
-    calibration's median decode step), ``lead_steps``, ``running``, ``prompt``, ``chunk``, ``chunks`` (the
-    long prompt's), ``running_prompt``, ``budget``,
-    ``labels`` ({tag: label}), ``results`` ({tag: RunResult}), ``model`` and ``executor``. None arguments take the device's
-    defaults (:data:`~batching.book.checks.REAL_MODELS`, :data:`REAL_STALL`).
+        ``running`` requests (``running_prompt``-token prompts) start at t = 0; a short
+        calibration run of the same requests (chunked, their slowest prefill) measures this
+        device's decode step, and the long prompt is set to arrive ``lead_steps`` decode steps
+        after their prefill ends. Each
+        running request wants enough tokens to decode through twice the lead, the slowest
+        (chunked) prefill and ``tail_steps`` more. The workload then runs under each of :func:`stall_configs` on one
+        model. Returns :func:`stall_summary` plus ``at_s`` (the arrival), ``decode_ms`` (the
+        calibration's median decode step), ``lead_steps``, ``running``, ``prompt``, ``chunk``, ``chunks`` (the
+        long prompt's), ``running_prompt``, ``budget``,
+        ``labels`` ({tag: label}), ``results`` ({tag: RunResult}), ``model``, ``executor``, and
+    ``load``/``cpus``/``busy`` (:func:`~batching.results.machine_load` around the runs). None arguments take the device's
+        defaults (:data:`~batching.book.checks.REAL_MODELS`, :data:`REAL_STALL`).
     """
     from .checks import real_kind, real_runner, serve_real
 
@@ -95,6 +97,7 @@ def real_stall(
         model, device, slots=slots, max_len=max(prompt + 8, running_prompt + output), threads=threads
     )
     configs = stall_configs(chunk, slots)
+    load0 = load_average()
     # Calibrate under chunked prefill, the slowest to prefill the running prompts, so that
     # in every configuration they are all decoding when the long prompt arrives.
     _, sched, opts = configs["chk"]
@@ -151,6 +154,7 @@ def real_stall(
         results={t: r for t, (_, r) in runs.items()},
         model=res.executor["model"],
         executor=res.executor,
+        **machine_load(load0, load_average()),
     )
     return out
 
@@ -158,7 +162,7 @@ def real_stall(
 def profile_chunk_steps(profiles: Sequence[Mapping[str, Any]], decodes: int = 8) -> list[dict[str, Any]]:
     """7.3, measured: how a step with ``decodes`` running decodes grows with the prefill chunk
     it carries, read straight from each committed profile's measured mixed steps (no
-    interpolation). ``profiles``: :func:`~batching.book.decode.load_profiles` entries; a
+    interpolation). ``profiles``: :func:`~batching.book.profiles.load_profiles` entries; a
     profile without mixed steps at ``decodes`` rows is left out.
 
     Each entry: ``label``, ``short`` (model, dtype, device for a legend), ``device``, ``ctx`` (KV tokens per decode row), ``chunk``,

@@ -1,25 +1,23 @@
-"""The live decode sweep and the committed profiles: running the sweep on the reader's device,
+"""The live decode sweep: running it on the reader's device,
 its roofline, the numbers and labels the pages quote (the live figure of chapters/why.ipynb,
 whose verdict is :func:`batching.book.why.flat_verdict`), and, for the "Decode on this device"
 section of chapters/measured.ipynb, what the sweep knows beyond that one figure: the rates of
 its first two steps, the gathered path's copy, a table per path, the device probes and the B*
-each gives, and the committed profiles with their roofline and table. Numbers, small verdicts
-and table rows only: the sentences are the notebooks'.
+each gives; the committed profiles are in :mod:`batching.book.profiles`. Numbers, small
+verdicts and table rows only: the sentences are the notebooks'.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 from ..models import ModelShape
-from .why import bstar_of, knee, roofline_curve
+from ..results import load_average
+from .why import bstar_of, dense_batches, knee, roofline_curve
 
 # ------------------------------------------------------------- the live decode sweep
 # The sweep measures now, on the reader's device: it imports torch (the ``model`` extra) when
@@ -33,8 +31,6 @@ LIVE_DEFAULTS: dict[str, tuple[str, tuple[int, ...]]] = {
     "cpu": ("cpu-m", (1, 2, 4, 8, 16, 32, 64, 128)),
     "cuda": ("llama-8b", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
 }
-#: Where committed profiles live (data/README.md); every ``*.json`` there is shown.
-PROFILE_DIR = "data/profiles"
 
 
 def live_defaults(
@@ -109,7 +105,7 @@ def live_decode_sweep(
     from ..models import get_model
     from ..real.executor import REGISTRY_DTYPE, resolve_dtype
     from ..real.hardware import available_bytes, device_entry, device_memory, measured_spec, resolve_device
-    from ..real.measure import StepTimer, bandwidth, load_average, matmul_peak
+    from ..real.measure import StepTimer, bandwidth, matmul_peak
     from ..real.measure import stats as time_stats
     from ..real.runner import SPAN_PER_ROW, ModelRunner
 
@@ -203,34 +199,16 @@ def sweep_shape(sweep: Mapping[str, Any]) -> ModelShape:
     return get_model(sweep["meta"]["model"]).with_dtype(sweep["meta"]["dtype"])
 
 
-def _dense(batches: ArrayLike, points: int) -> np.ndarray:
-    b = np.asarray(batches, dtype=float)
-    return np.geomspace(b[0], b[-1], points) if points > 1 else b
-
-
 def live_roofline(sweep: Mapping[str, Any], points: int = 0) -> dict[str, np.ndarray]:
     """Why batching: the roofline a live sweep predicts from the bandwidth (matrix-vector)
     and matmul peak it measured itself, no overhead (:func:`~batching.book.why.roofline_curve`), at the
     sweep's batch sizes, or at ``points`` batch sizes spread evenly in log between them."""
     return roofline_curve(
         sweep_shape(sweep),
-        _dense(sweep["batch"], points),
+        dense_batches(sweep["batch"], points),
         sweep["ctx"],
         sweep["matvec_gbs"] * 1e9,
         sweep["peak_tflops"] * 1e12,
-    )
-
-
-def profile_roofline(profile: Mapping[str, Any], points: int = 60) -> dict[str, np.ndarray]:
-    """Why batching: the roofline of a :func:`load_profiles` entry at its ``ref_ctx``, from
-    its own bandwidth and peak (or the registry's), no overhead; ``points`` as in
-    :func:`live_roofline`."""
-    return roofline_curve(
-        profile["shape"],
-        _dense(profile["batch"], points),
-        int(profile["ref_ctx"]),
-        profile["bandwidth_gbs"] * 1e9,
-        profile["peak_tflops"] * 1e12,
     )
 
 
@@ -336,66 +314,6 @@ def live_labels(sweep: Mapping[str, Any]) -> dict[str, str]:
         "torch": str(m["torch"]),
         "date": str(m["date"])[:10],
     }
-
-
-def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[dict[str, Any]]:
-    """Why batching: every committed profile (``<directory>/*.json``, sorted by name),
-    validated through ``ProfileCost`` and summarized for the page.
-
-    Each entry: ``path``, ``meta``, ``label`` (model, dtype, device, date), ``gpu`` (not
-    the CPU), ``device`` (registry name), ``batch``, ``ctxs``, ``ms`` (decode grid,
-    ``ms[i, j]`` = batch i at context j), ``shape`` (the model in the profile's dtype),
-    ``bandwidth_gbs``/``peak_tflops`` and ``roofs_from`` (the profile's own ``device``
-    section if it has one, else the device registry's constants), ``bstar``; and at
-    ``ref_ctx``, the profile's context nearest ``ctx``: ``ref_ms`` (the column), ``t1_ms``
-    (batch 1), ``knee`` (:func:`~batching.book.why.knee`); ``mixed``: the measured mixed steps
-    (``ProfileCost.mixed``, times in seconds; None if the profile has none).
-    """
-    from ..profile import ProfileCost
-
-    out = []
-    for path in sorted(Path(directory).glob("*.json")):
-        data = json.loads(path.read_text())
-        cost = ProfileCost.from_dict(data, source=str(path))
-        meta, dev = data["meta"], data.get("device") or {}
-        try:
-            bw = float(dev["bandwidth"]["matvec"]["GBps_best"])
-            peak = float(dev["matmul_peak"]["TFLOPs_best"])
-            roofs = "bandwidth and peak measured in the same run"
-        except (KeyError, TypeError):
-            bw, peak = cost.device.bandwidth / 1e9, cost.device.peak(cost.model.dtype) / 1e12
-            roofs = "the device registry's bandwidth and peak"
-        where = meta.get("device_name") or cost.device.name
-        label = (
-            f"{meta['model']} ({cost.model.dtype}) on {where} [{cost.device.name}], "
-            f"measured {meta['date'][:10]}"
-        )
-        b, ms = cost.db, cost.ds * 1e3
-        j = int(np.argmin(np.abs(np.log(np.maximum(cost.dc, 1.0) / max(ctx, 1)))))
-        col = ms[:, j]
-        out.append(
-            {
-                "path": str(path),
-                "meta": meta,
-                "label": label,
-                "gpu": cost.device.name != "cpu-here",
-                "device": cost.device.name,
-                "batch": b,
-                "ctxs": cost.dc,
-                "ms": ms,
-                "shape": cost.model,
-                "bandwidth_gbs": bw,
-                "peak_tflops": peak,
-                "roofs_from": roofs,
-                "bstar": bstar_of(peak * 1e12, bw * 1e9, cost.model.bytes_per_param),
-                "mixed": cost.mixed,
-                "ref_ctx": float(cost.dc[j]),
-                "ref_ms": col,
-                "t1_ms": float(col[0]),
-                "knee": float(knee(b, col)),
-            }
-        )
-    return out
 
 
 # ------------------------------------------------------ the measured page's decode section
@@ -509,26 +427,3 @@ def probe_rows(
         [name, f"{gbs:,.1f}", f"{bstar_of(peak, gbs * 1e9, bpp):,.1f}"] for name, gbs in probes
     ]
     return rows, ["bandwidth probe", "GB/s", "B*"]
-
-
-def profile_rows(profiles: Sequence[Mapping[str, Any]]) -> tuple[list[list[Any]], list[str]]:
-    """Measured page: rows and header of the committed-profiles table (one row
-    per profile and context: batch-1 step, step at the largest batch, knee)."""
-    header = ["device", "model", "ctx", "B=1 ms", "largest B", "ms", "knee"]
-    rows: list[list[Any]] = []
-    for p in profiles:
-        m = p["meta"]  # model, dtype and date are in the figure's legend
-        for j, c in enumerate(p["ctxs"]):
-            col = p["ms"][:, j]
-            rows.append(
-                [
-                    p["device"],
-                    m["model"],
-                    f"{c:.0f}",
-                    f"{col[0]:.1f}",
-                    f"{p['batch'][-1]:.0f}",
-                    f"{col[-1]:.1f}",
-                    f"{knee(p['batch'], col)}",
-                ]
-            )
-    return rows, header

@@ -42,10 +42,16 @@ def source_digest(package: Path = PACKAGE) -> str:
     return h.hexdigest()
 
 
+#: The package's source as this process imported it. Taken at import, not at each call: a
+#: kernel that loaded the code before an edit must not file its results under the edited
+#: code's key (it would hand a result without the edit's new fields to the next page).
+LOADED_SOURCE = source_digest()
+
+
 def key(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """The file name a call's result is kept under: function name and a 16-hex digest."""
     h = hashlib.sha256(pickle.dumps((fn.__module__, fn.__qualname__, args, sorted(kwargs.items()))))
-    h.update(source_digest().encode())
+    h.update(LOADED_SOURCE.encode())
     return f"{fn.__name__}-{h.hexdigest()[:16]}"
 
 

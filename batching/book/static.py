@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import enum
 import math
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -16,7 +15,7 @@ from ..costs import RooflineCost
 from ..engine import RunResult
 from ..metrics import summarize
 from ..plan import StepWork
-from ..results import machine_busy
+from ..results import load_average, machine_load
 from ..workload import Workload
 from .capacity import queue_growth
 from .common import _OCC_KIND, metrics, simulate
@@ -126,7 +125,7 @@ def real_padding(
         "long": (alone["long"], "continuous", {"slots": 1}),
     }
     times: dict[str, list[float]] = {k: [] for k in runs}
-    load = _load_average()
+    load0 = load_average()
     for _ in range(reps):
         for key, (w, sched, opts) in runs.items():
             res = serve_real(runner, w, sched, **opts)
@@ -137,8 +136,6 @@ def real_padding(
             if key == "padded":
                 pad, needed = float(L["pad"][0]), float(L["prefill"][0])
                 executor = res.executor
-    load = max(load, _load_average())
-    cpus = float(os.cpu_count() or 1)
     out: dict[str, Any] = {f"{k}_ms": float(np.median(v)) * 1e3 for k, v in times.items()}
     out.update(
         short=float(short),
@@ -152,20 +149,9 @@ def real_padding(
         time_ratio_batch=out["padded_ms"] / out["packed_ms"],
         model=executor["model"],
         executor=executor,
-        load=load,
-        cpus=cpus,
-        busy=machine_busy(load, cpus),
+        **machine_load(load0, load_average()),
     )
     return out
-
-
-def _load_average() -> float:
-    """The 1-minute load average (:func:`batching.real.measure.load_average`), nan where the
-    platform has none."""
-    from ..real.measure import load_average
-
-    load = load_average()
-    return math.nan if load is None else load
 
 
 class Scaling(str, enum.Enum):

@@ -88,6 +88,13 @@ def roofline_curve(
     }
 
 
+def dense_batches(batches: ArrayLike, points: int) -> np.ndarray:
+    """``points`` batch sizes spread geometrically over ``batches``' range, for a smooth
+    roofline curve (``points`` <= 1: the batches themselves)."""
+    b = np.asarray(batches, dtype=float)
+    return np.geomspace(b[0], b[-1], points) if points > 1 else b
+
+
 def stream_numbers(
     cost: RooflineCost, ctx: int = 1, long_ctx: int = 2048, long_batch: int = 128
 ) -> dict[str, float]:

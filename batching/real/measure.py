@@ -30,6 +30,7 @@ from torch import Tensor
 from ..models import get_model
 from ..plan import PrefillChunk, StepPlan
 from ..request import Request
+from ..results import load_average
 from .executor import REGISTRY_DTYPE, resolve_dtype
 from .hardware import device_entry, device_memory, measured_spec, resolve_device, synchronize
 from .model import split_ways
@@ -224,19 +225,6 @@ class StepTimer:
                 decodes=[self._decoding(i, s, ctx) for i, s in enumerate(slots)],
             ),
         )
-
-
-def load_average() -> float | None:
-    """The 1-minute load average recorded beside every measurement (a busy shared machine
-    explains a slow one), or None where the platform has none (``os.getloadavg`` does not
-    exist on Windows)."""
-    getloadavg = getattr(os, "getloadavg", None)
-    if getloadavg is None:
-        return None
-    try:
-        return float(getloadavg()[0])
-    except OSError:
-        return None
 
 
 def save_json(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:

@@ -237,7 +237,7 @@ def profiles_figure(
     live: Mapping[str, Any] | None = None,
     gpu: Mapping[str, Any] | None = None,
 ) -> Figure:
-    """Why batching: every committed profile (:func:`batching.book.decode.load_profiles`)
+    """Why batching: every committed profile (:func:`batching.book.profiles.load_profiles`)
     beside this build's live sweep (its uniform path) and, as predictions, the GPU
     rooflines (:func:`batching.book.why.gpu_rooflines`, shortest context).
 

@@ -67,7 +67,7 @@ def test_first_finisher_queue_static_makes_the_queue_wait_for_the_long_request()
     extra = list(range(32, 40))
     st = continuous.subset_latency(common.simulate(ffq, H100_8B, "static", slots=32, timeout=1.0), extra)
     co = continuous.subset_latency(common.simulate(ffq, H100_8B, "continuous", slots=32), extra)
-    step = continuous.decode_step_ms(H100_8B, 1, 128) / 1e3  # the cheapest decode step
+    step = H100_8B.decode_step(1, 128)  # the cheapest decode step
     assert st["queue_mean"] > 1900 * step  # waited for the 2,000-token request
     # ...while continuous batching admits each one within the step in progress (at worst the
     # first batch's 4,096-token prefill step, about 65 ms on this roofline).
@@ -151,7 +151,7 @@ def test_trace_slices_need_no_dense_capping():
     # Request 1 fits the context alone (8000 + 100) but not padded to 8000 beside a
     # 1,000-token output: the static scheduler runs it in a batch of its own, uncapped.
     w = Workload.from_arrays([0, 0], [50, 8000], [1000, 100])
-    capped, n = common.fit_context(w, 8192)
+    capped, n = w.cap_to_context(8192, mode="cap")  # what common.trace_workload does
     assert n == 0 and capped.info["capped"]["n_capped"] == 0
     res = common.simulate(capped, H100_8B, "static", slots=2, kv_tokens=None)
     assert all(r.done for r in res.requests)

@@ -11,12 +11,10 @@ from typing import Any
 import numpy as np
 
 from ..engine import RunResult
-from ..plan import StepWork
 from ..workload import Workload
-from .common import at, flat, metrics, simulate
+from .common import at, flat, metrics, simulate, step_work
 
 
-# ------------------------------------------------------------------------------- 7.3
 def long_prompt_among_decodes(
     running: int = 30,
     prompt: int = 4000,
@@ -163,14 +161,7 @@ def stall_numbers(
     (that at peak) and ``overhead_ms`` (the step overhead the roofline adds)."""
     d = chunk_step_times(cost, [chunk, prompt], decodes=decodes, ctx=ctx)
     m = cost.model
-    long_flops = m.flops(
-        StepWork(
-            prefill_tokens=prompt,
-            prefill_attn=prompt * (prompt + 1) // 2,
-            decode_rows=decodes,
-            decode_ctx=decodes * ctx,
-        )
-    )
+    long_flops = m.flops(step_work([prompt], decodes, ctx))
     out = {
         "decode_ms": d["decode_s"] * 1e3,
         "chunk_ms": float(d["step_s"][0]) * 1e3,
@@ -202,24 +193,13 @@ def tradeoff_numbers(
     out: dict[str, Any] = {"loads_text": ", ".join(f"{k:g}" for k in sweep)}
     for lt, load in loads.items():
         d = sweep[float(load)]
-        out.update(
-            {
-                f"{lt}_continuous_itl_p99_ms": float(d["continuous_itl_p99"][0]) * 1e3,
-                f"{lt}_continuous_itl_p50_ms": float(d["continuous_itl_p50"][0]) * 1e3,
-                f"{lt}_continuous_ttft_p99": float(d["continuous_ttft_p99"][0]),
-                f"{lt}_continuous_ttft_p50": float(d["continuous_ttft_p50"][0]),
-            }
-        )
-        for ct, c in chunks.items():
-            v = at(d, "chunk", c)
-            out.update(
-                {
-                    f"{lt}{ct}_itl_p99_ms": v["itl_p99"] * 1e3,
-                    f"{lt}{ct}_itl_p50_ms": v["itl_p50"] * 1e3,
-                    f"{lt}{ct}_ttft_p99": v["ttft_p99"],
-                    f"{lt}{ct}_ttft_p50": v["ttft_p50"],
-                }
-            )
+        ref = {k: float(d[f"continuous_{k}"][0]) for k in ("itl_p99", "itl_p50", "ttft_p99", "ttft_p50")}
+        points = {"_continuous": ref, **{ct: at(d, "chunk", c) for ct, c in chunks.items()}}
+        for tag, v in points.items():
+            out[f"{lt}{tag}_itl_p99_ms"] = v["itl_p99"] * 1e3
+            out[f"{lt}{tag}_itl_p50_ms"] = v["itl_p50"] * 1e3
+            out[f"{lt}{tag}_ttft_p99"] = v["ttft_p99"]
+            out[f"{lt}{tag}_ttft_p50"] = v["ttft_p50"]
     return out
 
 
@@ -231,38 +211,31 @@ def chunk_step_times(cost: Any, chunks: Sequence[int], decodes: int = 30, ctx: i
     second of step time, array) and ``bstar``.
     """
     ch = np.asarray(chunks, dtype=float)
-    steps = np.array(
-        [
-            cost.step_time(
-                StepWork(
-                    prefill_tokens=int(c),
-                    prefill_attn=int(c) * (int(c) + 1) // 2,
-                    decode_rows=decodes,
-                    decode_ctx=decodes * ctx,
-                )
-            )
-            for c in chunks
-        ]
-    )
-    dec = cost.step_time(StepWork(decode_rows=decodes, decode_ctx=decodes * ctx))
+    steps = np.array([_step_s(cost, int(c), decodes, ctx) for c in chunks])
     return {
         "chunk": ch,
         "step_s": steps,
-        "decode_s": float(dec),
+        "decode_s": _step_s(cost, 0, decodes, ctx),
         "prefill_tps": ch / steps,
         "bstar": float(cost.bstar()),
     }
 
 
+def _step_s(cost: Any, chunk: int, decodes: int, ctx: int) -> float:
+    """Roofline time of one step: a fresh ``chunk``-token prefill chunk (none if 0) beside
+    ``decodes`` decodes of ``ctx`` KV tokens each."""
+    return float(cost.step_time(step_work([chunk] if chunk else [], decodes, ctx)))
+
+
 def chunk_within(cost: Any, limit_s: float, decodes: int = 30, ctx: int = 300) -> int:
     """The largest prefill chunk whose step, beside ``decodes`` decodes of ``ctx`` KV tokens,
-    takes at most ``limit_s`` on the roofline (0 if even the decode-only step exceeds it)."""
-    if chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["step_s"][0] > limit_s:
+    takes at most ``limit_s`` on the roofline (0 if even a 1-token chunk's step exceeds it)."""
+    if _step_s(cost, 1, decodes, ctx) > limit_s:
         return 0
     lo, hi = 1, 1 << 20  # step time grows with the chunk: bisect on the largest that fits
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if chunk_step_times(cost, [mid], decodes=decodes, ctx=ctx)["step_s"][0] <= limit_s:
+        if _step_s(cost, mid, decodes, ctx) <= limit_s:
             lo = mid
         else:
             hi = mid
@@ -276,7 +249,7 @@ def chunk_for_itl(
     KV tokens, stays within ``factor`` x the decode-only step on the roofline. Returns
     ``chunk`` (tokens), ``step_ms``, ``decode_ms`` and ``share``: its prefill throughput
     over the best of ``reference`` chunk sizes and itself (the figure's right panel)."""
-    base = chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["decode_s"]
+    base = _step_s(cost, 0, decodes, ctx)
     lo = chunk_within(cost, factor * base, decodes=decodes, ctx=ctx)
     if lo == 0:
         raise ValueError(f"factor={factor}: even a 1-token chunk exceeds it")
@@ -305,8 +278,7 @@ def slo_steps(
     for b in budgets:
         if b <= decodes:
             raise ValueError(f"budget={b}: must exceed the {decodes} decodes")
-        t = chunk_step_times(cost, [b - decodes], decodes=decodes, ctx=ctx)["step_s"][0]
-        out[f"budget_{b}_ms"] = float(t) * 1e3
+        out[f"budget_{b}_ms"] = _step_s(cost, b - decodes, decodes, ctx) * 1e3
     return out
 
 
@@ -345,43 +317,22 @@ def chunk_sweep(
     unchunked reference (continuous batching, whole prompts mixed into the decode step)
     under the key ``"continuous"`` as one-element arrays.
     """
-    keys = (
-        "ttft_p99",
-        "ttft_p50",
-        "itl_p99",
-        "itl_p50",
-        "itl_max",
-        "tpot_p99",
-        "e2e_p99",
-        "throughput_tok",
-        "steps",
-    )
+    keys: tuple[str, ...] = ("ttft_p99", "ttft_p50", "itl_p99", "itl_p50", "itl_max", "tpot_p99", "e2e_p99")
+    keys += ("throughput_tok", "steps")
     out: dict[float, dict[str, np.ndarray]] = {}
     for k in time_scales:
         w = workload.scale(time=float(k)) if k != 1 else workload
-        acc: dict[str, list[float]] = {key: [] for key in keys}
-        for c in chunk_sizes:
-            m = metrics(
-                simulate(
-                    w,
-                    cost,
-                    "chunked",
-                    slots=slots,
-                    kv_tokens=kv_tokens,
-                    token_budget=int(c) + slots,
-                    chunk_size=int(c),
-                )
-            )
-            for key in keys:
-                acc[key].append(m[key])
-        ref = metrics(simulate(w, cost, "continuous", slots=slots, kv_tokens=kv_tokens))
-        res = {
+        opts: dict[str, Any] = {"slots": slots, "kv_tokens": kv_tokens}
+        runs = [
+            metrics(simulate(w, cost, "chunked", token_budget=int(c) + slots, chunk_size=int(c), **opts))
+            for c in chunk_sizes
+        ]
+        ref = metrics(simulate(w, cost, "continuous", **opts))
+        out[float(k)] = {
             "chunk": np.asarray(chunk_sizes, dtype=float),
-            **{key: np.asarray(v) for key, v in acc.items()},
+            **{key: np.asarray([m[key] for m in runs]) for key in keys},
+            **{f"continuous_{key}": np.asarray([ref[key]]) for key in keys},
         }
-        for key in keys:
-            res[f"continuous_{key}"] = np.asarray([ref[key]])
-        out[float(k)] = res
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,10 +15,15 @@ import numpy as np
 from ..engine import RunResult, SimExecutor, run
 from ..metrics import summarize
 from ..models import ModelShape
+from ..plan import StepWork
 from ..request import Request
 from ..schedulers import make_scheduler
 from ..traces import load_trace
 from ..workload import Workload
+
+#: The repository root: committed results (``benchmarks/results``) and profiles
+#: (``data/profiles``) are read relative to it.
+ROOT = Path(__file__).resolve().parents[2]
 
 #: What a batch row does during a step (the timelines of 7.1 and 7.2), in drawing order.
 KINDS = ("prefill", "padding", "decode", "dead", "idle")
@@ -67,13 +73,6 @@ def offered_rate(workload: Workload) -> float:
     return len(workload) / workload.duration if workload.duration > 0 else math.inf
 
 
-def fit_context(workload: Workload, max_context: int) -> tuple[Workload, int]:
-    """Cap requests to the model's context; returns the workload and how many were capped
-    (recorded in ``info["capped"]``: never silent). Dense batches need nothing more: the
-    static and dynamic schedulers never pad a batch past the context."""
-    return workload.cap_to_context(max_context, mode="cap")
-
-
 def trace_workload(
     name: str,
     limit: int | None = None,
@@ -81,11 +80,23 @@ def trace_workload(
     time_scale: float = 1.0,
     window: tuple[float, float] | None = None,
 ) -> Workload:
-    """The first ``limit`` requests of a named trace, capped to the context (see
-    :func:`fit_context`) and replayed ``time_scale`` times faster (every section)."""
-    w = load_trace(name, limit=limit, window=window)
-    w, _ = fit_context(w, max_context)
+    """The first ``limit`` requests of a named trace, capped to the context and replayed
+    ``time_scale`` times faster (every section). How many were capped is recorded in
+    ``info["capped"]``: never silent. Dense batches need nothing more: the static and
+    dynamic schedulers never pad a batch past the context."""
+    w, _ = load_trace(name, limit=limit, window=window).cap_to_context(max_context, mode="cap")
     return w.scale(time=time_scale) if time_scale != 1 else w
+
+
+def step_work(prompts: Sequence[int] = (), decodes: int = 0, ctx: int = 0) -> StepWork:
+    """One step that prefills each of ``prompts`` from scratch (causal attention over itself)
+    beside ``decodes`` decode rows holding ``ctx`` KV tokens each (7.1, 7.3)."""
+    return StepWork(
+        prefill_tokens=sum(prompts),
+        prefill_attn=sum(p * (p + 1) // 2 for p in prompts),
+        decode_rows=decodes,
+        decode_ctx=decodes * ctx,
+    )
 
 
 def simulate(

@@ -31,7 +31,6 @@ class Claim(enum.Enum):
     DOES_NOT_HOLD = "does-not-hold"
 
 
-# ------------------------------------------------------------------------------- 7.2
 def rate_sweep(
     workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], time_scales: Sequence[float]
 ) -> dict[str, dict[str, np.ndarray]]:
@@ -141,17 +140,6 @@ def subset_latency(result: RunResult, rids: Sequence[int]) -> dict[str, float]:
         "queue_mean": float(np.mean([x["queue"] for x in recs])),
         "last_finish": float(max(x["finish"] for x in recs) - start),
     }
-
-
-def decode_compute_share(cost: Any, rows: int) -> float:
-    """7.2: the compute utilization a memory-bound decode step of ``rows`` rows reaches,
-    about rows / B* (the batch at which decode turns compute-bound)."""
-    return float(rows / cost.bstar())
-
-
-def decode_step_ms(cost: Any, batch: int, ctx: int) -> float:
-    """Roofline time (ms) of one decode step of ``batch`` rows holding ``ctx`` KV tokens each (7.2)."""
-    return float(cost.decode_step(batch, ctx) * 1e3)
 
 
 def first_finisher_queue(extra: int = 64, gap: float = 0.05, prompt: int = 128, output: int = 20) -> Workload:

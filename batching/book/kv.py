@@ -15,7 +15,17 @@ from ..workload import Workload
 from .common import at, flat, metrics, simulate
 
 
-# ------------------------------------------------------------------------------ KV
+def _life_mean(workload: Workload) -> float:
+    """Mean KV tokens a request holds over its life: prompt + output / 2."""
+    return float((workload.prompt_lens + workload.output_lens / 2).mean())
+
+
+def _kv_share(cost: Any, rows: int, ctx: float) -> float:
+    """The share of a decode step's bytes that is KV (``rows`` rows of ``ctx`` tokens), not weights."""
+    kv = rows * ctx * cost.model.kv_bytes_per_token
+    return float(kv / (kv + cost.model.weight_read_bytes))
+
+
 def kv_over_time(result: RunResult) -> dict[str, np.ndarray]:
     """The KV page: KV tokens reserved and used, and running requests, at the
     end of every logged step (a run of identical steps gives one point). Arrays ``t``
@@ -47,17 +57,9 @@ def kv_runs(
     """
     series: dict[str, Any] = {}
     numbers: dict[str, float] = {}
-    keys = (
-        "running_peak",
-        "kv_reserved_mean",
-        "kv_used_mean",
-        "kv_reserved_peak",
-        "throughput_tok",
-        "e2e_p99",
-        "ttft_p99",
-        "queue_mean",
-        "preemptions",
-    )
+    keys: tuple[str, ...] = ("running_peak", "kv_reserved_mean", "kv_used_mean", "kv_reserved_peak")
+    keys += ("throughput_tok", "e2e_p99", "ttft_p99", "queue_mean", "preemptions")
+    capacity = cost.kv_capacity() if kv_tokens == "device" else float(kv_tokens)
     for pol in policies:
         r = simulate(
             workload, cost, "continuous", slots=slots, kv_tokens=kv_tokens, kv_policy=pol, fast=False
@@ -66,7 +68,6 @@ def kv_runs(
         series[pol] = kv_over_time(r)
         numbers.update({f"{pol}_{k}": m[k] for k in keys})
         numbers[f"{pol}_unused"] = 1.0 - m["kv_used_mean"] / m["kv_reserved_mean"]
-        capacity = cost.kv_capacity() if kv_tokens == "device" else float(kv_tokens)
         numbers[f"{pol}_peak_share"] = m["kv_reserved_peak"] / capacity
     return {"series": series, "numbers": numbers}
 
@@ -82,7 +83,6 @@ def kv_fit(cost: Any, workload: Workload) -> dict[str, float]:
     """
     C = int(cost.kv_capacity())
     L = (workload.prompt_lens + workload.output_lens).astype(float)
-    life = (workload.prompt_lens + workload.output_lens / 2).astype(float)
     ctx = cost.model.max_context
     return {
         "capacity": float(C),
@@ -90,7 +90,7 @@ def kv_fit(cost: Any, workload: Workload) -> dict[str, float]:
         "max_context": float(ctx),
         "slab": float(C // ctx),
         "exact_final": float(C / L.mean()),
-        "exact_avg": float(C / life.mean()),
+        "exact_avg": C / _life_mean(workload),
         "mean_final": float(L.mean()),
         "p50_final": float(np.percentile(L, 50)),
         "p99_final": float(np.percentile(L, 99)),
@@ -107,7 +107,7 @@ def policy_roofline(cost: Any, workload: Workload, budget: float, slots: int) ->
     per policy ``step_<pol>_ms`` (:meth:`decode_step` at those rows and ``ctx``), ``tput_<pol>``
     (rows / step, tokens/s) and ``kv_share_<pol>`` (the share of a step's bytes that is KV,
     not weights); ``gain`` = tput_exact / tput_slab and ``rows_ratio`` = rows_exact / rows_slab."""
-    ctx = float((workload.prompt_lens + workload.output_lens / 2).mean())
+    ctx = _life_mean(workload)
     m = cost.model
     rows = {
         "slab": min(slots, int(budget) // m.max_context),
@@ -120,13 +120,12 @@ def policy_roofline(cost: Any, workload: Workload, budget: float, slots: int) ->
                 f"budget={budget:g} KV tokens holds no {pol} row (context {m.max_context}, mean {ctx:.0f})"
             )
         step = cost.decode_step(r, int(round(ctx)))
-        kv = r * ctx * m.kv_bytes_per_token
         out.update(
             {
                 f"rows_{pol}": float(r),
                 f"step_{pol}_ms": step * 1e3,
                 f"tput_{pol}": r / step,
-                f"kv_share_{pol}": kv / (kv + m.weight_read_bytes),
+                f"kv_share_{pol}": _kv_share(cost, r, ctx),
             }
         )
     out["gain"] = out["tput_exact"] / out["tput_slab"]
@@ -229,10 +228,8 @@ def slab_growth(
     if len(d["budget"]) < 2:
         raise ValueError("slab_growth needs a sweep of at least two budgets")
     i, j = -2, -1
-    ctx = int(round(float((workload.prompt_lens + workload.output_lens / 2).mean())))
+    ctx = int(round(_life_mean(workload)))
     lo, hi = int(d["running_peak"][i]), int(d["running_peak"][j])
-    m = cost.model
-    kv_read = hi * ctx * m.kv_bytes_per_token
     return {
         "budget_ratio": float(d["budget"][j] / d["budget"][i]),
         "tput_ratio": float(d["throughput_tok"][j] / d["throughput_tok"][i]),
@@ -241,7 +238,7 @@ def slab_growth(
         "ctx": float(ctx),
         "step_lo_ms": float(cost.decode_step(lo, ctx) * 1e3),
         "step_hi_ms": float(cost.decode_step(hi, ctx) * 1e3),
-        "kv_share_hi": float(kv_read / (kv_read + m.weight_read_bytes)),
+        "kv_share_hi": _kv_share(cost, hi, ctx),
     }
 
 
@@ -295,7 +292,7 @@ def real_kv(
 ) -> dict[str, Any]:
     """The KV page, measured on the real model: ``workload`` served under a KV
     budget of ``budget_slabs`` slabs of the model's context by :func:`real_kv_configs`'s
-    three schedules (:func:`~batching.experiments.checks.real_schedulers`: one model for all
+    three schedules (:func:`~batching.book.checks.real_schedulers`: one model for all
     runs, and the simulator beside them when a profile of this machine is committed).
 
     The runner holds a slab for each of its ``slots`` (it has no paged cache);

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 
 from ..profile import ProfileCost
+from .common import ROOT
 from .why import bstar_of, dense_batches, knee, roofline_curve
 
 #: Where committed profiles live (data/README.md); every ``*.json`` there is shown.
-PROFILE_DIR = "data/profiles"
+PROFILE_DIR = ROOT / "data" / "profiles"
 
 
 def profile_roofline(profile: Mapping[str, Any], points: int = 60) -> dict[str, np.ndarray]:

@@ -14,14 +14,17 @@ import numpy as np
 from ..costs import RooflineCost
 from ..engine import RunResult
 from ..metrics import summarize
-from ..plan import StepWork
 from ..results import load_average, machine_load
 from ..workload import Workload
 from .capacity import queue_growth
-from .common import _OCC_KIND, metrics, simulate
+from .common import _OCC_KIND, metrics, simulate, step_work
 
 
-# ------------------------------------------------------------------------------- 7.1
+def _check_pair(short: Any, long: Any) -> None:
+    if isinstance(short, bool) or not (isinstance(short, int) and isinstance(long, int) and 0 < short < long):
+        raise ValueError(f"short={short!r}, long={long!r}: need integers 0 < short < long")
+
+
 def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000, output: int = 20) -> dict[str, Any]:
     """7.1 (a): what padding a ``short`` prompt to a ``long`` one costs.
 
@@ -35,16 +38,12 @@ def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000, output: 
     milliseconds (``*_ms``), their ratios ``time_ratio_short`` and ``time_ratio_batch``,
     ``bstar``, and the bound (``memory``/``compute``) of the short and the padded prefill.
     """
-    if isinstance(short, bool) or not (isinstance(short, int) and isinstance(long, int) and 0 < short < long):
-        raise ValueError(f"short={short!r}, long={long!r}: need integers 0 < short < long")
+    _check_pair(short, long)
     w = Workload.from_arrays([0.0, 0.0], [short, long], [output, output], name="padding-pair")
     res = simulate(w, cost, "static", slots=2, kv_tokens=None)
     s = summarize(res)
     L = res.log.cols
-
-    def work(*prompts: int) -> StepWork:
-        return StepWork(prefill_tokens=sum(prompts), prefill_attn=sum(p * (p + 1) // 2 for p in prompts))
-
+    work = lambda *prompts: step_work(prompts)
     pad = long - short
     out = {
         "short": float(short),
@@ -97,19 +96,16 @@ def real_padding(
     long_ms / short_ms is what padding multiplies the short prompt's prefill by (the
     positions multiply by ``token_ratio``); ``time_ratio_batch`` = padded_ms / packed_ms is
     what the batch pays, against ``positions_ratio`` = 2 long / (short + long) in
-    positions. Also ``pad_tokens`` and ``padding_fraction`` from the static run's
-    step log, ``executor`` (what ran) and ``model``. ``load`` is the highest 1-minute load
-    average seen before and after the runs (nan where the OS has none), ``cpus`` the machine's
-    CPU count, and ``busy`` whether the load exceeded it: other work then shared the cores,
-    which inflates short steps most. ``model`` None and ``long`` None take
-    the device's defaults (:data:`~batching.book.checks.REAL_MODELS`,
-    :data:`REAL_PADDING_LONG`).
+    positions. Also ``pad_tokens`` and ``padding_fraction`` from the static run's step log,
+    ``executor`` (what ran), ``model``, and ``load``/``cpus``/``busy``
+    (:func:`~batching.results.machine_load` around the runs: a busy machine inflates short
+    steps most). ``model`` None and ``long`` None take the device's defaults
+    (:data:`~batching.book.checks.REAL_MODELS`, :data:`REAL_PADDING_LONG`).
     """
     from .checks import real_kind, real_runner, serve_real
 
     long = REAL_PADDING_LONG[real_kind(device)] if long is None else long
-    if isinstance(short, bool) or not (isinstance(short, int) and isinstance(long, int) and 0 < short < long):
-        raise ValueError(f"short={short!r}, long={long!r}: need integers 0 < short < long")
+    _check_pair(short, long)
     if not (isinstance(reps, int) and reps >= 1):
         raise ValueError(f"reps={reps!r}: must be an integer >= 1")
     runner = real_runner(model, device, slots=2, max_len=long + 1, threads=threads)

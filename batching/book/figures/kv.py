@@ -11,7 +11,6 @@ from matplotlib.figure import Figure
 from ..plots import POLICY_COLORS, WIDTH
 
 
-# ------------------------------------------------------------------------------- KV
 def kv_time_figure(series: Mapping[str, Mapping[str, np.ndarray]], capacity: float) -> Figure:
     """The KV page: KV tokens reserved (solid) and written (dotted) over a run,
     and running requests, per policy."""

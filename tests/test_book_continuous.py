@@ -88,7 +88,7 @@ def test_kv_rows_by_hand():
 
 
 def test_utilization_claim_truth_table():
-    C = continuous.Claim
+    C = common.Claim
     assert continuous.utilization_claim(0.82, 0.39, 0.68) is C.NEEDS_WIDE_BATCH
     assert continuous.utilization_claim(0.82, 0.39, 0.45) is C.SLOT_LEVEL_ONLY
     assert continuous.utilization_claim(0.82, 0.61, 0.70) is C.HOLDS
@@ -97,7 +97,7 @@ def test_utilization_claim_truth_table():
 
 
 def test_iterations_and_p99_claims_by_hand():
-    C = continuous.Claim
+    C = common.Claim
     ok = {"exact_fraction": 1.0, "arrival_p50": 21.0}
     assert continuous.iterations_claim(ok, 20) is C.HOLDS
     assert continuous.iterations_claim({**ok, "arrival_p50": 23.0}, 20) is C.DOES_NOT_HOLD

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics import summarize
 from ..results import load_average, machine_load
 from ..schedulers import make_scheduler
 from ..workload import Workload
@@ -150,19 +149,19 @@ def real_crosscheck(
                 threads=threads,
                 max_len=min(cost.model.max_context, max_len),
             )
-            ms, mr = metrics(sim), summarize(real)
+            ms, mr = metrics(sim), metrics(real)
             its_sim, its_real = iterations(sim, probes), iterations(real, probes)
             per[name] = {
                 "steps_sim": int(ms["steps"]),
                 "steps_real": int(mr["steps"]),
                 "slot_util_sim": ms["slot_util"],
-                "slot_util_real": float(mr["slot_utilization"]),
+                "slot_util_real": mr["slot_util"],
                 "iters_sim": its_sim["from_admission"].tolist(),
                 "iters_real": its_real["from_admission"].tolist(),
                 "arrival_iters_sim": its_sim["from_arrival"].tolist(),
                 "arrival_iters_real": its_real["from_arrival"].tolist(),
                 "busy_sim_s": ms["busy_s"],
-                "busy_real_s": float(mr["busy_s"]),
+                "busy_real_s": mr["busy_s"],
                 "tokens_real": int(sum(len(r.token_ids) for r in real.requests)),
             }
             out["executor"] = real.executor

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..engine import RunResult
 from ..workload import Workload
-from .common import at, flat, metrics, simulate, step_work
+from .common import at, columns, flat, metrics, simulate, step_work
 
 
 def long_prompt_among_decodes(
@@ -330,7 +330,7 @@ def chunk_sweep(
         ref = metrics(simulate(w, cost, "continuous", **opts))
         out[float(k)] = {
             "chunk": np.asarray(chunk_sizes, dtype=float),
-            **{key: np.asarray([m[key] for m in runs]) for key in keys},
+            **columns(runs, keys),
             **{f"continuous_{key}": np.asarray([ref[key]]) for key in keys},
         }
     return out

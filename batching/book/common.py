@@ -5,6 +5,7 @@ that turn results into glue values.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -191,10 +192,47 @@ def metrics(result: RunResult) -> dict[str, float]:
     return {k: float(v) for k, v in out.items()}
 
 
+class Claim(str, enum.Enum):
+    """How a claim of the seed or a page fares against the numbers that test it; the notebook
+    words each one."""
+
+    HOLDS = "holds"
+    #: True in part; the numbers say which part.
+    PARTLY = "partly"
+    #: 7.2's utilization: holds counted in slots, not in hardware FLOPs at any slot count tried.
+    SLOT_LEVEL_ONLY = "slot-level-only"
+    #: 7.2's utilization: holds in slots, and in hardware FLOPs only once the slot cap is lifted.
+    NEEDS_WIDE_BATCH = "needs-wide-batch"
+    DOES_NOT_HOLD = "does not hold"
+
+
+class Versus(str, enum.Enum):
+    """How a measured ratio compares with 1 (one step's time over another's, or over its
+    positions): within a tolerance, more, or less."""
+
+    LESS = "less"
+    SAME = "same"
+    MORE = "more"
+
+
+def versus(ratio: float, tol: float = 0.05) -> Versus:
+    """:class:`Versus` of ``ratio``: SAME within ``tol`` of 1, else LESS or MORE."""
+    if not (ratio > 0 and 0 <= tol < 1):
+        raise ValueError(f"ratio={ratio}, tol={tol}: need a positive ratio and 0 <= tol < 1")
+    if abs(ratio - 1.0) <= tol:
+        return Versus.SAME
+    return Versus.MORE if ratio > 1 else Versus.LESS
+
+
 # ---------------------------------------------------------------- notebook glue
 def choose(smoke: bool, full: Any, small: Any) -> Any:
     """``small`` in smoke runs (the tests), ``full`` for the book: one rule for every notebook."""
     return small if smoke else full
+
+
+def columns(rows: Sequence[Mapping[str, Any]], keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """A sweep's runs (one mapping of scalars per run) as one array per key, in run order."""
+    return {k: np.asarray([r[k] for r in rows]) for k in (rows[0] if keys is None else keys)}
 
 
 def at(sweep: Mapping[str, np.ndarray], key: str, value: float) -> dict[str, float]:

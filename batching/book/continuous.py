@@ -6,7 +6,6 @@ Numbers, verdict labels and rows only: every sentence of the page lives in its n
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,18 +16,7 @@ from ..engine import RunResult
 from ..metrics import request_record
 from ..workload import Workload, preset
 from .capacity import capacity, run_point
-from .common import simulate
-
-
-class Claim(enum.Enum):
-    """How a seed claim fares against the numbers that test it; the notebook words each one."""
-
-    HOLDS = "holds"
-    #: Utilization: holds counted in slots, not in hardware FLOPs at any slot count tried.
-    SLOT_LEVEL_ONLY = "slot-level-only"
-    #: Utilization: holds in slots, and in hardware FLOPs only once the slot cap is lifted.
-    NEEDS_WIDE_BATCH = "needs-wide-batch"
-    DOES_NOT_HOLD = "does-not-hold"
+from .common import Claim, columns, simulate
 
 
 def rate_sweep(
@@ -42,13 +30,11 @@ def rate_sweep(
     queue did not grow over the replay) and every key of :func:`~batching.book.common.metrics`.
     A config is ``{"scheduler": ..., "slots": ..., **options}`` (see :func:`simulate`).
     """
-    out: dict[str, dict[str, list[Any]]] = {name: {} for name in configs}
+    points: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     for k in time_scales:
         for name, cfg in configs.items():
-            p = run_point(workload, cost, cfg, float(k))
-            for key, v in p.items():
-                out[name].setdefault(key, []).append(v)
-    return {name: {k: np.asarray(v) for k, v in d.items()} for name, d in out.items()}
+            points[name].append(run_point(workload, cost, cfg, float(k)))
+    return {name: columns(ps) for name, ps in points.items()}
 
 
 def with_probes(workload: Workload, every: int = 10, output: int = 20) -> tuple[Workload, list[int]]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from ..engine import RunResult
 from ..workload import Workload
-from .common import at, flat, metrics, simulate
+from .common import Claim, at, columns, flat, metrics, simulate
 
 
 def _life_mean(workload: Workload) -> float:
@@ -165,7 +165,6 @@ def kv_budget_sweep(
     ``ttft_p99``, ``preemptions``, ``running_peak``, ``kv_used_mean``, ``kv_reserved_mean``,
     ``slot_util``, ``steps``. ``slots`` is set high so that memory, not slots, is the limit.
     """
-    keys = BUDGET_KEYS
     runs: list[tuple[str, str, dict[str, Any]]] = [
         (pol, scheduler, {"slots": slots, "kv_policy": pol}) for pol in policies
     ]
@@ -174,14 +173,12 @@ def kv_budget_sweep(
     ctx = cost.model.max_context
     out: dict[str, dict[str, np.ndarray]] = {}
     for name, sched, opts in runs:
-        acc: dict[str, list[float]] = {k: [] for k in keys}
+        ms = []
         for b in budgets:
             if sched == "static":
                 opts = {**opts, "slots": min(slots, int(b) // ctx)}
-            m = metrics(simulate(workload, cost, sched, kv_tokens=int(b), **opts))
-            for k in keys:
-                acc[k].append(m[k])
-        out[name] = {"budget": np.asarray(budgets, dtype=float), **{k: np.asarray(v) for k, v in acc.items()}}
+            ms.append(metrics(simulate(workload, cost, sched, kv_tokens=int(b), **opts)))
+        out[name] = {"budget": np.asarray(budgets, dtype=float), **columns(ms, BUDGET_KEYS)}
     return out
 
 
@@ -315,12 +312,7 @@ def real_kv(
     return {**rs, "budget": budget, "max_context": ctx, "slots": slots}
 
 
-#: How a seed claim fares: "holds" as stated, "partly" (true in part, the numbers say which),
-#: "does not hold" as stated. The page words each verdict in its own cell.
-Verdict = Literal["holds", "partly", "does not hold"]
-
-
-def slab_verdict(slab_kept: float) -> Verdict:
+def slab_verdict(slab_kept: float) -> Claim:
     """The seed claim "one max-length slab per slot gives back most of batching's gain",
     judged on :func:`gain_kept`'s share: slabs keep under half the gain ("holds"; a negative
     share, slabs slower than static batching, gives back all of it), under 80% ("partly":
@@ -328,7 +320,7 @@ def slab_verdict(slab_kept: float) -> Verdict:
     slots rather than memory binding exact reservations, slabs kept it all)."""
     if math.isnan(slab_kept):
         raise ValueError("slab_kept=nan: exact reservations gained nothing over static batching to share")
-    return "holds" if slab_kept < 0.5 else "partly" if slab_kept < 0.8 else "does not hold"
+    return Claim.HOLDS if slab_kept < 0.5 else Claim.PARTLY if slab_kept < 0.8 else Claim.DOES_NOT_HOLD
 
 
 def real_kv_numbers(rs: Mapping[str, Any]) -> dict[str, float]:

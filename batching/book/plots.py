@@ -236,9 +236,8 @@ class Table:
         return f'<table class="book-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> Table:
-    """A table for notebook output: an HTML table on the page, aligned text when printed."""
-    return Table(rows, header)
+#: ``plots.table(rows, header)``: what a notebook cell ends with to show a table.
+table = Table
 
 
 def glue_markdown(values: Mapping[str, str]) -> None:

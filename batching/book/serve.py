@@ -44,14 +44,8 @@ def committed(path: str | Path | None = None) -> dict[str, Any]:
 
 def summary_row(summary: Mapping[str, Any]) -> dict[str, float | None]:
     """The table's columns from a results file's ``summary`` (simulate, run, replay alike)."""
-    row: dict[str, float | None] = {}
-    for c in COLUMNS:
-        if c == "output_throughput":
-            row[c] = summary[c]
-        else:
-            k, f = c.split("_")
-            row[c] = summary[k][f]
-    return row
+    split = {c: c.split("_") for c in COLUMNS if c != "output_throughput"}  # "ttft_p50": ttft, p50
+    return {c: summary[split[c][0]][split[c][1]] if c in split else summary[c] for c in COLUMNS}
 
 
 def slice_workload(doc: Mapping[str, Any]) -> Workload:

@@ -4,7 +4,6 @@ against batch size, and what a timeout (dynamic batching) changes.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -17,7 +16,7 @@ from ..metrics import summarize
 from ..results import load_average, machine_load
 from ..workload import Workload
 from .capacity import queue_growth
-from .common import _OCC_KIND, metrics, simulate, step_work
+from .common import _OCC_KIND, Versus, columns, metrics, simulate, step_work, versus
 
 
 def _check_pair(short: Any, long: Any) -> None:
@@ -150,33 +149,15 @@ def real_padding(
     return out
 
 
-class Scaling(str, enum.Enum):
-    """How a longer step's time grew against its positions (7.1 (a)): the verdict on padding."""
-
-    #: Time grew about as much as positions: padding costs in full.
-    PROPORTIONAL = "proportional"
-    #: Time grew clearly less: the shorter step was bound by something other than its
-    #: arithmetic (weight reads on a GPU), so padding it costs less than its positions.
-    LESS = "less"
-    #: Time grew clearly more than positions (attention's quadratic part, cache effects).
-    MORE = "more"
-
-
-def scaling(time_ratio: float, positions_ratio: float, tol: float = 0.25) -> Scaling:
-    """:class:`Scaling` of a step that computed ``positions_ratio`` times the positions of
-    another in ``time_ratio`` times its time: proportional while the time per position of
-    the two agrees within ``tol`` (relative), else less or more."""
-    if not (time_ratio > 0 and positions_ratio > 0 and 0 <= tol < 1):
-        raise ValueError(
-            f"time_ratio={time_ratio}, positions_ratio={positions_ratio}, tol={tol}: need positive "
-            "ratios and 0 <= tol < 1"
-        )
-    r = time_ratio / positions_ratio
-    if r < 1 - tol:
-        return Scaling.LESS
-    if r > 1 + tol:
-        return Scaling.MORE
-    return Scaling.PROPORTIONAL
+def scaling(time_ratio: float, positions_ratio: float, tol: float = 0.25) -> Versus:
+    """7.1 (a), the verdict on padding: how a step that computed ``positions_ratio`` times the
+    positions of another grew in time (``time_ratio`` times), as the :class:`~.common.Versus`
+    of its time per position within ``tol``. SAME: padding costs in full. LESS: the shorter
+    step was bound by something other than its arithmetic (weight reads on a GPU), so padding
+    it costs less than its positions. MORE: attention's quadratic part, cache effects."""
+    if not positions_ratio > 0:
+        raise ValueError(f"positions_ratio={positions_ratio}: must be positive")
+    return versus(time_ratio / positions_ratio, tol)
 
 
 def per_position_ms(rp: Mapping[str, Any]) -> dict[str, float]:
@@ -353,19 +334,21 @@ def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]
         info=workload.info,
     )
     keys = ("slot_util", "slot_util_tw", "padding_fraction", "hw_compute", "useful_compute", "throughput_tok")
-    extra = ("analytic", "analytic_formed", "batches", "batches_full", "closed_early")
-    out: dict[str, list[float]] = {k: [] for k in (*keys, *extra)}
-    for b in batch_sizes:
-        m = metrics(simulate(w, cost, "static", slots=int(b), kv_tokens=None, timeout=0.0))
-        for k in keys:
-            out[k].append(m[k])
-        sizes = static_batch_sizes(w.prompt_lens, w.output_lens, int(b), cost.model.max_context)
-        out["analytic"].append(analytic_static_utilization(w.output_lens, int(b)))
-        out["analytic_formed"].append(analytic_static_utilization(w.output_lens, int(b), sizes))
-        out["batches"].append(float(len(sizes)))
-        out["batches_full"].append(float(math.ceil(len(w) / int(b))))
-        out["closed_early"].append(float(sum(k < int(b) for k in sizes[:-1])))
-    return {"batch": np.asarray(batch_sizes, dtype=float), **{k: np.asarray(v) for k, v in out.items()}}
+    rows = []
+    for b in map(int, batch_sizes):
+        m = metrics(simulate(w, cost, "static", slots=b, kv_tokens=None, timeout=0.0))
+        sizes = static_batch_sizes(w.prompt_lens, w.output_lens, b, cost.model.max_context)
+        rows.append(
+            {
+                **{k: m[k] for k in keys},
+                "analytic": analytic_static_utilization(w.output_lens, b),
+                "analytic_formed": analytic_static_utilization(w.output_lens, b, sizes),
+                "batches": float(len(sizes)),
+                "batches_full": float(math.ceil(len(w) / b)),
+                "closed_early": float(sum(k < b for k in sizes[:-1])),
+            }
+        )
+    return {"batch": np.asarray(batch_sizes, dtype=float), **columns(rows)}
 
 
 def sweep_agreement(sweep: Mapping[str, np.ndarray], tol: float = 1e-9) -> dict[str, float | bool]:
@@ -405,17 +388,19 @@ def wait_sweep(
     res: dict[str, dict[str, np.ndarray]] = {}
     keys = ("queue_mean", "slot_util", "e2e_p99", "ttft_p99", "throughput_req", "padding_fraction")
     for name in schedulers:
-        acc: dict[str, list[float]] = {k: [] for k in (*keys, "mean_batch", "stable")}
+        rows = []
         for T in waits:
             r = simulate(workload, cost, name, slots=slots, kv_tokens=None, timeout=float(T))
             m = metrics(r)
-            for k in keys:
-                acc[k].append(m[k])
-            L = r.log.cols
-            batches = sum(1 for p in L["prefill"] if p > 0)
-            acc["mean_batch"].append(len(workload) / batches)
-            acc["stable"].append(1.0 - queue_growth(r)["growing"])
-        res[name] = {"wait": np.asarray(waits, dtype=float), **{k: np.asarray(v) for k, v in acc.items()}}
+            batches = sum(1 for p in r.log.cols["prefill"] if p > 0)
+            rows.append(
+                {
+                    **{k: m[k] for k in keys},
+                    "mean_batch": len(workload) / batches,
+                    "stable": 1.0 - queue_growth(r)["growing"],
+                }
+            )
+        res[name] = {"wait": np.asarray(waits, dtype=float), **columns(rows)}
     return res
 
 

@@ -73,7 +73,7 @@ def test_fidelity_rows_one_per_run_and_scheduler_cpu_first(tmp_path) -> None:
     ]
     assert recs[0]["e2e_err"] == 0.02 and recs[0]["busy_ratio"] == pytest.approx(1.01)
     assert recs[3]["noise"] is None and recs[3]["busy_ratio"] is None and recs[3]["real_runs"] == 5
-    header, rows = checks.fidelity_rows(str(tmp_path))
+    rows, header = checks.fidelity_rows(str(tmp_path))
     assert len(header) == len(rows[0]) == 7
     assert rows[0] == ["200 at 2x", "continuous", "2%", "-", "-", "1.0%", "1.01"]
     assert rows[3][1:] == ["chunked", "20%", "-", "-", "0.5%", "-"]
@@ -108,7 +108,7 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
     assert (rs["real"]["static"]["steps"], rs["real"]["continuous"]["steps"]) == (40, 30)
     assert rs["real"]["static"]["slot_util"] == pytest.approx(55 / 80)
     assert rs["real"]["continuous"]["slot_util"] == pytest.approx(55 / 60)
-    header, rows = checks.real_schedulers_rows(rs)
+    rows, header = checks.real_schedulers_rows(rs)
     assert header == ["measured", "static", "continuous"] and rows[0] == ["slot utilization", "69%", "92%"]
     # A profile of this machine: every step 10 ms, whatever it holds.
     here = device_name(torch.device("cpu"))
@@ -134,4 +134,4 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
     assert {n: m["steps"] for n, m in rs["sim"].items()} == {"static": 40, "continuous": 30}
     assert rs["sim"]["static"]["busy_s"] == pytest.approx(0.400)
     assert set(rs["steps_pred_over_real"]["static"]) == {"prefill", "decode"}
-    assert checks.real_schedulers_rows(rs)[0][0] == "measured (simulated)"
+    assert checks.real_schedulers_rows(rs)[1][0] == "measured (simulated)"

@@ -171,5 +171,5 @@ def test_real_engine_crosscheck_agrees_with_the_simulator_on_steps_and_iteration
         assert p["tokens_real"] == 30 + 25
     assert cc["per"]["continuous"]["steps_real"] < cc["per"]["static"]["steps_real"]
     assert checks.crosscheck_agrees(cc)
-    header, rows = checks.crosscheck_rows(cc)
+    rows, header = checks.crosscheck_rows(cc)
     assert len(rows) == 2 and len(header) == len(rows[0])

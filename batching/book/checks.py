@@ -277,8 +277,8 @@ REAL_SCHEDULER_ROWS: tuple[tuple[str, str, str], ...] = (
 
 def real_schedulers_rows(
     rs: Mapping[str, Any], rows_def: Sequence[tuple[str, str, str]] = REAL_SCHEDULER_ROWS
-) -> tuple[list[str], list[list[Any]]]:
-    """7.2 (and the closing section's KV budget): header and rows of a measured comparison
+) -> tuple[list[list[Any]], list[str]]:
+    """7.2 (and the closing section's KV budget): rows and header of a measured comparison
     (:func:`real_schedulers`), one row per ``(label, metrics key, format)`` of ``rows_def``;
     with a profile, each cell reads "measured (simulated)"."""
     names = list(rs["real"])
@@ -292,7 +292,7 @@ def real_schedulers_rows(
                 cell += f" ({fmt.format(sim[n][key])})"
             cells.append(cell)
         rows.append([label] + cells)
-    return ["measured" + (" (simulated)" if sim is not None else "")] + names, rows
+    return rows, ["measured" + (" (simulated)" if sim is not None else "")] + names
 
 
 def crosscheck_agrees(cc: Mapping[str, Any]) -> bool:
@@ -305,8 +305,8 @@ def crosscheck_agrees(cc: Mapping[str, Any]) -> bool:
     )
 
 
-def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """7.2: header and rows of the real-vs-simulated table (no rows if it did not run).
+def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[list[Any]], list[str]]:
+    """7.2: rows and header of the real-vs-simulated table (no rows if it did not run).
     Pairs are "simulated / real"; iterations are the probes' (see :func:`real_crosscheck`)."""
     header = [
         "scheduler",
@@ -329,7 +329,7 @@ def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
                 f"{p['busy_sim_s']:.2f}/{p['busy_real_s']:.2f}",
             ]
         )
-    return header, rows
+    return rows, header
 
 
 # ------------------------------------------------------------------ fidelity
@@ -401,8 +401,8 @@ def fidelity_records(root: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
-def fidelity_rows(root: str | None = None) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the measured page's fidelity table: one row per committed run and
+def fidelity_rows(root: str | None = None) -> tuple[list[list[str]], list[str]]:
+    """Rows and header of the measured page's fidelity table: one row per committed run and
     scheduler (:func:`fidelity_records`), errors in percent, "-" where a file lacks one; a
     run is named by its requests and replay speed-up (and, off the CPU, model and device)."""
     pct = lambda x: "-" if x is None else f"{x:.0%}"
@@ -422,4 +422,4 @@ def fidelity_rows(root: str | None = None) -> tuple[list[str], list[list[str]]]:
                 "-" if r["busy_ratio"] is None else f"{r['busy_ratio']:.2f}",
             ]
         )
-    return header, rows
+    return rows, header

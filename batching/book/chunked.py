@@ -34,7 +34,7 @@ def long_prompt_among_decodes(
         o,
         name=f"{prompt}-token prompt among {running} decodes",
         info={
-            "source": "experiments.long_prompt_among_decodes",
+            "source": "book.chunked.long_prompt_among_decodes",
             "running": running,
             "prompt": prompt,
             "at": at,
@@ -176,10 +176,7 @@ def stall_numbers(
         "overhead_ms": float(cost.device.step_overhead_s) * 1e3,
     }
     if reference:
-        best = chunk_step_times(cost, list(reference) + [chunk], decodes=decodes, ctx=ctx)[
-            "prefill_tps"
-        ].max()
-        out["chunk_share"] = float(d["prefill_tps"][0] / best)
+        out["chunk_share"] = _prefill_share(cost, chunk, reference, decodes, ctx)
     return out
 
 
@@ -227,6 +224,13 @@ def _step_s(cost: Any, chunk: int, decodes: int, ctx: int) -> float:
     return float(cost.step_time(step_work([chunk] if chunk else [], decodes, ctx)))
 
 
+def _prefill_share(cost: Any, chunk: int, reference: Sequence[int], decodes: int, ctx: int) -> float:
+    """A chunk's prefill throughput (tokens per second of step) over the best of ``reference``
+    chunk sizes and itself, on the roofline."""
+    tps = chunk_step_times(cost, [chunk, *reference], decodes=decodes, ctx=ctx)["prefill_tps"]
+    return float(tps[0] / tps.max())
+
+
 def chunk_within(cost: Any, limit_s: float, decodes: int = 30, ctx: int = 300) -> int:
     """The largest prefill chunk whose step, beside ``decodes`` decodes of ``ctx`` KV tokens,
     takes at most ``limit_s`` on the roofline (0 if even a 1-token chunk's step exceeds it)."""
@@ -253,12 +257,11 @@ def chunk_for_itl(
     lo = chunk_within(cost, factor * base, decodes=decodes, ctx=ctx)
     if lo == 0:
         raise ValueError(f"factor={factor}: even a 1-token chunk exceeds it")
-    d = chunk_step_times(cost, [lo] + list(reference), decodes=decodes, ctx=ctx)
     return {
         "chunk": float(lo),
-        "step_ms": float(d["step_s"][0]) * 1e3,
+        "step_ms": _step_s(cost, lo, decodes, ctx) * 1e3,
         "decode_ms": base * 1e3,
-        "share": float(d["prefill_tps"][0] / d["prefill_tps"].max()),
+        "share": _prefill_share(cost, lo, reference, decodes, ctx),
     }
 
 
@@ -375,9 +378,9 @@ def nochunk_place(sweep: Mapping[float, Mapping[str, np.ndarray]]) -> dict[str, 
 
 def tradeoff_rows(
     sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Sequence[int], low: float, high: float
-) -> tuple[list[str], list[list[str]]]:
+) -> tuple[list[list[str]], list[str]]:
     """The page's table of a :func:`chunk_sweep`: per chunk size, the median ITL (ms) at the
-    ``high`` load and the p99 TTFT (s) at the ``low`` and ``high`` loads. Returns ``(header, rows)``."""
+    ``high`` load and the p99 TTFT (s) at the ``low`` and ``high`` loads. Returns ``(rows, header)``."""
     header = [
         "chunk (tokens)",
         f"median ITL, {high:g}x (ms)",
@@ -390,7 +393,7 @@ def tradeoff_rows(
         rows.append(
             [f"{c:,.0f}", f"{hi['itl_p50'] * 1e3:.1f}", f"{lo['ttft_p99']:.1f}", f"{hi['ttft_p99']:.1f}"]
         )
-    return header, rows
+    return rows, header
 
 
 #: The configurations of capacity.CONFIGS this page compares, with their glue tags.

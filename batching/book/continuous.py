@@ -140,7 +140,7 @@ def first_finisher_queue(extra: int = 64, gap: float = 0.05, prompt: int = 128, 
         p,
         o,
         name="first-finisher+queue",
-        info={"source": "experiments.first_finisher_queue", "extra": extra, "gap": gap},
+        info={"source": "book.continuous.first_finisher_queue", "extra": extra, "gap": gap},
     )
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..models import ModelShape
 from ..results import load_average
-from .why import bstar_of, dense_batches, knee, roofline_curve
+from .why import bstar_of, knee, roofline_curve
 
 # The sweep imports torch (the ``model`` extra) when called; everything else here is torch-free.
 
@@ -189,16 +189,11 @@ def sweep_shape(sweep: Mapping[str, Any]) -> ModelShape:
 
 
 def live_roofline(sweep: Mapping[str, Any], points: int = 0) -> dict[str, np.ndarray]:
-    """Why batching: the roofline a live sweep predicts from the bandwidth (matrix-vector)
-    and matmul peak it measured itself, no overhead (:func:`~batching.book.why.roofline_curve`), at the
-    sweep's batch sizes, or at ``points`` batch sizes spread evenly in log between them."""
-    return roofline_curve(
-        sweep_shape(sweep),
-        dense_batches(sweep["batch"], points),
-        sweep["ctx"],
-        sweep["matvec_gbs"] * 1e9,
-        sweep["peak_tflops"] * 1e12,
-    )
+    """Why batching: the roofline a live sweep predicts from the bandwidth (matrix-vector) and
+    matmul peak it measured itself, no overhead (:func:`~batching.book.why.roofline_curve`, at
+    the sweep's batch sizes or ``points`` of them)."""
+    bw, peak = sweep["matvec_gbs"] * 1e9, sweep["peak_tflops"] * 1e12
+    return roofline_curve(sweep_shape(sweep), sweep["batch"], sweep["ctx"], bw, peak, points=points)
 
 
 def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:

@@ -57,9 +57,11 @@ def roofline_curve(
     bandwidth: float,
     peak_flops: float,
     overhead_s: float = 0.0,
+    points: int = 0,
 ) -> dict[str, np.ndarray]:
     """Why batching: the roofline of one decode step of ``b`` rows, each holding ``ctx``
-    KV tokens, for every ``b`` in ``batches``.
+    KV tokens, for every ``b`` in ``batches`` (with ``points`` > 1: that many batch sizes
+    spread geometrically over their range, for a smooth curve).
 
     Arrays: ``batch``; ``weights_s`` (weight bytes streamed / bandwidth, the same at every
     batch); ``memory_s`` (weights + KV read and written, ``ModelShape.bytes_arrays``, over
@@ -68,6 +70,8 @@ def roofline_curve(
     single device); ``tokens_per_s`` = batch / time; ``bound`` (1 where compute binds).
     """
     b = np.asarray(batches, dtype=np.float64)
+    if points > 1:
+        b = np.geomspace(b[0], b[-1], points)
     z = np.zeros_like(b)
     mem = shape.bytes_arrays(z, z, b, b * float(ctx)) / bandwidth
     cmp = shape.flops_arrays(z, z, b, b * float(ctx)) / peak_flops
@@ -81,13 +85,6 @@ def roofline_curve(
         "tokens_per_s": b / t,
         "bound": (cmp > mem).astype(float),
     }
-
-
-def dense_batches(batches: ArrayLike, points: int) -> np.ndarray:
-    """``points`` batch sizes spread geometrically over ``batches``' range, for a smooth
-    roofline curve (``points`` <= 1: the batches themselves)."""
-    b = np.asarray(batches, dtype=float)
-    return np.geomspace(b[0], b[-1], points) if points > 1 else b
 
 
 def stream_numbers(

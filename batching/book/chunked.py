@@ -287,10 +287,8 @@ def slo_steps(
 
 def trace_contrast(workload: Workload, other: Workload) -> dict[str, float]:
     """7.3 (exercise on the code trace): mean prompt and output lengths of ``workload`` (this
-    page's requests) and ``other`` (7.2's conversation requests, as many), as ``prompt_mean``,
-    ``output_mean``, ``other_prompt_mean``, ``other_output_mean``; ``prompt_ratio`` (how many
-    times longer this page's prompts are) and ``output_shorter`` (how many times shorter its
-    outputs are)."""
+    page's requests) and ``other`` (7.2's conversation requests, as many), and how many times
+    longer this page's prompts are and shorter its outputs."""
     if len(workload) == 0 or len(other) == 0:
         raise ValueError("trace_contrast() needs two non-empty workloads")
     p, o = float(np.mean(workload.prompt_lens)), float(np.mean(workload.output_lens))

@@ -245,9 +245,6 @@ def at(sweep: Mapping[str, np.ndarray], key: str, value: float) -> dict[str, flo
 
 
 def flat(prefix: str, values: Mapping[str, Any], keys: Sequence[str] | None = None) -> dict[str, Any]:
-    """``{f"{prefix}_{k}": v}`` for the chosen keys, numpy scalars made plain (glue keys)."""
-    out = {}
-    for k in keys if keys is not None else values.keys():
-        v = values[k]
-        out[f"{prefix}_{k}"] = v.item() if isinstance(v, np.generic) else v
-    return out
+    """``{f"{prefix}_{k}": v}`` for the chosen keys (glue keys; ``plots.glue_values`` makes
+    numpy scalars plain)."""
+    return {f"{prefix}_{k}": values[k] for k in (values if keys is None else keys)}

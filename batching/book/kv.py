@@ -71,14 +71,9 @@ def kv_runs(
 
 
 def kv_fit(cost: Any, workload: Workload) -> dict[str, float]:
-    """The KV page: how many sequences fit the device's KV capacity.
-
-    ``capacity`` (tokens), ``kv_bytes_per_token``, ``max_context`` (the slab), ``slab``
-    (= capacity // max_context), ``exact_final`` (capacity / mean final length
-    prompt + output), ``exact_avg`` (capacity / mean length over a request's life,
-    prompt + output / 2), ``mean_final``, ``p50_final``, ``p99_final`` lengths, and
-    ``slab_waste`` = 1 - mean final length / max_context.
-    """
+    """The KV page: how many sequences fit the device's KV capacity (``capacity`` tokens): as
+    slabs of ``max_context``, or reserved exactly at each request's final length (prompt +
+    output) or at its mean length over its life (prompt + output / 2)."""
     C = int(cost.kv_capacity())
     L = (workload.prompt_lens + workload.output_lens).astype(float)
     ctx = cost.model.max_context
@@ -159,9 +154,8 @@ def kv_budget_sweep(
     None): a dense batch reserves a slab per row, so it holds budget // max_context rows
     (at most ``slots``), sealed when full or after ``static_timeout`` seconds.
 
-    Per series, arrays over ``budget`` (KV tokens): ``throughput_tok``, ``e2e_p99``,
-    ``ttft_p99``, ``preemptions``, ``running_peak``, ``kv_used_mean``, ``kv_reserved_mean``,
-    ``slot_util``, ``steps``. ``slots`` is set high so that memory, not slots, is the limit.
+    Per series, arrays over ``budget`` (KV tokens) of :data:`BUDGET_KEYS`. ``slots`` is set
+    high so that memory, not slots, is the limit.
     """
     runs: list[tuple[str, str, dict[str, Any]]] = [
         (pol, scheduler, {"slots": slots, "kv_policy": pol}) for pol in policies

@@ -28,14 +28,11 @@ def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000, output: 
     """7.1 (a): what padding a ``short`` prompt to a ``long`` one costs.
 
     Runs the ``padding-pair`` shape (one short and one long prompt at t=0) through the
-    static scheduler, and prices single prefills with the roofline. Keys: ``pad_tokens``,
-    ``prefill_computed`` and ``prefill_needed`` (tokens of the batch's prefill step),
-    ``padding_fraction``, ``token_ratio`` (long / short), ``flop_ratio`` (FLOPs of the
-    padded short prompt over the unpadded one, attention included), the roofline times in
-    seconds ``t_short``, ``t_short_padded``, ``t_long``, ``t_batch_unpadded``,
-    ``t_batch_padded`` and ``t_batch_sim`` (the simulator's prefill step), the same in
-    milliseconds (``*_ms``), their ratios ``time_ratio_short`` and ``time_ratio_batch``,
-    ``bstar``, and the bound (``memory``/``compute``) of the short and the padded prefill.
+    static scheduler (its prefill step's tokens, padding and time ``t_batch_sim``), and
+    prices the prefills with the roofline (seconds, and ``*_ms``): the short prompt alone and
+    padded, the pair packed and padded, their ratios, ``flop_ratio`` (FLOPs of the padded
+    short prompt over the unpadded one, attention included), and the bound
+    (``memory``/``compute``) of the short and the padded prefill.
     """
     _check_pair(short, long)
     w = Workload.from_arrays([0.0, 0.0], [short, long], [output, output], name="padding-pair")
@@ -318,13 +315,11 @@ def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]
     Every request is present from the start (the trace's order kept, its arrival times
     dropped), so every batch is full and slot utilization measures the first-finisher and
     padding costs alone, not a shortage of traffic. KV memory is not limited here.
-    Returns arrays over ``batch``: ``slot_util``, ``slot_util_tw``, ``analytic``
+    Returns arrays over ``batch``: some :func:`metrics`, ``analytic``
     (:func:`analytic_static_utilization` of full batches), ``analytic_formed`` (the same
     formula over the batches the scheduler forms, some closed early at the model's context:
-    :func:`static_batch_sizes`), ``batches`` (how many it forms), ``batches_full`` (how
-    many full ones would hold the requests), ``closed_early`` (batches closed short of B
-    before the last), ``padding_fraction``, ``hw_compute``, ``useful_compute``,
-    ``throughput_tok``.
+    :func:`static_batch_sizes`), ``batches`` (how many it forms), ``closed_early`` (closed
+    short of B before the last) and ``batches_full`` (how many full ones would hold them).
     """
     w = Workload.from_arrays(
         np.zeros(len(workload)),

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..models import ModelShape
 from ..results import load_average
+from .common import step_work
 from .why import bstar_of, knee, roofline_curve
 
 # The sweep imports torch (the ``model`` extra) when called; everything else here is torch-free.
@@ -210,8 +211,6 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     ``p_knee``, ``p_tmax_ms``, ``p_ratio_max``, ``p_tps_max`` and ``p_gap_max`` (its step over
     the uniform one at ``bmax``).
     """
-    from ..plan import StepWork
-
     shape = sweep_shape(sweep)
     b = np.asarray(sweep["batch"], dtype=float)
     if b[0] != 1:
@@ -221,7 +220,7 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     bw = sweep["matvec_gbs"] * 1e9
     peak = sweep["peak_tflops"] * 1e12
     bstar = bstar_of(peak, bw, shape.bytes_per_param)
-    moved1 = shape.bytes_moved(StepWork(decode_rows=1, decode_ctx=sweep["ctx"]))
+    moved1 = shape.bytes_moved(step_work((), 1, sweep["ctx"]))
     achieved = moved1 / (u[0] / 1e3)
     ib = int(np.flatnonzero(b <= max(bstar, 1.0))[-1])
     out = {
@@ -303,7 +302,6 @@ def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
     and ``split`` (1.0 where batch 1 ran the CPU's one-token kernel, each product split over
     the threads, ``Llama.linear``: the first step up of the curve is then partly a change of
     kernel). The sweep needs two batches at least."""
-    from ..plan import StepWork
     from ..real.model import LINEAR_CPU
 
     b = [float(x) for x in sweep["batch"]]
@@ -311,7 +309,7 @@ def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
         raise ValueError(f"batches {b}: need two at least")
     shape, u = sweep_shape(sweep), np.asarray(sweep["uniform_ms"], dtype=float)
     rate = [
-        shape.bytes_moved(StepWork(decode_rows=int(r), decode_ctx=int(r) * sweep["ctx"])) / (u[i] / 1e3) / 1e9
+        shape.bytes_moved(step_work((), int(r), sweep["ctx"])) / (u[i] / 1e3) / 1e9
         for i, r in enumerate(b[:2])
     ]
     return {

@@ -67,7 +67,7 @@ def test_first_finisher_queue_static_makes_the_queue_wait_for_the_long_request()
     extra = list(range(32, 40))
     st = continuous.subset_latency(common.simulate(ffq, H100_8B, "static", slots=32, timeout=1.0), extra)
     co = continuous.subset_latency(common.simulate(ffq, H100_8B, "continuous", slots=32), extra)
-    step = continuous.decode_step_ms(H100_8B, 1, 128) / 1e3  # the cheapest decode step
+    step = H100_8B.decode_step(1, 128)  # the cheapest decode step
     assert st["queue_mean"] > 1900 * step  # waited for the 2,000-token request
     # ...while continuous batching admits each one within the step in progress (at worst the
     # first batch's 4,096-token prefill step, about 65 ms on this roofline).
@@ -88,7 +88,7 @@ def test_kv_rows_by_hand():
 
 
 def test_utilization_claim_truth_table():
-    C = continuous.Claim
+    C = common.Claim
     assert continuous.utilization_claim(0.82, 0.39, 0.68) is C.NEEDS_WIDE_BATCH
     assert continuous.utilization_claim(0.82, 0.39, 0.45) is C.SLOT_LEVEL_ONLY
     assert continuous.utilization_claim(0.82, 0.61, 0.70) is C.HOLDS
@@ -97,7 +97,7 @@ def test_utilization_claim_truth_table():
 
 
 def test_iterations_and_p99_claims_by_hand():
-    C = continuous.Claim
+    C = common.Claim
     ok = {"exact_fraction": 1.0, "arrival_p50": 21.0}
     assert continuous.iterations_claim(ok, 20) is C.HOLDS
     assert continuous.iterations_claim({**ok, "arrival_p50": 23.0}, 20) is C.DOES_NOT_HOLD
@@ -151,7 +151,7 @@ def test_trace_slices_need_no_dense_capping():
     # Request 1 fits the context alone (8000 + 100) but not padded to 8000 beside a
     # 1,000-token output: the static scheduler runs it in a batch of its own, uncapped.
     w = Workload.from_arrays([0, 0], [50, 8000], [1000, 100])
-    capped, n = common.fit_context(w, 8192)
+    capped, n = w.cap_to_context(8192, mode="cap")  # what common.trace_workload does
     assert n == 0 and capped.info["capped"]["n_capped"] == 0
     res = common.simulate(capped, H100_8B, "static", slots=2, kv_tokens=None)
     assert all(r.done for r in res.requests)
@@ -171,5 +171,5 @@ def test_real_engine_crosscheck_agrees_with_the_simulator_on_steps_and_iteration
         assert p["tokens_real"] == 30 + 25
     assert cc["per"]["continuous"]["steps_real"] < cc["per"]["static"]["steps_real"]
     assert checks.crosscheck_agrees(cc)
-    header, rows = checks.crosscheck_rows(cc)
+    rows, header = checks.crosscheck_rows(cc)
     assert len(rows) == 2 and len(header) == len(rows[0])

@@ -270,16 +270,16 @@ def test_wait_summary_says_where_dynamic_batching_helps_by_hand():
 
 
 def test_scaling_verdict_on_padding_by_hand():
-    S = static.Scaling
+    S = common.Versus
     # The H100 roofline: 80x the positions in 12.8x the time (a 50-token prefill is memory-bound).
     assert static.scaling(12.75, 80.0) is S.LESS
     # The committed CPU run: 35.2x the time for 40x the positions (88% per position), and the
     # padded pair 2.07x the packed one for 1.95x the positions: both in proportion.
-    assert static.scaling(35.2, 40.0) is S.PROPORTIONAL
-    assert static.scaling(2.074, 4000 / 2050) is S.PROPORTIONAL
+    assert static.scaling(35.2, 40.0) is S.SAME
+    assert static.scaling(2.074, 4000 / 2050) is S.SAME
     # The thresholds, on time per position: within 25% is proportional.
-    assert static.scaling(0.76, 1.0) is S.PROPORTIONAL and static.scaling(0.74, 1.0) is S.LESS
-    assert static.scaling(1.24, 1.0) is S.PROPORTIONAL and static.scaling(1.26, 1.0) is S.MORE
+    assert static.scaling(0.76, 1.0) is S.SAME and static.scaling(0.74, 1.0) is S.LESS
+    assert static.scaling(1.24, 1.0) is S.SAME and static.scaling(1.26, 1.0) is S.MORE
     assert static.scaling(1.05, 1.0, tol=0.03) is S.MORE
     assert S.LESS.value == "less"  # the label a notebook may glue
     for bad in ((0.0, 1.0), (1.0, -2.0), (1.0, 1.0, 1.0)):

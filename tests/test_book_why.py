@@ -307,20 +307,24 @@ def test_flat_verdict_reads_the_step_at_bstar_against_the_roofline_then_the_knee
     sw = _synthetic_sweep()
     n = decode.live_numbers(sw)
     assert n["ratio_bstar"] > why.FLAT_TOL * n["pred_ratio_bstar"] and n["knee"] == 8
-    assert why.flat_verdict(n) is why.Flat.PARTLY
+    assert why.flat_verdict(n) is common.Claim.PARTLY
     sw["uniform_ms"] = np.array([40.0, 40.5, 41.0, 42.0])  # 1.05 at batch 8: nearly free
-    assert why.flat_verdict(decode.live_numbers(sw)) is why.Flat.HOLDS
+    assert why.flat_verdict(decode.live_numbers(sw)) is common.Claim.HOLDS
     sw["uniform_ms"] = np.array([40.0, 81.0, 90.0, 120.0])  # no batch above 1 within 2x
-    assert why.flat_verdict(decode.live_numbers(sw)) is why.Flat.FAILS
+    assert why.flat_verdict(decode.live_numbers(sw)) is common.Claim.DOES_NOT_HOLD
     # The tolerance is relative to the roofline's own ratio: 1.6 holds where 1.31 is predicted
     # (llama-8b on an H100 at batch 295), not where 1.0 is.
-    assert why.flat_verdict({"ratio_bstar": 1.6, "pred_ratio_bstar": 1.31, "knee": 256.0}) is why.Flat.HOLDS
-    assert why.flat_verdict({"ratio_bstar": 1.6, "pred_ratio_bstar": 1.0, "knee": 256.0}) is why.Flat.PARTLY
-    assert [decode.versus(r) for r in (0.9, 0.96, 1.04, 1.2)] == [
-        decode.Versus.LESS,
-        decode.Versus.SAME,
-        decode.Versus.SAME,
-        decode.Versus.MORE,
+    assert (
+        why.flat_verdict({"ratio_bstar": 1.6, "pred_ratio_bstar": 1.31, "knee": 256.0}) is common.Claim.HOLDS
+    )
+    assert (
+        why.flat_verdict({"ratio_bstar": 1.6, "pred_ratio_bstar": 1.0, "knee": 256.0}) is common.Claim.PARTLY
+    )
+    assert [common.versus(r) for r in (0.9, 0.96, 1.04, 1.2)] == [
+        common.Versus.LESS,
+        common.Versus.SAME,
+        common.Versus.SAME,
+        common.Versus.MORE,
     ]
 
 

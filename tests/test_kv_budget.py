@@ -113,7 +113,7 @@ def test_real_kv_on_the_tiny_model_by_hand():
     assert real["continuous, slab"]["kv_reserved_peak"] == 1024
     assert real["continuous, exact"]["kv_reserved_peak"] <= 4 * 38
     assert all(m["preemptions"] == 0 for m in real.values())
-    header, rows = checks.real_schedulers_rows(rk, kvbook.REAL_KV_ROWS)
+    rows, header = checks.real_schedulers_rows(rk, kvbook.REAL_KV_ROWS)
     assert header == ["measured", "static", "continuous, slab", "continuous, exact"]
     assert rows[0] == ["most requests running at once", "2", "2", "4"]
     n = kvbook.real_kv_numbers(rk)

@@ -210,8 +210,7 @@ def capacity_table(
         cache: dict[float, dict[str, Any]] = {}
         for slo, ms in slo_ms.items():
             c = capacity(workload, cost, cfg, ms, cache=cache, **options)
-            p = c["point"]
-            nan = float("nan")
+            p = c["point"] or {"itl_p99": math.nan, "queue_p50": math.nan, "throughput_tok": math.nan}
             rows.append(
                 {
                     "config": name,
@@ -219,9 +218,9 @@ def capacity_table(
                     "slo_ms": float(ms),
                     "rate": c["rate"],
                     "time_scale": c["time_scale"],
-                    "itl_p99_ms": p["itl_p99"] * 1e3 if p else nan,
-                    "queue_p50_s": p["queue_p50"] if p else nan,
-                    "throughput_tok": p["throughput_tok"] if p else nan,
+                    "itl_p99_ms": p["itl_p99"] * 1e3,
+                    "queue_p50_s": p["queue_p50"],
+                    "throughput_tok": p["throughput_tok"],
                 }
             )
     return rows

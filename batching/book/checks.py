@@ -11,26 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics import summarize
 from ..results import load_average, machine_load
 from ..schedulers import make_scheduler
 from ..workload import Workload
-from .common import metrics, simulate
+from .common import ROOT, metrics, simulate
 from .continuous import iterations
-
-
-# ------------------------------------------------------------------- real engine
-def real_available() -> bool:
-    """Whether the real torch engine (``batching.real.run_real``) imports here."""
-    try:
-        from ..real.executor import run_real  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-#: The repository root: committed results and profiles are read relative to it.
-ROOT = Path(__file__).resolve().parents[2]
+from .profiles import PROFILE_DIR
 
 #: The model a real run of 7.1 or 7.3 builds by default on each kind of device: the CPU demo
 #: model whose profile this book measured (cpu-s: prefills of thousands of tokens take about a
@@ -154,9 +140,7 @@ def real_crosscheck(
         for name in schedulers:
             sim = simulate(workload, cost, name, slots=slots, kv_tokens=None)
             sched = make_scheduler(name, max_context=cost.model.max_context, slots=slots)
-            max_len = int((workload.prompt_lens + workload.output_lens).max()) + int(
-                workload.prompt_lens.max()
-            )
+            max_len = int((workload.prompt_lens + workload.output_lens).max() + workload.prompt_lens.max())
             real = run_real(
                 workload,
                 sched,
@@ -165,18 +149,19 @@ def real_crosscheck(
                 threads=threads,
                 max_len=min(cost.model.max_context, max_len),
             )
-            ms, mr = metrics(sim), summarize(real)
+            ms, mr = metrics(sim), metrics(real)
+            its_sim, its_real = iterations(sim, probes), iterations(real, probes)
             per[name] = {
                 "steps_sim": int(ms["steps"]),
                 "steps_real": int(mr["steps"]),
                 "slot_util_sim": ms["slot_util"],
-                "slot_util_real": float(mr["slot_utilization"]),
-                "iters_sim": iterations(sim, probes)["from_admission"].tolist(),
-                "iters_real": iterations(real, probes)["from_admission"].tolist(),
-                "arrival_iters_sim": iterations(sim, probes)["from_arrival"].tolist(),
-                "arrival_iters_real": iterations(real, probes)["from_arrival"].tolist(),
+                "slot_util_real": mr["slot_util"],
+                "iters_sim": its_sim["from_admission"].tolist(),
+                "iters_real": its_real["from_admission"].tolist(),
+                "arrival_iters_sim": its_sim["from_arrival"].tolist(),
+                "arrival_iters_real": its_real["from_arrival"].tolist(),
                 "busy_sim_s": ms["busy_s"],
-                "busy_real_s": float(mr["busy_s"]),
+                "busy_real_s": mr["busy_s"],
                 "tokens_real": int(sum(len(r.token_ids) for r in real.requests)),
             }
             out["executor"] = real.executor
@@ -206,8 +191,7 @@ def profile_measured_here(model: str, name: str, directory: str | None = None) -
     """7.2: the committed profile of ``model`` measured on a device called ``name`` (the
     CPU's model name, the GPU's), or None: a simulation is compared with real runs only on
     the kind of machine its profile was measured on."""
-    base = Path(directory) if directory else ROOT / "data" / "profiles"
-    for f in sorted(base.glob("*.json")):
+    for f in sorted(Path(directory or PROFILE_DIR).glob("*.json")):
         meta = json.loads(f.read_text()).get("meta", {})
         if meta.get("model") == model and meta.get("device_name") == name:
             return str(f)
@@ -223,18 +207,19 @@ def real_schedulers(
     profile: str | None = "auto",
 ) -> dict[str, Any]:
     """7.2, measured: ``workload`` served on the real model under each ``{name: options}``
-        (:func:`~batching.schedulers.make_scheduler`'s, ``scheduler`` among them), one model for
-        all runs. Its slabs hold the model's whole context, the limit the simulator's schedulers
-        see too: a static batch pads its prompts to the longest, and with slabs cut to the
-        longest request a long prompt could share a batch with no one (measured: batches of one
-        where the simulator formed batches of 16). Returns ``real`` ({name: :func:`metrics`
-        of the run}), ``executor``, ``model`` and, with a ``profile`` measured for this model,
-        ``sim`` (the same runs through the simulator on that profile), ``profile`` and
-        ``steps_pred_over_real`` ({name: {"prefill", "decode": the profile's time for the real
-        run's steps with a prefill, and for its decode-only steps, over their measured time}}).
-        ``profile="auto"``: :func:`profile_measured_here`, if there is one. ``load``, ``cpus`` and
-    ``busy``: :func:`~batching.results.machine_load` around the runs (busy: other work shared the
-    cores, so every measured second is inflated)."""
+    (:func:`~batching.schedulers.make_scheduler`'s, ``scheduler`` among them), one model for
+    all runs. Its slabs hold the model's whole context, the limit the simulator's schedulers
+    see too: a static batch pads its prompts to the longest, and with slabs cut to the
+    longest request a long prompt could share a batch with no one (measured: batches of one
+    where the simulator formed batches of 16).
+
+    Returns ``real`` ({name: :func:`metrics` of the run}), ``executor``, ``model`` and, with a
+    ``profile`` measured for this model (``"auto"``: :func:`profile_measured_here`), ``sim``
+    (the same runs through the simulator on that profile), ``profile`` and
+    ``steps_pred_over_real`` ({name: {"prefill", "decode": the profile's time for the real
+    run's steps with a prefill, and for its decode-only steps, over their measured time}}).
+    ``load``, ``cpus`` and ``busy``: :func:`~batching.results.machine_load` around the runs
+    (busy: other work shared the cores, so every measured second is inflated)."""
     from ..profile import ProfileCost
 
     slots = max(int(o.get("slots", 32)) for o in configs.values())
@@ -292,8 +277,8 @@ REAL_SCHEDULER_ROWS: tuple[tuple[str, str, str], ...] = (
 
 def real_schedulers_rows(
     rs: Mapping[str, Any], rows_def: Sequence[tuple[str, str, str]] = REAL_SCHEDULER_ROWS
-) -> tuple[list[str], list[list[Any]]]:
-    """7.2 (and the closing section's KV budget): header and rows of a measured comparison
+) -> tuple[list[list[Any]], list[str]]:
+    """7.2 (and the closing section's KV budget): rows and header of a measured comparison
     (:func:`real_schedulers`), one row per ``(label, metrics key, format)`` of ``rows_def``;
     with a profile, each cell reads "measured (simulated)"."""
     names = list(rs["real"])
@@ -307,7 +292,7 @@ def real_schedulers_rows(
                 cell += f" ({fmt.format(sim[n][key])})"
             cells.append(cell)
         rows.append([label] + cells)
-    return ["measured" + (" (simulated)" if sim is not None else "")] + names, rows
+    return rows, ["measured" + (" (simulated)" if sim is not None else "")] + names
 
 
 def crosscheck_agrees(cc: Mapping[str, Any]) -> bool:
@@ -320,8 +305,8 @@ def crosscheck_agrees(cc: Mapping[str, Any]) -> bool:
     )
 
 
-def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """7.2: header and rows of the real-vs-simulated table (no rows if it did not run).
+def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[list[Any]], list[str]]:
+    """7.2: rows and header of the real-vs-simulated table (no rows if it did not run).
     Pairs are "simulated / real"; iterations are the probes' (see :func:`real_crosscheck`)."""
     header = [
         "scheduler",
@@ -344,121 +329,58 @@ def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[str], list[list[Any]]]:
                 f"{p['busy_sim_s']:.2f}/{p['busy_real_s']:.2f}",
             ]
         )
-    return header, rows
+    return rows, header
 
 
 # ------------------------------------------------------------------ fidelity
-#: The simulator-vs-real-engine measurement (``benchmarks/bench_fidelity.py``), relative to
-#: the repository root: the measured page states it once; the simulated figures link there.
-FIDELITY_FILE = "benchmarks/results/fidelity.json"
+#: The simulator-vs-real-engine runs (``benchmarks/bench_fidelity.py``), relative to the
+#: repository root: ``fidelity.json`` and its variants. A GPU session files
+#: ``fidelity-h200-llama-1b.json`` (``benchmarks/gpu_session.py``); CPU variants share the
+#: prefix, so the device field decides. The measured page states them once; the simulated
+#: figures link there.
+FIDELITY_GLOBS = ("benchmarks/results/fidelity.json", "benchmarks/results/fidelity-*.json")
 
-#: Where a GPU session files its fidelity runs (``benchmarks/gpu_session.py`` writes
-#: ``fidelity-h200-llama-1b.json``); CPU variants share the prefix, so the device field decides.
-FIDELITY_GLOB = "benchmarks/results/fidelity-*.json"
+
+def _on_cpu(doc: Mapping[str, Any]) -> bool:
+    return str(doc.get("device", "cpu")).startswith("cpu")
 
 
-def _fidelity_errors(doc: Mapping[str, Any], where: Any) -> dict[str, Any]:
-    """Worst case over the schedulers of one fidelity document (see :func:`fidelity_summary`)."""
-    res = doc["results"]
-    if not res:
-        raise ValueError(f"{where}: no results")
-    worst = lambda k: max(float(r[k]) for r in res.values() if r.get(k) is not None)
-    return {
-        "model": doc["model"],
-        "requests": int(doc["workload"]["requests"]),
-        "date": doc["date"][:10],
-        "schedulers": ", ".join(res),
-        "tput_err": worst("throughput_rel_err"),
-        "e2e_err": worst("e2e_median_abs_rel_err"),
-        "step_err": worst("step_median_abs_rel_err"),
-        "busy_err": (
-            max(abs(float(r["busy_pred_over_real"]) - 1) for r in res.values())
-            if all("busy_pred_over_real" in r for r in res.values())
-            else None
-        ),
-        "noise": (
-            worst("real_vs_real_e2e_median_abs_rel_err")
-            if all("real_vs_real_e2e_median_abs_rel_err" in r for r in res.values())
-            else None
-        ),
-        "e2e_vs_median": (
-            worst("sim_vs_real_median_e2e_median_abs_rel_err")
-            if all("sim_vs_real_median_e2e_median_abs_rel_err" in r for r in res.values())
-            else None
-        ),
-    }
+def _fidelity_docs(root: str | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """Every committed fidelity run with its file: CPU ones first, then by device, workload
+    size and replay speed."""
+    base = Path(root) if root else ROOT
+    files = sorted({f for g in FIDELITY_GLOBS for f in base.glob(g)})
+    docs = [(f, json.loads(f.read_text())) for f in files]
+
+    def key(fd: tuple[Path, dict[str, Any]]) -> tuple[bool, str, int, float]:
+        doc, w = fd[1], fd[1]["workload"]
+        return (not _on_cpu(doc), str(doc.get("device")), int(w["requests"]), float(w.get("time_scale", 1.0)))
+
+    return sorted(docs, key=key)
 
 
 def gpu_fidelity_files(root: str | None = None) -> list[Path]:
-    """The committed fidelity runs made on a GPU (device not ``cpu*``), oldest name first."""
-    base = Path(root) if root else ROOT
-    out = []
-    for f in sorted(base.glob(FIDELITY_GLOB)):
-        dev = str(json.loads(f.read_text()).get("device", "cpu"))
-        if not dev.startswith("cpu"):
-            out.append(f)
-    return out
-
-
-def fidelity_summary(path: str | None = None, root: str | None = None) -> dict[str, Any]:
-    """What the simulator has been checked against, in numbers (the measured page's
-    "How far to trust the simulator"; the simulated figures of 7.1-7.3 and the KV page link there).
-
-    Reads the committed CPU fidelity benchmark and returns, worst case over its schedulers:
-    ``tput_err`` (output throughput, which an unsaturated run's arrivals mostly set),
-    ``busy_err`` (the summed step times against the measured busy time, None in older files:
-    what the cost model gets right or wrong at the run's load), ``e2e_err`` (median absolute
-    per-request E2E error against the first real run), ``noise`` (the same median between
-    two real runs, the floor no simulator can beat here), ``step_err`` (the cost model's
-    median absolute error per step), ``e2e_vs_median`` (the E2E error against each request's
-    median over the real runs, None in older files), plus ``model``, ``requests``, ``date``,
-    ``schedulers``; and ``gpu_checks``, the number of committed GPU fidelity runs
-    (:func:`gpu_fidelity_files`). That CPU run drove the simulator with a profile measured on
-    the same CPU: it validates the engine loop, the schedulers and a profile-driven cost
-    model there, not the datasheet roofline the GPU figures use (``gpu_checks`` == 0: those
-    are unchecked).
-    """
-    base = Path(root) if root else ROOT
-    f = Path(path) if path else base / FIDELITY_FILE
-    out = _fidelity_errors(json.loads(f.read_text()), f)
-    out["gpu_checks"] = len(gpu_fidelity_files(root))
-    return out
-
-
-def fidelity_files(root: str | None = None) -> list[Path]:
-    """Every committed fidelity run (``fidelity.json`` and ``fidelity-*.json``), CPU ones first,
-    then by workload size and replay speed."""
-    base = Path(root) if root else ROOT
-    files = sorted({*base.glob(FIDELITY_FILE), *base.glob(FIDELITY_GLOB)})
-
-    def key(f: Path) -> tuple[bool, str, int, float]:
-        doc = json.loads(f.read_text())
-        w = doc["workload"]
-        return (
-            not str(doc.get("device", "cpu")).startswith("cpu"),
-            str(doc.get("device")),
-            int(w["requests"]),
-            float(w.get("time_scale", 1.0)),
-        )
-
-    return sorted(files, key=key)
+    """The committed fidelity runs made on a GPU (device not ``cpu*``), by name. The CPU runs
+    drive the simulator with a profile measured on the same CPU: they validate the engine loop,
+    the schedulers and a profile-driven cost model there, not the datasheet roofline the GPU
+    figures use, which none of them checks."""
+    return sorted(f for f, doc in _fidelity_docs(root) if not _on_cpu(doc))
 
 
 def fidelity_records(root: str | None = None) -> list[dict[str, Any]]:
-    """One record per committed fidelity run and scheduler (:func:`fidelity_files`' order):
+    """One record per committed fidelity run and scheduler (:func:`_fidelity_docs`' order):
     ``file``, ``device``, ``model``, ``requests``, ``time_scale`` (the replay's speed-up),
     ``real_runs``, ``scheduler``, ``e2e_err`` (median absolute per-request E2E error against
     the first real run), ``e2e_vs_median`` (against each request's median over the real
-    runs), ``noise`` (the same median between two real runs), ``tput_err`` (output
-    throughput), ``busy_ratio`` (summed predicted step times over the measured busy time);
-    None where an older file lacks the field."""
+    runs), ``noise`` (the same median between two real runs: the floor no simulator can beat
+    here), ``tput_err`` (output throughput), ``busy_ratio`` (summed predicted step times over
+    the measured busy time); None where an older file lacks the field."""
     base = Path(root) if root else ROOT
+    get = lambda r, k: None if r.get(k) is None else float(r[k])
     out = []
-    for f in fidelity_files(root):
-        doc = json.loads(f.read_text())
+    for f, doc in _fidelity_docs(root):
         if not doc.get("results"):
             raise ValueError(f"{f}: no results")
-        get = lambda r, k: None if r.get(k) is None else float(r[k])
         for name, r in doc["results"].items():
             out.append(
                 {
@@ -479,8 +401,8 @@ def fidelity_records(root: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
-def fidelity_rows(root: str | None = None) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the measured page's fidelity table: one row per committed run and
+def fidelity_rows(root: str | None = None) -> tuple[list[list[str]], list[str]]:
+    """Rows and header of the measured page's fidelity table: one row per committed run and
     scheduler (:func:`fidelity_records`), errors in percent, "-" where a file lacks one; a
     run is named by its requests and replay speed-up (and, off the CPU, model and device)."""
     pct = lambda x: "-" if x is None else f"{x:.0%}"
@@ -500,4 +422,4 @@ def fidelity_rows(root: str | None = None) -> tuple[list[str], list[list[str]]]:
                 "-" if r["busy_ratio"] is None else f"{r['busy_ratio']:.2f}",
             ]
         )
-    return header, rows
+    return rows, header

@@ -11,12 +11,10 @@ from typing import Any
 import numpy as np
 
 from ..engine import RunResult
-from ..plan import StepWork
 from ..workload import Workload
-from .common import at, flat, metrics, simulate
+from .common import at, columns, flat, metrics, simulate, step_work
 
 
-# ------------------------------------------------------------------------------- 7.3
 def long_prompt_among_decodes(
     running: int = 30,
     prompt: int = 4000,
@@ -36,7 +34,7 @@ def long_prompt_among_decodes(
         o,
         name=f"{prompt}-token prompt among {running} decodes",
         info={
-            "source": "experiments.long_prompt_among_decodes",
+            "source": "book.chunked.long_prompt_among_decodes",
             "running": running,
             "prompt": prompt,
             "at": at,
@@ -163,14 +161,7 @@ def stall_numbers(
     (that at peak) and ``overhead_ms`` (the step overhead the roofline adds)."""
     d = chunk_step_times(cost, [chunk, prompt], decodes=decodes, ctx=ctx)
     m = cost.model
-    long_flops = m.flops(
-        StepWork(
-            prefill_tokens=prompt,
-            prefill_attn=prompt * (prompt + 1) // 2,
-            decode_rows=decodes,
-            decode_ctx=decodes * ctx,
-        )
-    )
+    long_flops = m.flops(step_work([prompt], decodes, ctx))
     out = {
         "decode_ms": d["decode_s"] * 1e3,
         "chunk_ms": float(d["step_s"][0]) * 1e3,
@@ -185,10 +176,7 @@ def stall_numbers(
         "overhead_ms": float(cost.device.step_overhead_s) * 1e3,
     }
     if reference:
-        best = chunk_step_times(cost, list(reference) + [chunk], decodes=decodes, ctx=ctx)[
-            "prefill_tps"
-        ].max()
-        out["chunk_share"] = float(d["prefill_tps"][0] / best)
+        out["chunk_share"] = _prefill_share(cost, chunk, reference, decodes, ctx)
     return out
 
 
@@ -202,24 +190,13 @@ def tradeoff_numbers(
     out: dict[str, Any] = {"loads_text": ", ".join(f"{k:g}" for k in sweep)}
     for lt, load in loads.items():
         d = sweep[float(load)]
-        out.update(
-            {
-                f"{lt}_continuous_itl_p99_ms": float(d["continuous_itl_p99"][0]) * 1e3,
-                f"{lt}_continuous_itl_p50_ms": float(d["continuous_itl_p50"][0]) * 1e3,
-                f"{lt}_continuous_ttft_p99": float(d["continuous_ttft_p99"][0]),
-                f"{lt}_continuous_ttft_p50": float(d["continuous_ttft_p50"][0]),
-            }
-        )
-        for ct, c in chunks.items():
-            v = at(d, "chunk", c)
-            out.update(
-                {
-                    f"{lt}{ct}_itl_p99_ms": v["itl_p99"] * 1e3,
-                    f"{lt}{ct}_itl_p50_ms": v["itl_p50"] * 1e3,
-                    f"{lt}{ct}_ttft_p99": v["ttft_p99"],
-                    f"{lt}{ct}_ttft_p50": v["ttft_p50"],
-                }
-            )
+        ref = {k: float(d[f"continuous_{k}"][0]) for k in ("itl_p99", "itl_p50", "ttft_p99", "ttft_p50")}
+        points = {"_continuous": ref, **{ct: at(d, "chunk", c) for ct, c in chunks.items()}}
+        for tag, v in points.items():
+            out[f"{lt}{tag}_itl_p99_ms"] = v["itl_p99"] * 1e3
+            out[f"{lt}{tag}_itl_p50_ms"] = v["itl_p50"] * 1e3
+            out[f"{lt}{tag}_ttft_p99"] = v["ttft_p99"]
+            out[f"{lt}{tag}_ttft_p50"] = v["ttft_p50"]
     return out
 
 
@@ -231,38 +208,38 @@ def chunk_step_times(cost: Any, chunks: Sequence[int], decodes: int = 30, ctx: i
     second of step time, array) and ``bstar``.
     """
     ch = np.asarray(chunks, dtype=float)
-    steps = np.array(
-        [
-            cost.step_time(
-                StepWork(
-                    prefill_tokens=int(c),
-                    prefill_attn=int(c) * (int(c) + 1) // 2,
-                    decode_rows=decodes,
-                    decode_ctx=decodes * ctx,
-                )
-            )
-            for c in chunks
-        ]
-    )
-    dec = cost.step_time(StepWork(decode_rows=decodes, decode_ctx=decodes * ctx))
+    steps = np.array([_step_s(cost, int(c), decodes, ctx) for c in chunks])
     return {
         "chunk": ch,
         "step_s": steps,
-        "decode_s": float(dec),
+        "decode_s": _step_s(cost, 0, decodes, ctx),
         "prefill_tps": ch / steps,
         "bstar": float(cost.bstar()),
     }
 
 
+def _step_s(cost: Any, chunk: int, decodes: int, ctx: int) -> float:
+    """Roofline time of one step: a fresh ``chunk``-token prefill chunk (none if 0) beside
+    ``decodes`` decodes of ``ctx`` KV tokens each."""
+    return float(cost.step_time(step_work([chunk] if chunk else [], decodes, ctx)))
+
+
+def _prefill_share(cost: Any, chunk: int, reference: Sequence[int], decodes: int, ctx: int) -> float:
+    """A chunk's prefill throughput (tokens per second of step) over the best of ``reference``
+    chunk sizes and itself, on the roofline."""
+    tps = chunk_step_times(cost, [chunk, *reference], decodes=decodes, ctx=ctx)["prefill_tps"]
+    return float(tps[0] / tps.max())
+
+
 def chunk_within(cost: Any, limit_s: float, decodes: int = 30, ctx: int = 300) -> int:
     """The largest prefill chunk whose step, beside ``decodes`` decodes of ``ctx`` KV tokens,
-    takes at most ``limit_s`` on the roofline (0 if even the decode-only step exceeds it)."""
-    if chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["step_s"][0] > limit_s:
+    takes at most ``limit_s`` on the roofline (0 if even a 1-token chunk's step exceeds it)."""
+    if _step_s(cost, 1, decodes, ctx) > limit_s:
         return 0
     lo, hi = 1, 1 << 20  # step time grows with the chunk: bisect on the largest that fits
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if chunk_step_times(cost, [mid], decodes=decodes, ctx=ctx)["step_s"][0] <= limit_s:
+        if _step_s(cost, mid, decodes, ctx) <= limit_s:
             lo = mid
         else:
             hi = mid
@@ -276,16 +253,15 @@ def chunk_for_itl(
     KV tokens, stays within ``factor`` x the decode-only step on the roofline. Returns
     ``chunk`` (tokens), ``step_ms``, ``decode_ms`` and ``share``: its prefill throughput
     over the best of ``reference`` chunk sizes and itself (the figure's right panel)."""
-    base = chunk_step_times(cost, [1], decodes=decodes, ctx=ctx)["decode_s"]
+    base = _step_s(cost, 0, decodes, ctx)
     lo = chunk_within(cost, factor * base, decodes=decodes, ctx=ctx)
     if lo == 0:
         raise ValueError(f"factor={factor}: even a 1-token chunk exceeds it")
-    d = chunk_step_times(cost, [lo] + list(reference), decodes=decodes, ctx=ctx)
     return {
         "chunk": float(lo),
-        "step_ms": float(d["step_s"][0]) * 1e3,
+        "step_ms": _step_s(cost, lo, decodes, ctx) * 1e3,
         "decode_ms": base * 1e3,
-        "share": float(d["prefill_tps"][0] / d["prefill_tps"].max()),
+        "share": _prefill_share(cost, lo, reference, decodes, ctx),
     }
 
 
@@ -305,17 +281,14 @@ def slo_steps(
     for b in budgets:
         if b <= decodes:
             raise ValueError(f"budget={b}: must exceed the {decodes} decodes")
-        t = chunk_step_times(cost, [b - decodes], decodes=decodes, ctx=ctx)["step_s"][0]
-        out[f"budget_{b}_ms"] = float(t) * 1e3
+        out[f"budget_{b}_ms"] = _step_s(cost, b - decodes, decodes, ctx) * 1e3
     return out
 
 
 def trace_contrast(workload: Workload, other: Workload) -> dict[str, float]:
     """7.3 (exercise on the code trace): mean prompt and output lengths of ``workload`` (this
-    page's requests) and ``other`` (7.2's conversation requests, as many), as ``prompt_mean``,
-    ``output_mean``, ``other_prompt_mean``, ``other_output_mean``; ``prompt_ratio`` (how many
-    times longer this page's prompts are) and ``output_shorter`` (how many times shorter its
-    outputs are)."""
+    page's requests) and ``other`` (7.2's conversation requests, as many), and how many times
+    longer this page's prompts are and shorter its outputs."""
     if len(workload) == 0 or len(other) == 0:
         raise ValueError("trace_contrast() needs two non-empty workloads")
     p, o = float(np.mean(workload.prompt_lens)), float(np.mean(workload.output_lens))
@@ -345,43 +318,22 @@ def chunk_sweep(
     unchunked reference (continuous batching, whole prompts mixed into the decode step)
     under the key ``"continuous"`` as one-element arrays.
     """
-    keys = (
-        "ttft_p99",
-        "ttft_p50",
-        "itl_p99",
-        "itl_p50",
-        "itl_max",
-        "tpot_p99",
-        "e2e_p99",
-        "throughput_tok",
-        "steps",
-    )
+    keys: tuple[str, ...] = ("ttft_p99", "ttft_p50", "itl_p99", "itl_p50", "itl_max", "tpot_p99", "e2e_p99")
+    keys += ("throughput_tok", "steps")
     out: dict[float, dict[str, np.ndarray]] = {}
     for k in time_scales:
         w = workload.scale(time=float(k)) if k != 1 else workload
-        acc: dict[str, list[float]] = {key: [] for key in keys}
-        for c in chunk_sizes:
-            m = metrics(
-                simulate(
-                    w,
-                    cost,
-                    "chunked",
-                    slots=slots,
-                    kv_tokens=kv_tokens,
-                    token_budget=int(c) + slots,
-                    chunk_size=int(c),
-                )
-            )
-            for key in keys:
-                acc[key].append(m[key])
-        ref = metrics(simulate(w, cost, "continuous", slots=slots, kv_tokens=kv_tokens))
-        res = {
+        opts: dict[str, Any] = {"slots": slots, "kv_tokens": kv_tokens}
+        runs = [
+            metrics(simulate(w, cost, "chunked", token_budget=int(c) + slots, chunk_size=int(c), **opts))
+            for c in chunk_sizes
+        ]
+        ref = metrics(simulate(w, cost, "continuous", **opts))
+        out[float(k)] = {
             "chunk": np.asarray(chunk_sizes, dtype=float),
-            **{key: np.asarray(v) for key, v in acc.items()},
+            **columns(runs, keys),
+            **{f"continuous_{key}": np.asarray([ref[key]]) for key in keys},
         }
-        for key in keys:
-            res[f"continuous_{key}"] = np.asarray([ref[key]])
-        out[float(k)] = res
     return out
 
 
@@ -424,9 +376,9 @@ def nochunk_place(sweep: Mapping[float, Mapping[str, np.ndarray]]) -> dict[str, 
 
 def tradeoff_rows(
     sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Sequence[int], low: float, high: float
-) -> tuple[list[str], list[list[str]]]:
+) -> tuple[list[list[str]], list[str]]:
     """The page's table of a :func:`chunk_sweep`: per chunk size, the median ITL (ms) at the
-    ``high`` load and the p99 TTFT (s) at the ``low`` and ``high`` loads. Returns ``(header, rows)``."""
+    ``high`` load and the p99 TTFT (s) at the ``low`` and ``high`` loads. Returns ``(rows, header)``."""
     header = [
         "chunk (tokens)",
         f"median ITL, {high:g}x (ms)",
@@ -439,7 +391,7 @@ def tradeoff_rows(
         rows.append(
             [f"{c:,.0f}", f"{hi['itl_p50'] * 1e3:.1f}", f"{lo['ttft_p99']:.1f}", f"{hi['ttft_p99']:.1f}"]
         )
-    return header, rows
+    return rows, header
 
 
 #: The configurations of capacity.CONFIGS this page compares, with their glue tags.

@@ -59,18 +59,19 @@ def real_stall(
 ) -> dict[str, Any]:
     """7.3, measured: the long prompt among running decodes on the real model.
 
-        ``running`` requests (``running_prompt``-token prompts) start at t = 0; a short
-        calibration run of the same requests (chunked, their slowest prefill) measures this
-        device's decode step, and the long prompt is set to arrive ``lead_steps`` decode steps
-        after their prefill ends. Each
-        running request wants enough tokens to decode through twice the lead, the slowest
-        (chunked) prefill and ``tail_steps`` more. The workload then runs under each of :func:`stall_configs` on one
-        model. Returns :func:`stall_summary` plus ``at_s`` (the arrival), ``decode_ms`` (the
-        calibration's median decode step), ``lead_steps``, ``running``, ``prompt``, ``chunk``, ``chunks`` (the
-        long prompt's), ``running_prompt``, ``budget``,
-        ``labels`` ({tag: label}), ``results`` ({tag: RunResult}), ``model``, ``executor``, and
-    ``load``/``cpus``/``busy`` (:func:`~batching.results.machine_load` around the runs). None arguments take the device's
-        defaults (:data:`~batching.book.checks.REAL_MODELS`, :data:`REAL_STALL`).
+    ``running`` requests (``running_prompt``-token prompts) start at t = 0; a short
+    calibration run of the same requests (chunked, their slowest prefill) measures this
+    device's decode step, and the long prompt is set to arrive ``lead_steps`` decode steps
+    after their prefill ends. Each running request wants enough tokens to decode through twice
+    the lead, the slowest (chunked) prefill and ``tail_steps`` more. The workload then runs
+    under each of :func:`~batching.book.chunked.stall_configs` on one model.
+
+    Returns :func:`~batching.book.chunked.stall_summary` plus ``at_s`` (the arrival),
+    ``decode_ms`` (the calibration's median decode step), ``chunks`` (the long prompt's),
+    ``budget``, ``labels`` ({tag: label}), ``results`` ({tag: RunResult}), ``model``,
+    ``executor``, the sizes it ran with, and ``load``/``cpus``/``busy``
+    (:func:`~batching.results.machine_load` around the runs). None arguments take the
+    device's defaults (:data:`~batching.book.checks.REAL_MODELS`, :data:`REAL_STALL`).
     """
     from .checks import real_kind, real_runner, serve_real
 
@@ -162,15 +163,14 @@ def real_stall(
 def profile_chunk_steps(profiles: Sequence[Mapping[str, Any]], decodes: int = 8) -> list[dict[str, Any]]:
     """7.3, measured: how a step with ``decodes`` running decodes grows with the prefill chunk
     it carries, read straight from each committed profile's measured mixed steps (no
-    interpolation). ``profiles``: :func:`~batching.book.profiles.load_profiles` entries; a
-    profile without mixed steps at ``decodes`` rows is left out.
+    interpolation; a profile without mixed steps at ``decodes`` rows is left out).
+    ``profiles``: :func:`~batching.book.profiles.load_profiles` entries.
 
-    Each entry: ``label``, ``short`` (model, dtype, device for a legend), ``device``, ``ctx`` (KV tokens per decode row), ``chunk``,
-    ``step_ms`` (measured), ``decode_ms`` (the decode-only step of the same rows and
-    context, from the profile's decode grid), ``over_decode`` (step / decode-only step: the
-    running requests' ITL multiplier), ``prefill_tps`` (chunk tokens per second of step
-    time), ``share`` (of the best measured), ``bstar`` (the profile's, from its measured
-    bandwidth and peak) and ``date``.
+    Each entry: ``label``, ``short`` (model, dtype, device for a legend), ``device``, ``date``,
+    ``decodes``, ``ctx`` (KV tokens per decode row), ``bstar`` (the profile's), and over
+    ``chunk``: ``step_ms`` (measured), ``over_decode`` (over ``decode_ms``, the decode-only step
+    of the same rows and context from the profile's decode grid: the running requests' ITL
+    multiplier), ``prefill_tps`` (chunk tokens per second of step) and its ``share`` of the best.
     """
     out = []
     for p in profiles:

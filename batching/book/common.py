@@ -5,8 +5,10 @@ that turn results into glue values.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,10 +16,15 @@ import numpy as np
 from ..engine import RunResult, SimExecutor, run
 from ..metrics import summarize
 from ..models import ModelShape
+from ..plan import StepWork
 from ..request import Request
 from ..schedulers import make_scheduler
 from ..traces import load_trace
 from ..workload import Workload
+
+#: The repository root: committed results (``benchmarks/results``) and profiles
+#: (``data/profiles``) are read relative to it.
+ROOT = Path(__file__).resolve().parents[2]
 
 #: What a batch row does during a step (the timelines of 7.1 and 7.2), in drawing order.
 KINDS = ("prefill", "padding", "decode", "dead", "idle")
@@ -67,13 +74,6 @@ def offered_rate(workload: Workload) -> float:
     return len(workload) / workload.duration if workload.duration > 0 else math.inf
 
 
-def fit_context(workload: Workload, max_context: int) -> tuple[Workload, int]:
-    """Cap requests to the model's context; returns the workload and how many were capped
-    (recorded in ``info["capped"]``: never silent). Dense batches need nothing more: the
-    static and dynamic schedulers never pad a batch past the context."""
-    return workload.cap_to_context(max_context, mode="cap")
-
-
 def trace_workload(
     name: str,
     limit: int | None = None,
@@ -81,11 +81,23 @@ def trace_workload(
     time_scale: float = 1.0,
     window: tuple[float, float] | None = None,
 ) -> Workload:
-    """The first ``limit`` requests of a named trace, capped to the context (see
-    :func:`fit_context`) and replayed ``time_scale`` times faster (every section)."""
-    w = load_trace(name, limit=limit, window=window)
-    w, _ = fit_context(w, max_context)
+    """The first ``limit`` requests of a named trace, capped to the context and replayed
+    ``time_scale`` times faster (every section). How many were capped is recorded in
+    ``info["capped"]``: never silent. Dense batches need nothing more: the static and
+    dynamic schedulers never pad a batch past the context."""
+    w, _ = load_trace(name, limit=limit, window=window).cap_to_context(max_context, mode="cap")
     return w.scale(time=time_scale) if time_scale != 1 else w
+
+
+def step_work(prompts: Sequence[int] = (), decodes: int = 0, ctx: int = 0) -> StepWork:
+    """One step that prefills each of ``prompts`` from scratch (causal attention over itself)
+    beside ``decodes`` decode rows holding ``ctx`` KV tokens each (7.1, 7.3)."""
+    return StepWork(
+        prefill_tokens=sum(prompts),
+        prefill_attn=sum(p * (p + 1) // 2 for p in prompts),
+        decode_rows=decodes,
+        decode_ctx=decodes * ctx,
+    )
 
 
 def simulate(
@@ -180,10 +192,47 @@ def metrics(result: RunResult) -> dict[str, float]:
     return {k: float(v) for k, v in out.items()}
 
 
+class Claim(str, enum.Enum):
+    """How a claim of the seed or a page fares against the numbers that test it; the notebook
+    words each one."""
+
+    HOLDS = "holds"
+    #: True in part; the numbers say which part.
+    PARTLY = "partly"
+    #: 7.2's utilization: holds counted in slots, not in hardware FLOPs at any slot count tried.
+    SLOT_LEVEL_ONLY = "slot-level-only"
+    #: 7.2's utilization: holds in slots, and in hardware FLOPs only once the slot cap is lifted.
+    NEEDS_WIDE_BATCH = "needs-wide-batch"
+    DOES_NOT_HOLD = "does not hold"
+
+
+class Versus(str, enum.Enum):
+    """How a measured ratio compares with 1 (one step's time over another's, or over its
+    positions): within a tolerance, more, or less."""
+
+    LESS = "less"
+    SAME = "same"
+    MORE = "more"
+
+
+def versus(ratio: float, tol: float = 0.05) -> Versus:
+    """:class:`Versus` of ``ratio``: SAME within ``tol`` of 1, else LESS or MORE."""
+    if not (ratio > 0 and 0 <= tol < 1):
+        raise ValueError(f"ratio={ratio}, tol={tol}: need a positive ratio and 0 <= tol < 1")
+    if abs(ratio - 1.0) <= tol:
+        return Versus.SAME
+    return Versus.MORE if ratio > 1 else Versus.LESS
+
+
 # ---------------------------------------------------------------- notebook glue
 def choose(smoke: bool, full: Any, small: Any) -> Any:
     """``small`` in smoke runs (the tests), ``full`` for the book: one rule for every notebook."""
     return small if smoke else full
+
+
+def columns(rows: Sequence[Mapping[str, Any]], keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """A sweep's runs (one mapping of scalars per run) as one array per key, in run order."""
+    return {k: np.asarray([r[k] for r in rows]) for k in (rows[0] if keys is None else keys)}
 
 
 def at(sweep: Mapping[str, np.ndarray], key: str, value: float) -> dict[str, float]:
@@ -196,9 +245,6 @@ def at(sweep: Mapping[str, np.ndarray], key: str, value: float) -> dict[str, flo
 
 
 def flat(prefix: str, values: Mapping[str, Any], keys: Sequence[str] | None = None) -> dict[str, Any]:
-    """``{f"{prefix}_{k}": v}`` for the chosen keys, numpy scalars made plain (glue keys)."""
-    out = {}
-    for k in keys if keys is not None else values.keys():
-        v = values[k]
-        out[f"{prefix}_{k}"] = v.item() if isinstance(v, np.generic) else v
-    return out
+    """``{f"{prefix}_{k}": v}`` for the chosen keys (glue keys; ``plots.glue_values`` makes
+    numpy scalars plain)."""
+    return {f"{prefix}_{k}": values[k] for k in (values if keys is None else keys)}

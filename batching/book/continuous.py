@@ -6,7 +6,6 @@ Numbers, verdict labels and rows only: every sentence of the page lives in its n
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,21 +16,9 @@ from ..engine import RunResult
 from ..metrics import request_record
 from ..workload import Workload, preset
 from .capacity import capacity, run_point
-from .common import simulate
+from .common import Claim, columns, simulate
 
 
-class Claim(enum.Enum):
-    """How a seed claim fares against the numbers that test it; the notebook words each one."""
-
-    HOLDS = "holds"
-    #: Utilization: holds counted in slots, not in hardware FLOPs at any slot count tried.
-    SLOT_LEVEL_ONLY = "slot-level-only"
-    #: Utilization: holds in slots, and in hardware FLOPs only once the slot cap is lifted.
-    NEEDS_WIDE_BATCH = "needs-wide-batch"
-    DOES_NOT_HOLD = "does-not-hold"
-
-
-# ------------------------------------------------------------------------------- 7.2
 def rate_sweep(
     workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], time_scales: Sequence[float]
 ) -> dict[str, dict[str, np.ndarray]]:
@@ -43,13 +30,11 @@ def rate_sweep(
     queue did not grow over the replay) and every key of :func:`~batching.book.common.metrics`.
     A config is ``{"scheduler": ..., "slots": ..., **options}`` (see :func:`simulate`).
     """
-    out: dict[str, dict[str, list[Any]]] = {name: {} for name in configs}
+    points: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     for k in time_scales:
         for name, cfg in configs.items():
-            p = run_point(workload, cost, cfg, float(k))
-            for key, v in p.items():
-                out[name].setdefault(key, []).append(v)
-    return {name: {k: np.asarray(v) for k, v in d.items()} for name, d in out.items()}
+            points[name].append(run_point(workload, cost, cfg, float(k)))
+    return {name: columns(ps) for name, ps in points.items()}
 
 
 def with_probes(workload: Workload, every: int = 10, output: int = 20) -> tuple[Workload, list[int]]:
@@ -143,17 +128,6 @@ def subset_latency(result: RunResult, rids: Sequence[int]) -> dict[str, float]:
     }
 
 
-def decode_compute_share(cost: Any, rows: int) -> float:
-    """7.2: the compute utilization a memory-bound decode step of ``rows`` rows reaches,
-    about rows / B* (the batch at which decode turns compute-bound)."""
-    return float(rows / cost.bstar())
-
-
-def decode_step_ms(cost: Any, batch: int, ctx: int) -> float:
-    """Roofline time (ms) of one decode step of ``batch`` rows holding ``ctx`` KV tokens each (7.2)."""
-    return float(cost.decode_step(batch, ctx) * 1e3)
-
-
 def first_finisher_queue(extra: int = 64, gap: float = 0.05, prompt: int = 128, output: int = 20) -> Workload:
     """7.2: the ``first-finisher`` preset (32 requests at t=0, one wants 2,000 tokens, 31
     want 20) followed by ``extra`` short requests like the 31, one every ``gap`` seconds."""
@@ -166,7 +140,7 @@ def first_finisher_queue(extra: int = 64, gap: float = 0.05, prompt: int = 128, 
         p,
         o,
         name="first-finisher+queue",
-        info={"source": "experiments.first_finisher_queue", "extra": extra, "gap": gap},
+        info={"source": "book.continuous.first_finisher_queue", "extra": extra, "gap": gap},
     )
 
 

@@ -1,15 +1,13 @@
-"""The live decode sweep: running it on the reader's device,
-its roofline, the numbers and labels the pages quote (the live figure of chapters/why.ipynb,
-whose verdict is :func:`batching.book.why.flat_verdict`), and, for the "Decode on this device"
-section of chapters/measured.ipynb, what the sweep knows beyond that one figure: the rates of
-its first two steps, the gathered path's copy, a table per path, the device probes and the B*
-each gives; the committed profiles are in :mod:`batching.book.profiles`. Numbers, small
-verdicts and table rows only: the sentences are the notebooks'.
+"""The live decode sweep: running it on the reader's device, its roofline, and the numbers
+and labels the pages quote (the live figure of chapters/why.ipynb, whose verdict is
+:func:`batching.book.why.flat_verdict`); and, for the "Decode on this device" section of
+chapters/measured.ipynb, what the sweep knows beyond that figure: the rates of its first two
+steps, the gathered path's copy, a table per path, and the device probes with the B* each
+gives. The committed profiles are :mod:`batching.book.profiles`'.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,11 +15,10 @@ import numpy as np
 
 from ..models import ModelShape
 from ..results import load_average
-from .why import bstar_of, dense_batches, knee, roofline_curve
+from .common import step_work
+from .why import bstar_of, knee, roofline_curve
 
-# ------------------------------------------------------------- the live decode sweep
-# The sweep measures now, on the reader's device: it imports torch (the ``model`` extra) when
-# called; everything else here is torch-free.
+# The sweep imports torch (the ``model`` extra) when called; everything else here is torch-free.
 
 #: Live decode sweep defaults per device type: the model that tells the weight-streaming
 #: story there, and the batch sizes. On the CPU, cpu-m (117M parameters, 469 MB in fp32)
@@ -88,10 +85,9 @@ def live_decode_sweep(
     present, else the CPU; dtype fp32 on CPU, bf16 on CUDA unless given), measures the
     device's bandwidth (copy, read, matrix-vector over the model's weight bytes; capped at
     2 GiB on a GPU) and matmul peak in the same process, then times decode steps of every
-    batch size at ``ctx`` KV tokens per row, every path at one batch size before the next,
-    so that drift hits the paths alike (``batching.measure.StepTimer.decode``), along
-
-    the paths of :func:`decode_paths` (uniform, mixed, and on the CPU gathered).
+    batch size at ``ctx`` KV tokens per row along the paths of :func:`decode_paths`, every
+    path at one batch size before the next, so that drift hits the paths alike
+    (``batching.real.measure.StepTimer.decode``).
 
     Returns ``meta`` (what, where, when), ``batch``, ``ctx``, ``paths``, ``<path>_ms``
     (medians) with ``<path>_p25_ms``/``<path>_p75_ms``, and ``matvec_gbs``, ``copy_gbs``,
@@ -121,9 +117,7 @@ def live_decode_sweep(
         raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
     load0, t0 = load_average(), time.perf_counter()
     # The gathered path spreads the rows over more than SPAN_PER_ROW slots each, which is
-    # what makes the eager runner copy their slabs (StepTimer.decode, scattered=True). CUDA
-    # steps replay graphs, which read the slabs of slots 0 .. up to the bucket whatever the
-    # slots are (graphs.py): there is no gathered path to time.
+    # what makes the eager runner copy their slabs (StepTimer.decode, scattered=True).
     paths = decode_paths(graphs=dev.type == "cuda")
     slots = SPAN_PER_ROW * max(bs) + 1 if "gathered" in paths else max(bs)
     runner = ModelRunner.from_shape(
@@ -145,13 +139,9 @@ def live_decode_sweep(
         for b in bs:
             for path, kwargs in paths.items():
                 samples[(path, b)].append(timer.decode(b, ctx, **kwargs)["median_ms"] / 1e3)
-    acc: dict[str, list[float]] = {f"{p}_{s}": [] for p in paths for s in ("ms", "p25_ms", "p75_ms")}
-    for path in paths:
-        for b in bs:
-            st = time_stats(samples[(path, b)])
-            acc[f"{path}_ms"].append(st["median_ms"])
-            acc[f"{path}_p25_ms"].append(st["p25_ms"])
-            acc[f"{path}_p75_ms"].append(st["p75_ms"])
+    st = {key: time_stats(v) for key, v in samples.items()}
+    stat = {"ms": "median_ms", "p25_ms": "p25_ms", "p75_ms": "p75_ms"}
+    acc = {f"{p}_{k}": [st[(p, b)][s] for b in bs] for p in paths for k, s in stat.items()}
     meta = {
         "device": entry.name,
         "device_type": dev.type,
@@ -200,40 +190,27 @@ def sweep_shape(sweep: Mapping[str, Any]) -> ModelShape:
 
 
 def live_roofline(sweep: Mapping[str, Any], points: int = 0) -> dict[str, np.ndarray]:
-    """Why batching: the roofline a live sweep predicts from the bandwidth (matrix-vector)
-    and matmul peak it measured itself, no overhead (:func:`~batching.book.why.roofline_curve`), at the
-    sweep's batch sizes, or at ``points`` batch sizes spread evenly in log between them."""
-    return roofline_curve(
-        sweep_shape(sweep),
-        dense_batches(sweep["batch"], points),
-        sweep["ctx"],
-        sweep["matvec_gbs"] * 1e9,
-        sweep["peak_tflops"] * 1e12,
-    )
+    """Why batching: the roofline a live sweep predicts from the bandwidth (matrix-vector) and
+    matmul peak it measured itself, no overhead (:func:`~batching.book.why.roofline_curve`, at
+    the sweep's batch sizes or ``points`` of them)."""
+    bw, peak = sweep["matvec_gbs"] * 1e9, sweep["peak_tflops"] * 1e12
+    return roofline_curve(sweep_shape(sweep), sweep["batch"], sweep["ctx"], bw, peak, points=points)
 
 
 def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     """Why batching: the numbers the pages quote from a :func:`live_decode_sweep`.
 
-    Sizes: ``params_m``, ``weight_mb`` (streamed per step), ``kv_kb_per_token``, ``ctx``,
-    ``bmax``. Device, same run: ``matvec_gbs``, ``copy_gbs``, ``read_gbs``, ``peak_gflops``,
-    ``bstar`` (:func:`~batching.book.why.bstar_of` on matvec bandwidth and peak), ``bstar_copy`` (on the copy
-    bandwidth). Batch 1 (uniform path): ``stream_ms`` (weights / matvec bandwidth),
-    ``pred1_ms`` (roofline, KV included), ``t1_ms`` measured, ``over_pred`` (measured /
-    predicted), ``achieved_gbs`` ((weight + KV bytes) / step time), ``efficiency``
-    (achieved / matvec bandwidth), ``efficiency_copy`` (achieved / copy bandwidth).
-    Uniform path: ``knee`` (:func:`~batching.book.why.knee`); ``bstar_batch`` (the largest swept batch at or
-    below B*, batch 1 if none), ``ratio_bstar`` (its step over batch 1's) and
-    ``pred_ratio_bstar`` (the same ratio on the roofline of the same run); at the
-    largest batch ``tmax_ms``, ``ratio_max`` (over batch 1), ``tps1``, ``tps_max``,
-    ``tps_gain`` (tokens/s and their ratio), ``per_token_max_ms``, ``pred_max_ms``
-    (roofline); ``reps``, ``threads``, ``wall_s`` from the sweep's meta. Every other
-    measured path ``p`` (``mixed``, ``gathered``): ``p_t1_ms``, ``p_knee``, ``p_tmax_ms``,
-    ``p_ratio_max``, ``p_tps_max`` and ``p_gap_max`` (its step over the uniform one at the
-    largest batch).
+    B* (``bstar``: :func:`~batching.book.why.bstar_of`) and the roofline (``pred*``) come from
+    the sweep's own matrix-vector bandwidth and matmul peak (``bstar_copy``: from its copy
+    bandwidth). Uniform path: batch 1's step (``t1_ms``) against the weights' streaming time
+    and the roofline, the bytes per second it achieves (weights + KV over the step) and that
+    over the matvec and copy bandwidths (``efficiency*``); the ``knee``; at ``bstar_batch``
+    (the largest swept batch at or below B*, 1 if none) its step over batch 1's, measured
+    (``ratio_bstar``) and on the roofline (``pred_ratio_bstar``); at the largest batch
+    (``bmax``) step, ratio to batch 1 and tokens/s. Every other path ``p``: ``p_t1_ms``,
+    ``p_knee``, ``p_tmax_ms``, ``p_ratio_max``, ``p_tps_max`` and ``p_gap_max`` (its step over
+    the uniform one at ``bmax``).
     """
-    from ..plan import StepWork
-
     shape = sweep_shape(sweep)
     b = np.asarray(sweep["batch"], dtype=float)
     if b[0] != 1:
@@ -243,7 +220,7 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     bw = sweep["matvec_gbs"] * 1e9
     peak = sweep["peak_tflops"] * 1e12
     bstar = bstar_of(peak, bw, shape.bytes_per_param)
-    moved1 = shape.bytes_moved(StepWork(decode_rows=1, decode_ctx=sweep["ctx"]))
+    moved1 = shape.bytes_moved(step_work((), 1, sweep["ctx"]))
     achieved = moved1 / (u[0] / 1e3)
     ib = int(np.flatnonzero(b <= max(bstar, 1.0))[-1])
     out = {
@@ -319,29 +296,12 @@ def live_labels(sweep: Mapping[str, Any]) -> dict[str, str]:
 # ------------------------------------------------------ the measured page's decode section
 
 
-class Versus(enum.Enum):
-    """How one measured step compares with another: within a tolerance, more, or less."""
-
-    LESS = "less"
-    SAME = "same"
-    MORE = "more"
-
-
-def versus(ratio: float, tol: float = 0.05) -> Versus:
-    """Measured page: :class:`Versus` of a step-time ratio (``*_gap_max``):
-    SAME within ``tol`` of 1."""
-    if abs(ratio - 1.0) <= tol:
-        return Versus.SAME
-    return Versus.MORE if ratio > 1 else Versus.LESS
-
-
 def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
     """Measured page: the weight-and-KV bytes per second of the uniform step at
     batch 1 (``rate1_gbs``) and at the sweep's next batch ``next_batch`` (``rate_next_gbs``),
     and ``split`` (1.0 where batch 1 ran the CPU's one-token kernel, each product split over
     the threads, ``Llama.linear``: the first step up of the curve is then partly a change of
     kernel). The sweep needs two batches at least."""
-    from ..plan import StepWork
     from ..real.model import LINEAR_CPU
 
     b = [float(x) for x in sweep["batch"]]
@@ -349,7 +309,7 @@ def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
         raise ValueError(f"batches {b}: need two at least")
     shape, u = sweep_shape(sweep), np.asarray(sweep["uniform_ms"], dtype=float)
     rate = [
-        shape.bytes_moved(StepWork(decode_rows=int(r), decode_ctx=int(r) * sweep["ctx"])) / (u[i] / 1e3) / 1e9
+        shape.bytes_moved(step_work((), int(r), sweep["ctx"])) / (u[i] / 1e3) / 1e9
         for i, r in enumerate(b[:2])
     ]
     return {

@@ -6,16 +6,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from ..engine import RunResult
 from ..workload import Workload
-from .common import at, flat, metrics, simulate
+from .common import Claim, at, columns, flat, metrics, simulate
 
 
-# ------------------------------------------------------------------------------ KV
+def _life_mean(workload: Workload) -> float:
+    """Mean KV tokens a request holds over its life: prompt + output / 2."""
+    return float((workload.prompt_lens + workload.output_lens / 2).mean())
+
+
+def _kv_share(cost: Any, rows: int, ctx: float) -> float:
+    """The share of a decode step's bytes that is KV (``rows`` rows of ``ctx`` tokens), not weights."""
+    kv = rows * ctx * cost.model.kv_bytes_per_token
+    return float(kv / (kv + cost.model.weight_read_bytes))
+
+
 def kv_over_time(result: RunResult) -> dict[str, np.ndarray]:
     """The KV page: KV tokens reserved and used, and running requests, at the
     end of every logged step (a run of identical steps gives one point). Arrays ``t``
@@ -39,25 +49,15 @@ def kv_runs(
 ) -> dict[str, Any]:
     """The KV page: continuous batching under each KV policy, every step logged.
 
-    Returns ``series`` ({policy: :func:`kv_over_time`}) and ``numbers``: per policy
-    (prefixed ``<policy>_``) the :func:`metrics` keys ``running_peak``, ``kv_reserved_mean``,
-    ``kv_used_mean``, ``kv_reserved_peak``, ``throughput_tok``, ``e2e_p99``, ``ttft_p99``,
-    ``queue_mean``, ``preemptions``, plus ``unused`` = 1 - used / reserved (time-weighted) and
-    ``peak_share`` = kv_reserved_peak / the KV capacity the runs had.
+    Returns ``series`` ({policy: :func:`kv_over_time`}) and ``numbers``: per policy (prefixed
+    ``<policy>_``) some :func:`metrics` keys, ``unused`` = 1 - used / reserved (time-weighted)
+    and ``peak_share`` = kv_reserved_peak / the KV capacity the runs had.
     """
     series: dict[str, Any] = {}
     numbers: dict[str, float] = {}
-    keys = (
-        "running_peak",
-        "kv_reserved_mean",
-        "kv_used_mean",
-        "kv_reserved_peak",
-        "throughput_tok",
-        "e2e_p99",
-        "ttft_p99",
-        "queue_mean",
-        "preemptions",
-    )
+    keys: tuple[str, ...] = ("running_peak", "kv_reserved_mean", "kv_used_mean", "kv_reserved_peak")
+    keys += ("throughput_tok", "e2e_p99", "ttft_p99", "queue_mean", "preemptions")
+    capacity = cost.kv_capacity() if kv_tokens == "device" else float(kv_tokens)
     for pol in policies:
         r = simulate(
             workload, cost, "continuous", slots=slots, kv_tokens=kv_tokens, kv_policy=pol, fast=False
@@ -66,23 +66,16 @@ def kv_runs(
         series[pol] = kv_over_time(r)
         numbers.update({f"{pol}_{k}": m[k] for k in keys})
         numbers[f"{pol}_unused"] = 1.0 - m["kv_used_mean"] / m["kv_reserved_mean"]
-        capacity = cost.kv_capacity() if kv_tokens == "device" else float(kv_tokens)
         numbers[f"{pol}_peak_share"] = m["kv_reserved_peak"] / capacity
     return {"series": series, "numbers": numbers}
 
 
 def kv_fit(cost: Any, workload: Workload) -> dict[str, float]:
-    """The KV page: how many sequences fit the device's KV capacity.
-
-    ``capacity`` (tokens), ``kv_bytes_per_token``, ``max_context`` (the slab), ``slab``
-    (= capacity // max_context), ``exact_final`` (capacity / mean final length
-    prompt + output), ``exact_avg`` (capacity / mean length over a request's life,
-    prompt + output / 2), ``mean_final``, ``p50_final``, ``p99_final`` lengths, and
-    ``slab_waste`` = 1 - mean final length / max_context.
-    """
+    """The KV page: how many sequences fit the device's KV capacity (``capacity`` tokens): as
+    slabs of ``max_context``, or reserved exactly at each request's final length (prompt +
+    output) or at its mean length over its life (prompt + output / 2)."""
     C = int(cost.kv_capacity())
     L = (workload.prompt_lens + workload.output_lens).astype(float)
-    life = (workload.prompt_lens + workload.output_lens / 2).astype(float)
     ctx = cost.model.max_context
     return {
         "capacity": float(C),
@@ -90,7 +83,7 @@ def kv_fit(cost: Any, workload: Workload) -> dict[str, float]:
         "max_context": float(ctx),
         "slab": float(C // ctx),
         "exact_final": float(C / L.mean()),
-        "exact_avg": float(C / life.mean()),
+        "exact_avg": C / _life_mean(workload),
         "mean_final": float(L.mean()),
         "p50_final": float(np.percentile(L, 50)),
         "p99_final": float(np.percentile(L, 99)),
@@ -107,7 +100,7 @@ def policy_roofline(cost: Any, workload: Workload, budget: float, slots: int) ->
     per policy ``step_<pol>_ms`` (:meth:`decode_step` at those rows and ``ctx``), ``tput_<pol>``
     (rows / step, tokens/s) and ``kv_share_<pol>`` (the share of a step's bytes that is KV,
     not weights); ``gain`` = tput_exact / tput_slab and ``rows_ratio`` = rows_exact / rows_slab."""
-    ctx = float((workload.prompt_lens + workload.output_lens / 2).mean())
+    ctx = _life_mean(workload)
     m = cost.model
     rows = {
         "slab": min(slots, int(budget) // m.max_context),
@@ -120,13 +113,12 @@ def policy_roofline(cost: Any, workload: Workload, budget: float, slots: int) ->
                 f"budget={budget:g} KV tokens holds no {pol} row (context {m.max_context}, mean {ctx:.0f})"
             )
         step = cost.decode_step(r, int(round(ctx)))
-        kv = r * ctx * m.kv_bytes_per_token
         out.update(
             {
                 f"rows_{pol}": float(r),
                 f"step_{pol}_ms": step * 1e3,
                 f"tput_{pol}": r / step,
-                f"kv_share_{pol}": kv / (kv + m.weight_read_bytes),
+                f"kv_share_{pol}": _kv_share(cost, r, ctx),
             }
         )
     out["gain"] = out["tput_exact"] / out["tput_slab"]
@@ -162,11 +154,9 @@ def kv_budget_sweep(
     None): a dense batch reserves a slab per row, so it holds budget // max_context rows
     (at most ``slots``), sealed when full or after ``static_timeout`` seconds.
 
-    Per series, arrays over ``budget`` (KV tokens): ``throughput_tok``, ``e2e_p99``,
-    ``ttft_p99``, ``preemptions``, ``running_peak``, ``kv_used_mean``, ``kv_reserved_mean``,
-    ``slot_util``, ``steps``. ``slots`` is set high so that memory, not slots, is the limit.
+    Per series, arrays over ``budget`` (KV tokens) of :data:`BUDGET_KEYS`. ``slots`` is set
+    high so that memory, not slots, is the limit.
     """
-    keys = BUDGET_KEYS
     runs: list[tuple[str, str, dict[str, Any]]] = [
         (pol, scheduler, {"slots": slots, "kv_policy": pol}) for pol in policies
     ]
@@ -175,14 +165,12 @@ def kv_budget_sweep(
     ctx = cost.model.max_context
     out: dict[str, dict[str, np.ndarray]] = {}
     for name, sched, opts in runs:
-        acc: dict[str, list[float]] = {k: [] for k in keys}
+        ms = []
         for b in budgets:
             if sched == "static":
                 opts = {**opts, "slots": min(slots, int(b) // ctx)}
-            m = metrics(simulate(workload, cost, sched, kv_tokens=int(b), **opts))
-            for k in keys:
-                acc[k].append(m[k])
-        out[name] = {"budget": np.asarray(budgets, dtype=float), **{k: np.asarray(v) for k, v in acc.items()}}
+            ms.append(metrics(simulate(workload, cost, sched, kv_tokens=int(b), **opts)))
+        out[name] = {"budget": np.asarray(budgets, dtype=float), **columns(ms, BUDGET_KEYS)}
     return out
 
 
@@ -229,10 +217,8 @@ def slab_growth(
     if len(d["budget"]) < 2:
         raise ValueError("slab_growth needs a sweep of at least two budgets")
     i, j = -2, -1
-    ctx = int(round(float((workload.prompt_lens + workload.output_lens / 2).mean())))
+    ctx = int(round(_life_mean(workload)))
     lo, hi = int(d["running_peak"][i]), int(d["running_peak"][j])
-    m = cost.model
-    kv_read = hi * ctx * m.kv_bytes_per_token
     return {
         "budget_ratio": float(d["budget"][j] / d["budget"][i]),
         "tput_ratio": float(d["throughput_tok"][j] / d["throughput_tok"][i]),
@@ -241,7 +227,7 @@ def slab_growth(
         "ctx": float(ctx),
         "step_lo_ms": float(cost.decode_step(lo, ctx) * 1e3),
         "step_hi_ms": float(cost.decode_step(hi, ctx) * 1e3),
-        "kv_share_hi": float(kv_read / (kv_read + m.weight_read_bytes)),
+        "kv_share_hi": _kv_share(cost, hi, ctx),
     }
 
 
@@ -260,10 +246,7 @@ REAL_KV_ROWS: tuple[tuple[str, str, str], ...] = (
 )
 
 #: The page's short table of the same runs: how many ran at once, and what they delivered.
-REAL_KV_PAGE_ROWS: tuple[tuple[str, str, str], ...] = (
-    ("most requests running at once", "running_peak", "{:.0f}"),
-    ("output tokens/s", "throughput_tok", "{:.0f}"),
-)
+REAL_KV_PAGE_ROWS = tuple(r for r in REAL_KV_ROWS if r[1] in ("running_peak", "throughput_tok"))
 
 
 def real_kv_configs(
@@ -295,7 +278,7 @@ def real_kv(
 ) -> dict[str, Any]:
     """The KV page, measured on the real model: ``workload`` served under a KV
     budget of ``budget_slabs`` slabs of the model's context by :func:`real_kv_configs`'s
-    three schedules (:func:`~batching.experiments.checks.real_schedulers`: one model for all
+    three schedules (:func:`~batching.book.checks.real_schedulers`: one model for all
     runs, and the simulator beside them when a profile of this machine is committed).
 
     The runner holds a slab for each of its ``slots`` (it has no paged cache);
@@ -318,12 +301,7 @@ def real_kv(
     return {**rs, "budget": budget, "max_context": ctx, "slots": slots}
 
 
-#: How a seed claim fares: "holds" as stated, "partly" (true in part, the numbers say which),
-#: "does not hold" as stated. The page words each verdict in its own cell.
-Verdict = Literal["holds", "partly", "does not hold"]
-
-
-def slab_verdict(slab_kept: float) -> Verdict:
+def slab_verdict(slab_kept: float) -> Claim:
     """The seed claim "one max-length slab per slot gives back most of batching's gain",
     judged on :func:`gain_kept`'s share: slabs keep under half the gain ("holds"; a negative
     share, slabs slower than static batching, gives back all of it), under 80% ("partly":
@@ -331,7 +309,7 @@ def slab_verdict(slab_kept: float) -> Verdict:
     slots rather than memory binding exact reservations, slabs kept it all)."""
     if math.isnan(slab_kept):
         raise ValueError("slab_kept=nan: exact reservations gained nothing over static batching to share")
-    return "holds" if slab_kept < 0.5 else "partly" if slab_kept < 0.8 else "does not hold"
+    return Claim.HOLDS if slab_kept < 0.5 else Claim.PARTLY if slab_kept < 0.8 else Claim.DOES_NOT_HOLD
 
 
 def real_kv_numbers(rs: Mapping[str, Any]) -> dict[str, float]:

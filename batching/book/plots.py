@@ -16,7 +16,7 @@ from __future__ import annotations
 import html
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,12 +89,6 @@ def style() -> None:
     )
 
 
-def figure_dir(smoke: bool = False) -> Path:
-    """Where :func:`publish` writes: ``_build/figures`` (``_build/figures/smoke`` in smoke runs,
-    so that the tests never overwrite the book's full-size figures)."""
-    return FIGURE_DIR / "smoke" if smoke else FIGURE_DIR
-
-
 def save(fig: Figure, name: str, directory: str | Path = FIGURE_DIR) -> list[Path]:
     """Write ``fig`` as ``<directory>/<name>.png`` and ``.svg``; returns the paths."""
     d = Path(directory)
@@ -106,11 +100,13 @@ def save(fig: Figure, name: str, directory: str | Path = FIGURE_DIR) -> list[Pat
 
 
 def publish(fig: Figure, name: str, smoke: bool = False) -> None:
-    """Save ``fig`` (PNG + SVG, see :func:`save`), glue it as ``fig-<name>`` for a
-    ``{glue:figure}`` directive, and close it (so the notebook shows it only where glued)."""
+    """Save ``fig`` (PNG + SVG, see :func:`save`) under ``_build/figures`` (``.../smoke`` in
+    smoke runs, so that the tests never overwrite the book's full-size figures), glue it as
+    ``fig-<name>`` for a ``{glue:figure}`` directive, and close it (so the notebook shows it
+    only where glued)."""
     from myst_nb import glue
 
-    save(fig, name, figure_dir(smoke))
+    save(fig, name, FIGURE_DIR / "smoke" if smoke else FIGURE_DIR)
     glue(f"fig-{name}", fig, display=False)
     plt.close(fig)
 
@@ -162,6 +158,16 @@ def log_ticks(ax: Any, lo: float, hi: float, axis: str = "x") -> None:
     a.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
     a.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     a.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def log2_x(ax: Any, ticks: Iterable[float] | None = None) -> None:
+    """Log-2 x axis with plain labels ("64", not "2^6"), at ``ticks`` if given, and no minor
+    tick labels."""
+    ax.set_xscale("log", base=2)
+    if ticks is not None:
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(list(ticks)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
 def percent_axis(ax: Any, axis: str = "y") -> None:
@@ -230,9 +236,8 @@ class Table:
         return f'<table class="book-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> Table:
-    """A table for notebook output: an HTML table on the page, aligned text when printed."""
-    return Table(rows, header)
+#: ``plots.table(rows, header)``: what a notebook cell ends with to show a table.
+table = Table
 
 
 def glue_markdown(values: Mapping[str, str]) -> None:

@@ -13,22 +13,20 @@ from typing import Any
 import numpy as np
 
 from ..profile import ProfileCost
-from .why import bstar_of, dense_batches, knee, roofline_curve
+from .common import ROOT
+from .why import bstar_of, knee, roofline_curve
 
 #: Where committed profiles live (data/README.md); every ``*.json`` there is shown.
-PROFILE_DIR = "data/profiles"
+PROFILE_DIR = ROOT / "data" / "profiles"
 
 
 def profile_roofline(profile: Mapping[str, Any], points: int = 60) -> dict[str, np.ndarray]:
-    """Why batching: the roofline of a :func:`load_profiles` entry at its ``ref_ctx``, from
-    its own bandwidth and peak (or the registry's), no overhead; ``points`` as in
-    :func:`live_roofline`."""
+    """Why batching: the roofline of a :func:`load_profiles` entry at its ``ref_ctx``, from its
+    own bandwidth and peak (or the registry's), no overhead; ``points`` as in
+    :func:`~batching.book.why.roofline_curve`."""
+    bw, peak = profile["bandwidth_gbs"] * 1e9, profile["peak_tflops"] * 1e12
     return roofline_curve(
-        profile["shape"],
-        dense_batches(profile["batch"], points),
-        int(profile["ref_ctx"]),
-        profile["bandwidth_gbs"] * 1e9,
-        profile["peak_tflops"] * 1e12,
+        profile["shape"], profile["batch"], int(profile["ref_ctx"]), bw, peak, points=points
     )
 
 

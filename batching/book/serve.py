@@ -24,11 +24,11 @@ from ..profile import ProfileCost
 from ..results import machine_busy
 from ..traces import load_trace
 from ..workload import Workload, preset
-from .common import simulate
+from .common import ROOT, simulate
+from .profiles import PROFILE_DIR
 
-ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "benchmarks" / "results" / "serve-cpu-here-cpu-s.json"
-PROFILE = ROOT / "data" / "profiles" / "cpu-here-cpu-s.json"
+PROFILE = PROFILE_DIR / "cpu-here-cpu-s.json"
 
 #: The columns of the section's table, all from a results file's summary (seconds, tok/s).
 COLUMNS = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99", "output_throughput")
@@ -44,14 +44,8 @@ def committed(path: str | Path | None = None) -> dict[str, Any]:
 
 def summary_row(summary: Mapping[str, Any]) -> dict[str, float | None]:
     """The table's columns from a results file's ``summary`` (simulate, run, replay alike)."""
-    row: dict[str, float | None] = {}
-    for c in COLUMNS:
-        if c == "output_throughput":
-            row[c] = summary[c]
-        else:
-            k, f = c.split("_")
-            row[c] = summary[k][f]
-    return row
+    split = {c: c.split("_") for c in COLUMNS if c != "output_throughput"}  # "ttft_p50": ttft, p50
+    return {c: summary[split[c][0]][split[c][1]] if c in split else summary[c] for c in COLUMNS}
 
 
 def slice_workload(doc: Mapping[str, Any]) -> Workload:

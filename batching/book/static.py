@@ -4,7 +4,6 @@ against batch size, and what a timeout (dynamic batching) changes.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -14,37 +13,33 @@ import numpy as np
 from ..costs import RooflineCost
 from ..engine import RunResult
 from ..metrics import summarize
-from ..plan import StepWork
 from ..results import load_average, machine_load
 from ..workload import Workload
 from .capacity import queue_growth
-from .common import _OCC_KIND, metrics, simulate
+from .common import _OCC_KIND, Versus, columns, metrics, simulate, step_work, versus
 
 
-# ------------------------------------------------------------------------------- 7.1
+def _check_pair(short: Any, long: Any) -> None:
+    if isinstance(short, bool) or not (isinstance(short, int) and isinstance(long, int) and 0 < short < long):
+        raise ValueError(f"short={short!r}, long={long!r}: need integers 0 < short < long")
+
+
 def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000, output: int = 20) -> dict[str, Any]:
     """7.1 (a): what padding a ``short`` prompt to a ``long`` one costs.
 
     Runs the ``padding-pair`` shape (one short and one long prompt at t=0) through the
-    static scheduler, and prices single prefills with the roofline. Keys: ``pad_tokens``,
-    ``prefill_computed`` and ``prefill_needed`` (tokens of the batch's prefill step),
-    ``padding_fraction``, ``token_ratio`` (long / short), ``flop_ratio`` (FLOPs of the
-    padded short prompt over the unpadded one, attention included), the roofline times in
-    seconds ``t_short``, ``t_short_padded``, ``t_long``, ``t_batch_unpadded``,
-    ``t_batch_padded`` and ``t_batch_sim`` (the simulator's prefill step), the same in
-    milliseconds (``*_ms``), their ratios ``time_ratio_short`` and ``time_ratio_batch``,
-    ``bstar``, and the bound (``memory``/``compute``) of the short and the padded prefill.
+    static scheduler (its prefill step's tokens, padding and time ``t_batch_sim``), and
+    prices the prefills with the roofline (seconds, and ``*_ms``): the short prompt alone and
+    padded, the pair packed and padded, their ratios, ``flop_ratio`` (FLOPs of the padded
+    short prompt over the unpadded one, attention included), and the bound
+    (``memory``/``compute``) of the short and the padded prefill.
     """
-    if isinstance(short, bool) or not (isinstance(short, int) and isinstance(long, int) and 0 < short < long):
-        raise ValueError(f"short={short!r}, long={long!r}: need integers 0 < short < long")
+    _check_pair(short, long)
     w = Workload.from_arrays([0.0, 0.0], [short, long], [output, output], name="padding-pair")
     res = simulate(w, cost, "static", slots=2, kv_tokens=None)
     s = summarize(res)
     L = res.log.cols
-
-    def work(*prompts: int) -> StepWork:
-        return StepWork(prefill_tokens=sum(prompts), prefill_attn=sum(p * (p + 1) // 2 for p in prompts))
-
+    work = lambda *prompts: step_work(prompts)
     pad = long - short
     out = {
         "short": float(short),
@@ -97,19 +92,16 @@ def real_padding(
     long_ms / short_ms is what padding multiplies the short prompt's prefill by (the
     positions multiply by ``token_ratio``); ``time_ratio_batch`` = padded_ms / packed_ms is
     what the batch pays, against ``positions_ratio`` = 2 long / (short + long) in
-    positions. Also ``pad_tokens`` and ``padding_fraction`` from the static run's
-    step log, ``executor`` (what ran) and ``model``. ``load`` is the highest 1-minute load
-    average seen before and after the runs (nan where the OS has none), ``cpus`` the machine's
-    CPU count, and ``busy`` whether the load exceeded it: other work then shared the cores,
-    which inflates short steps most. ``model`` None and ``long`` None take
-    the device's defaults (:data:`~batching.book.checks.REAL_MODELS`,
-    :data:`REAL_PADDING_LONG`).
+    positions. Also ``pad_tokens`` and ``padding_fraction`` from the static run's step log,
+    ``executor`` (what ran), ``model``, and ``load``/``cpus``/``busy``
+    (:func:`~batching.results.machine_load` around the runs: a busy machine inflates short
+    steps most). ``model`` None and ``long`` None take the device's defaults
+    (:data:`~batching.book.checks.REAL_MODELS`, :data:`REAL_PADDING_LONG`).
     """
     from .checks import real_kind, real_runner, serve_real
 
     long = REAL_PADDING_LONG[real_kind(device)] if long is None else long
-    if isinstance(short, bool) or not (isinstance(short, int) and isinstance(long, int) and 0 < short < long):
-        raise ValueError(f"short={short!r}, long={long!r}: need integers 0 < short < long")
+    _check_pair(short, long)
     if not (isinstance(reps, int) and reps >= 1):
         raise ValueError(f"reps={reps!r}: must be an integer >= 1")
     runner = real_runner(model, device, slots=2, max_len=long + 1, threads=threads)
@@ -154,33 +146,15 @@ def real_padding(
     return out
 
 
-class Scaling(str, enum.Enum):
-    """How a longer step's time grew against its positions (7.1 (a)): the verdict on padding."""
-
-    #: Time grew about as much as positions: padding costs in full.
-    PROPORTIONAL = "proportional"
-    #: Time grew clearly less: the shorter step was bound by something other than its
-    #: arithmetic (weight reads on a GPU), so padding it costs less than its positions.
-    LESS = "less"
-    #: Time grew clearly more than positions (attention's quadratic part, cache effects).
-    MORE = "more"
-
-
-def scaling(time_ratio: float, positions_ratio: float, tol: float = 0.25) -> Scaling:
-    """:class:`Scaling` of a step that computed ``positions_ratio`` times the positions of
-    another in ``time_ratio`` times its time: proportional while the time per position of
-    the two agrees within ``tol`` (relative), else less or more."""
-    if not (time_ratio > 0 and positions_ratio > 0 and 0 <= tol < 1):
-        raise ValueError(
-            f"time_ratio={time_ratio}, positions_ratio={positions_ratio}, tol={tol}: need positive "
-            "ratios and 0 <= tol < 1"
-        )
-    r = time_ratio / positions_ratio
-    if r < 1 - tol:
-        return Scaling.LESS
-    if r > 1 + tol:
-        return Scaling.MORE
-    return Scaling.PROPORTIONAL
+def scaling(time_ratio: float, positions_ratio: float, tol: float = 0.25) -> Versus:
+    """7.1 (a), the verdict on padding: how a step that computed ``positions_ratio`` times the
+    positions of another grew in time (``time_ratio`` times), as the :class:`~.common.Versus`
+    of its time per position within ``tol``. SAME: padding costs in full. LESS: the shorter
+    step was bound by something other than its arithmetic (weight reads on a GPU), so padding
+    it costs less than its positions. MORE: attention's quadratic part, cache effects."""
+    if not positions_ratio > 0:
+        raise ValueError(f"positions_ratio={positions_ratio}: must be positive")
+    return versus(time_ratio / positions_ratio, tol)
 
 
 def per_position_ms(rp: Mapping[str, Any]) -> dict[str, float]:
@@ -341,13 +315,11 @@ def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]
     Every request is present from the start (the trace's order kept, its arrival times
     dropped), so every batch is full and slot utilization measures the first-finisher and
     padding costs alone, not a shortage of traffic. KV memory is not limited here.
-    Returns arrays over ``batch``: ``slot_util``, ``slot_util_tw``, ``analytic``
+    Returns arrays over ``batch``: some :func:`metrics`, ``analytic``
     (:func:`analytic_static_utilization` of full batches), ``analytic_formed`` (the same
     formula over the batches the scheduler forms, some closed early at the model's context:
-    :func:`static_batch_sizes`), ``batches`` (how many it forms), ``batches_full`` (how
-    many full ones would hold the requests), ``closed_early`` (batches closed short of B
-    before the last), ``padding_fraction``, ``hw_compute``, ``useful_compute``,
-    ``throughput_tok``.
+    :func:`static_batch_sizes`), ``batches`` (how many it forms), ``closed_early`` (closed
+    short of B before the last) and ``batches_full`` (how many full ones would hold them).
     """
     w = Workload.from_arrays(
         np.zeros(len(workload)),
@@ -357,19 +329,21 @@ def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]
         info=workload.info,
     )
     keys = ("slot_util", "slot_util_tw", "padding_fraction", "hw_compute", "useful_compute", "throughput_tok")
-    extra = ("analytic", "analytic_formed", "batches", "batches_full", "closed_early")
-    out: dict[str, list[float]] = {k: [] for k in (*keys, *extra)}
-    for b in batch_sizes:
-        m = metrics(simulate(w, cost, "static", slots=int(b), kv_tokens=None, timeout=0.0))
-        for k in keys:
-            out[k].append(m[k])
-        sizes = static_batch_sizes(w.prompt_lens, w.output_lens, int(b), cost.model.max_context)
-        out["analytic"].append(analytic_static_utilization(w.output_lens, int(b)))
-        out["analytic_formed"].append(analytic_static_utilization(w.output_lens, int(b), sizes))
-        out["batches"].append(float(len(sizes)))
-        out["batches_full"].append(float(math.ceil(len(w) / int(b))))
-        out["closed_early"].append(float(sum(k < int(b) for k in sizes[:-1])))
-    return {"batch": np.asarray(batch_sizes, dtype=float), **{k: np.asarray(v) for k, v in out.items()}}
+    rows = []
+    for b in map(int, batch_sizes):
+        m = metrics(simulate(w, cost, "static", slots=b, kv_tokens=None, timeout=0.0))
+        sizes = static_batch_sizes(w.prompt_lens, w.output_lens, b, cost.model.max_context)
+        rows.append(
+            {
+                **{k: m[k] for k in keys},
+                "analytic": analytic_static_utilization(w.output_lens, b),
+                "analytic_formed": analytic_static_utilization(w.output_lens, b, sizes),
+                "batches": float(len(sizes)),
+                "batches_full": float(math.ceil(len(w) / b)),
+                "closed_early": float(sum(k < b for k in sizes[:-1])),
+            }
+        )
+    return {"batch": np.asarray(batch_sizes, dtype=float), **columns(rows)}
 
 
 def sweep_agreement(sweep: Mapping[str, np.ndarray], tol: float = 1e-9) -> dict[str, float | bool]:
@@ -409,17 +383,19 @@ def wait_sweep(
     res: dict[str, dict[str, np.ndarray]] = {}
     keys = ("queue_mean", "slot_util", "e2e_p99", "ttft_p99", "throughput_req", "padding_fraction")
     for name in schedulers:
-        acc: dict[str, list[float]] = {k: [] for k in (*keys, "mean_batch", "stable")}
+        rows = []
         for T in waits:
             r = simulate(workload, cost, name, slots=slots, kv_tokens=None, timeout=float(T))
             m = metrics(r)
-            for k in keys:
-                acc[k].append(m[k])
-            L = r.log.cols
-            batches = sum(1 for p in L["prefill"] if p > 0)
-            acc["mean_batch"].append(len(workload) / batches)
-            acc["stable"].append(1.0 - queue_growth(r)["growing"])
-        res[name] = {"wait": np.asarray(waits, dtype=float), **{k: np.asarray(v) for k, v in acc.items()}}
+            batches = sum(1 for p in r.log.cols["prefill"] if p > 0)
+            rows.append(
+                {
+                    **{k: m[k] for k in keys},
+                    "mean_batch": len(workload) / batches,
+                    "stable": 1.0 - queue_growth(r)["growing"],
+                }
+            )
+        res[name] = {"wait": np.asarray(waits, dtype=float), **columns(rows)}
     return res
 
 

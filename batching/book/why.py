@@ -1,13 +1,13 @@
-"""Why batching carries the load (chapters/why.ipynb): the roofline of a decode step (B*, the
-knee of a step-time curve, the roofline curve, the batch-1 derivation and the GPU
-predictions) and the verdict on the page's claim from a live sweep's numbers. The live decode
-sweep itself, its roofline, numbers and labels, and the committed profiles are
-:mod:`batching.book.decode`'s. Numbers and verdicts only: the sentences are the notebooks'.
+"""Why batching carries the load (chapters/why.ipynb): one decode step streams every weight,
+so extra rows are nearly free until compute binds at B*. The roofline of a decode step (B*,
+the knee of a step-time curve, the roofline curve, the batch-1 derivation and the GPU
+predictions) and the verdict on the page's claim from a live sweep's numbers. Torch-free: the
+live sweep is :mod:`batching.book.decode`'s, the committed profiles
+:mod:`batching.book.profiles`'.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,12 +17,7 @@ from numpy.typing import ArrayLike
 from ..cost_base import MEM_RESERVE
 from ..costs import RooflineCost
 from ..models import ModelShape
-from .common import roofline_numbers
-
-# ------------------------------------------------------------------ why batching
-# "Why batching carries the load" (chapters/why.ipynb): one decode step streams every
-# weight, so extra rows are nearly free until compute binds at B*. These functions are
-# torch-free; the live measurement (:mod:`batching.book.decode`) imports torch when called.
+from .common import Claim, roofline_numbers
 
 
 def bstar_of(peak_flops: float, bandwidth: float, bytes_per_param: float) -> float:
@@ -62,9 +57,11 @@ def roofline_curve(
     bandwidth: float,
     peak_flops: float,
     overhead_s: float = 0.0,
+    points: int = 0,
 ) -> dict[str, np.ndarray]:
     """Why batching: the roofline of one decode step of ``b`` rows, each holding ``ctx``
-    KV tokens, for every ``b`` in ``batches``.
+    KV tokens, for every ``b`` in ``batches`` (with ``points`` > 1: that many batch sizes
+    spread geometrically over their range, for a smooth curve).
 
     Arrays: ``batch``; ``weights_s`` (weight bytes streamed / bandwidth, the same at every
     batch); ``memory_s`` (weights + KV read and written, ``ModelShape.bytes_arrays``, over
@@ -73,6 +70,8 @@ def roofline_curve(
     single device); ``tokens_per_s`` = batch / time; ``bound`` (1 where compute binds).
     """
     b = np.asarray(batches, dtype=np.float64)
+    if points > 1:
+        b = np.geomspace(b[0], b[-1], points)
     z = np.zeros_like(b)
     mem = shape.bytes_arrays(z, z, b, b * float(ctx)) / bandwidth
     cmp = shape.flops_arrays(z, z, b, b * float(ctx)) / peak_flops
@@ -88,36 +87,26 @@ def roofline_curve(
     }
 
 
-def dense_batches(batches: ArrayLike, points: int) -> np.ndarray:
-    """``points`` batch sizes spread geometrically over ``batches``' range, for a smooth
-    roofline curve (``points`` <= 1: the batches themselves)."""
-    b = np.asarray(batches, dtype=float)
-    return np.geomspace(b[0], b[-1], points) if points > 1 else b
-
-
 def stream_numbers(
     cost: RooflineCost, ctx: int = 1, long_ctx: int = 2048, long_batch: int = 128
 ) -> dict[str, float]:
     """Why batching: the batch-1 derivation for a roofline cost model (one device).
 
     :func:`~batching.book.common.roofline_numbers` (whose ``bstar`` is the one B* of every
-    page), plus ``bandwidth_gbs``, ``peak_gflops``, ``weight_read_mb``, ``stream_ms`` (weight
-    bytes / bandwidth: the step's floor), ``step_ms`` (the cost model's batch-1 step at
-    ``ctx`` KV tokens, overhead included), ``overhead_ms``, ``tokens_s`` (1 / step),
-    ``bytes_per_param``, ``ctx``; at B* (rounded down): ``bstar_floor``, ``step_bstar_ms``,
-    ``tokens_s_bstar`` and ``ratio_bstar`` (that step over batch 1's); and for ``long_batch``
-    rows of ``long_ctx`` tokens: ``kv_long_gb`` (KV bytes the step reads), ``kv_long_ratio``
-    (over the weights), ``kv_equal_batch`` (rows of ``long_ctx`` tokens whose KV equals the
-    weight bytes), ``tokens_s_long`` and ``long_fit`` (rows of ``long_ctx`` tokens whose KV
-    fits the device after the weights, in the ``mem_usable`` fraction of its ``mem_gb`` that
-    the cost model counts: all but ``mem_reserve``, :data:`~batching.cost_base.MEM_RESERVE`).
+    page), plus the step's floor ``stream_ms`` (weight bytes / bandwidth) and the cost model's
+    batch-1 step at ``ctx`` KV tokens (``step_ms``, overhead included; ``tokens_s``); at B*
+    rounded down (``bstar_floor``) its step, tokens/s and ratio to batch 1's; and for
+    ``long_batch`` rows of ``long_ctx`` tokens the KV bytes a step reads (``kv_long_gb``, and
+    over the weights), the rows whose KV equals the weights (``kv_equal_batch``) and the rows
+    that fit the device after the weights (``long_fit``, in the ``mem_usable`` fraction of its
+    ``mem_gb`` that the cost model counts: all but :data:`~batching.cost_base.MEM_RESERVE`).
     """
     if cost.tp != 1:
         raise ValueError("stream_numbers is the single-device derivation: tp must be 1")
     m = cost.model
     out = roofline_numbers(cost)
     bs = max(1, int(cost.bstar()))
-    step = cost.decode_step(1, ctx)
+    step, step_bs = cost.decode_step(1, ctx), cost.decode_step(bs, ctx)
     kv_long = long_batch * long_ctx * m.kv_bytes_per_token
     out.update(
         bandwidth_gbs=cost.bandwidth / 1e9,
@@ -125,14 +114,13 @@ def stream_numbers(
         weight_read_mb=m.weight_read_bytes / 1e6,
         stream_ms=m.weight_read_bytes / cost.bandwidth * 1e3,
         step_ms=step * 1e3,
-        overhead_ms=cost.device.step_overhead_s * 1e3,
         tokens_s=1.0 / step,
         bytes_per_param=float(m.bytes_per_param),
         ctx=float(ctx),
         bstar_floor=float(bs),
-        step_bstar_ms=cost.decode_step(bs, ctx) * 1e3,
-        tokens_s_bstar=bs / cost.decode_step(bs, ctx),
-        ratio_bstar=cost.decode_step(bs, ctx) / step,
+        step_bstar_ms=step_bs * 1e3,
+        tokens_s_bstar=bs / step_bs,
+        ratio_bstar=step_bs / step,
         long_ctx=float(long_ctx),
         long_batch=float(long_batch),
         kv_long_gb=kv_long / 1e9,
@@ -187,18 +175,12 @@ def gpu_rooflines(
 FLAT_TOL = 1.25
 
 
-class Flat(enum.Enum):
-    """Verdict on the page's claim, "extra rows are nearly free until B*", for one measured
-    curve, at the largest swept batch at or below B*."""
-
-    HOLDS = "holds"  # the step there is within FLAT_TOL of the roofline's predicted ratio to batch 1
-    PARTLY = "partly"  # it rises more, but some batch above 1 stays within KNEE_FACTOR of batch 1
-    FAILS = "fails"  # no batch above 1 stays within KNEE_FACTOR of batch 1
-
-
-def flat_verdict(numbers: Mapping[str, float], tol: float = FLAT_TOL) -> Flat:
-    """Why batching: the :class:`Flat` verdict from :func:`~batching.book.decode.live_numbers` (``ratio_bstar``
-    against ``tol`` x ``pred_ratio_bstar``, then ``knee``)."""
+def flat_verdict(numbers: Mapping[str, float], tol: float = FLAT_TOL) -> Claim:
+    """Why batching: the page's claim, "extra rows are nearly free until B*", on one measured
+    curve (:func:`~batching.book.decode.live_numbers`), at the largest swept batch at or below
+    B*. HOLDS: the step there is within ``tol`` of the roofline's predicted ratio to batch 1
+    (``ratio_bstar`` against ``pred_ratio_bstar``); PARTLY: it rises more, but some batch above
+    1 stays within :data:`KNEE_FACTOR` of batch 1 (``knee``); DOES_NOT_HOLD: none does."""
     if numbers["ratio_bstar"] <= tol * numbers["pred_ratio_bstar"]:
-        return Flat.HOLDS
-    return Flat.PARTLY if numbers["knee"] > 1 else Flat.FAILS
+        return Claim.HOLDS
+    return Claim.PARTLY if numbers["knee"] > 1 else Claim.DOES_NOT_HOLD

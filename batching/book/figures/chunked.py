@@ -3,7 +3,7 @@ roofline and profile, and the TTFT-ITL trade-off."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import matplotlib
@@ -19,11 +19,11 @@ from ..plots import (
     SOURCE_COLORS,
     WIDTH,
     drop_overlapping,
+    log2_x,
     log_ticks,
 )
 
 
-# ------------------------------------------------------------------------------ 7.3
 def _config_style(name: str) -> dict[str, Any]:
     """Line style of a 7.3 configuration from its label."""
     if "chunk" in name and "no chunk" not in name:
@@ -91,6 +91,26 @@ def itl_figure(
     return fig
 
 
+def _chunk_x(ax: Any, ticks: Iterable[float] | None) -> None:
+    """The prefill-chunk axis of 7.3's figures: log 2, labelled at ``ticks``."""
+    log2_x(ax, ticks)
+    ax.tick_params(axis="x", labelrotation=45)
+    ax.set_xlabel("prefill chunk (tokens)")
+
+
+def _bstar_label(ax: Any, bstar: float, color: str) -> None:
+    """ "B*" beside a dotted B* line, near the top (the bottom holds the decode-only step)."""
+    ax.annotate(
+        "B*",
+        (bstar, 0.9),
+        xycoords=("data", "axes fraction"),
+        xytext=(3, 0),
+        textcoords="offset points",
+        fontsize=8,
+        color=color,
+    )
+
+
 def chunk_roofline_figure(chunks: np.ndarray, step_s: np.ndarray, decode_s: float, bstar: float) -> Figure:
     """7.3: roofline time of one step (running decodes + one prefill chunk) vs chunk size,
     and the prefill throughput that chunk size gets."""
@@ -116,28 +136,14 @@ def chunk_roofline_figure(chunks: np.ndarray, step_s: np.ndarray, decode_s: floa
     ax.plot(chunks, chunks / step_s / 1e3, "o-", color=PHASE_COLORS["prefill"], ms=3.5)
     ax.set_ylabel("prefill throughput (k tokens/s)")
     for a in axes:
-        a.set_xscale("log", base=2)
-        a.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(list(chunks)))
-        a.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        a.tick_params(axis="x", labelrotation=45)
-        a.set_xlabel("prefill chunk (tokens)")
+        _chunk_x(a, chunks)
         a.axvline(bstar, color="#999999", ls=":", lw=1)
-        # At the top: the decode-only step's line runs along the bottom of the left panel.
-        a.annotate(
-            "B*",
-            (bstar, 0.9),
-            xycoords=("data", "axes fraction"),
-            xytext=(3, 0),
-            textcoords="offset points",
-            fontsize=8,
-            color="#666666",
-        )
+        _bstar_label(a, bstar, "#666666")
     return fig
 
 
 def chunk_profile_figure(curves: Sequence[Mapping[str, Any]]) -> Figure:
-    """7.3, measured: for each :func:`batching.experiments.profile_chunk_steps` curve, the step
+    """7.3, measured: for each :func:`~batching.book.chunked_real.profile_chunk_steps` curve, the step
     carrying running decodes and one prefill chunk over the decode-only step (the running
     requests' ITL multiplier, left) and the chunk's prefill throughput as a share of the best
     measured (right), against the chunk size; dotted: each profile's B*."""
@@ -151,15 +157,7 @@ def chunk_profile_figure(curves: Sequence[Mapping[str, Any]]) -> Figure:
         ticks.update(float(x) for x in c["chunk"])
         for a in axes:
             a.axvline(c["bstar"], color=col, ls=":", lw=1)
-        axes[1].annotate(
-            "B*",
-            (c["bstar"], 0.9),
-            xycoords=("data", "axes fraction"),
-            xytext=(3, 0),
-            textcoords="offset points",
-            fontsize=8,
-            color=col,
-        )
+        _bstar_label(axes[1], c["bstar"], col)
     if not curves:
         axes[0].text(
             0.5, 0.5, "no measured mixed steps", ha="center", va="center", transform=axes[0].transAxes
@@ -174,13 +172,7 @@ def chunk_profile_figure(curves: Sequence[Mapping[str, Any]]) -> Figure:
     axes[1].set_ylabel("prefill throughput\n(% of best measured)")
     axes[1].set_ylim(0, 105)
     for a in axes:
-        a.set_xscale("log", base=2)
-        if ticks:
-            a.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(ticks)))
-        a.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        a.tick_params(axis="x", labelrotation=45)
-        a.set_xlabel("prefill chunk (tokens)")
+        _chunk_x(a, sorted(ticks) or None)
     if curves:
         axes[0].legend(loc="upper left", fontsize=7)
     return fig

@@ -15,9 +15,8 @@ from matplotlib.patches import Patch
 from ..plots import SCHEDULER_COLORS, WIDTH, log_ticks, percent_axis
 
 
-# ------------------------------------------------------------------------------ 7.2
 def _config_color(name: str) -> str:
-    """A 7.2 configuration's colour from the scheduler its label starts with."""
+    """A configuration's colour from the scheduler its label starts with."""
     return SCHEDULER_COLORS.get(name.split()[0].rstrip(","), "#999999")
 
 
@@ -102,7 +101,7 @@ def iterations_figure(its: Mapping[str, Mapping[str, np.ndarray]], probe: int) -
     """7.2: iterations and time a ``probe``-token request lives through, per scheduler."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.9))
     for name, d in its.items():
-        c = SCHEDULER_COLORS.get(name.split()[0])
+        c = _config_color(name)
         for ax, key in ((axes[0], "from_arrival"), (axes[1], "service")):
             x = np.sort(d[key])
             y = np.arange(1, len(x) + 1) / len(x)
@@ -151,7 +150,7 @@ def capacity_figure(
     for j, slo in enumerate(slos):
         for i, name in enumerate(configs):
             v = rate.get((name, slo), float("nan"))
-            c = SCHEDULER_COLORS.get(name.split(",")[0].split()[0], "#555555")
+            c = _config_color(name)
             y = i + (j - (len(slos) - 1) / 2) * h
             ax.barh(
                 y,

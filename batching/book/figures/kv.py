@@ -11,7 +11,6 @@ from matplotlib.figure import Figure
 from ..plots import POLICY_COLORS, WIDTH
 
 
-# ------------------------------------------------------------------------------- KV
 def kv_time_figure(series: Mapping[str, Mapping[str, np.ndarray]], capacity: float) -> Figure:
     """The KV page: KV tokens reserved (solid) and written (dotted) over a run,
     and running requests, per policy."""
@@ -93,8 +92,9 @@ def kv_fit_figure(
 
 
 def kv_budget_figure(sweep: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
-    """The KV page: throughput and preemptions vs KV budget, per policy of
-    continuous batching, and static batching under the same budget (series ``static``)."""
+    """The KV page: throughput (preemptions beside its points) and peak running requests vs
+    KV budget, per policy of continuous batching, and static batching under the same budget
+    (series ``static``)."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.8))
     for pol, d in sweep.items():
         # Static's usual brown is the slab policy's here: grey, dashed, keeps the two apart.
@@ -108,9 +108,11 @@ def kv_budget_figure(sweep: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
                 axes[0].annotate(
                     f"{int(p)}", (x, y), textcoords="offset points", xytext=(3, -11), fontsize=7.5, color=c
                 )
-    axes[0].set_xlabel("KV budget (k tokens)")
     axes[0].set_ylabel("output throughput (tokens/s)")
-    axes[0].set_ylim(bottom=0)
+    axes[1].set_ylabel("peak running requests")
+    for ax in axes:
+        ax.set_xlabel("KV budget (k tokens)")
+        ax.set_ylim(bottom=0)
     # Above the panels: inside, any corner of the left panel holds one of the curves.
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(
@@ -123,7 +125,4 @@ def kv_budget_figure(sweep: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
         title="numbers beside points: preemptions",
         title_fontsize=7.5,
     )
-    axes[1].set_xlabel("KV budget (k tokens)")
-    axes[1].set_ylabel("peak running requests")
-    axes[1].set_ylim(bottom=0)
     return fig

@@ -7,18 +7,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import matplotlib
 import matplotlib.pyplot as plt
-import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from ..common import KINDS
-from ..plots import PHASE_COLORS, SCHEDULER_COLORS, WIDTH, legend_patches, percent_axis
+from ..plots import PHASE_COLORS, SCHEDULER_COLORS, WIDTH, legend_patches, log2_x, percent_axis
 from ..static import Segment
 
-# ------------------------------------------------------------------------------ 7.1
 #: The padding figures' bar colours: unpadded prefills light blue, padded ones orange.
 _UNPADDED_COLOR = "#7fb3d5"
 
@@ -144,23 +141,15 @@ def batch_sweep_figure(sweep: Mapping[str, np.ndarray]) -> Figure:
     ax = axes[0]
     ax.plot(b, sweep["analytic"], "-", color="#999999", lw=2.5, label="formula: Σ outputs / (B · Σ longest)")
     ax.plot(b, sweep["slot_util"], "o", color=SCHEDULER_COLORS["static"], label="simulated")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(b, [f"{x:g}" for x in b])
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("static batch size B")
     ax.set_ylabel("slot utilization")
-    ax.set_ylim(0, 1.05)
-    percent_axis(ax)
     ax.legend(loc="lower left")
-    ax = axes[1]
-    ax.plot(b, sweep["padding_fraction"], "o-", color=PHASE_COLORS["padding"])
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(b, [f"{x:g}" for x in b])
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("static batch size B")
-    ax.set_ylabel("padding / prefill positions")
-    ax.set_ylim(0, 1.05)
-    percent_axis(ax)
+    axes[1].plot(b, sweep["padding_fraction"], "o-", color=PHASE_COLORS["padding"])
+    axes[1].set_ylabel("padding / prefill positions")
+    for ax in axes:
+        log2_x(ax, b)
+        ax.set_xlabel("static batch size B")
+        ax.set_ylim(0, 1.05)
+        percent_axis(ax)
     return fig
 
 

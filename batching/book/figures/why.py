@@ -7,18 +7,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import matplotlib
 import matplotlib.pyplot as plt
-import matplotlib.ticker
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ..plots import PHASE_COLORS, POLICY_COLORS, SOURCE_COLORS, WIDTH, log_ticks, log_y
+from ..plots import PHASE_COLORS, POLICY_COLORS, SOURCE_COLORS, WIDTH, log2_x, log_ticks, log_y
 from ..why import KNEE_FACTOR
 
-# ------------------------------------------------------------------ why batching
-#: "Why batching": the two measured decode paths (a uniform batch in contiguous slots; a
+#: The two measured decode paths (a uniform batch in contiguous slots; a
 #: live batch with mixed contexts whose slabs are gathered) and the roofline's lines.
 PATH_COLORS: dict[str, str] = {
     "uniform": PHASE_COLORS["decode"],
@@ -46,13 +43,8 @@ DEVICE_COLORS: dict[str, str] = {
 
 def _pow2_axis(ax: Any, lo: float, hi: float) -> None:
     """Log-2 batch axis with plain labels at the powers of two (every other one if crowded)."""
-    ax.set_xscale("log", base=2)
     ticks = [2.0**i for i in range(0, 14) if lo <= 2.0**i <= hi]
-    if len(ticks) > 9:
-        ticks = ticks[::2]
-    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    log2_x(ax, ticks[::2] if len(ticks) > 9 else ticks)
 
 
 def _bstar_line(
@@ -174,21 +166,20 @@ def live_decode_figure(
             label=PATH_LABELS[path],
             zorder=4,
         )
-    t1 = float(np.asarray(sweep["uniform_ms"])[0])
-    for f in (KNEE_FACTOR,):
-        ax.axhline(f * t1, color="#bbbbbb", lw=0.8, zorder=1)
-        ax.annotate(
-            f"{f:g}x batch 1",
-            (1.0, f * t1),
-            xycoords=("axes fraction", "data"),
-            xytext=(-2, 1),
-            textcoords="offset points",
-            ha="right",
-            va="bottom",
-            fontsize=7,
-            color="#888888",
-            bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
-        )
+    band = KNEE_FACTOR * float(np.asarray(sweep["uniform_ms"])[0])
+    ax.axhline(band, color="#bbbbbb", lw=0.8, zorder=1)
+    ax.annotate(
+        f"{KNEE_FACTOR:g}x batch 1",
+        (1.0, band),
+        xycoords=("axes fraction", "data"),
+        xytext=(-2, 1),
+        textcoords="offset points",
+        ha="right",
+        va="bottom",
+        fontsize=7,
+        color="#888888",
+        bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
+    )
     k = numbers["knee"]
     ky = float(np.asarray(sweep["uniform_ms"])[list(b).index(k)])
     ax.plot([k], [ky], "o", ms=11, mfc="none", mec="black", mew=1.2, zorder=5)

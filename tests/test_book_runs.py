@@ -59,11 +59,14 @@ def test_clear_forgets_every_run(tmp_path: Path) -> None:
     assert len(calls) == 3
 
 
-def test_the_digest_covers_every_source_file(tmp_path: Path) -> None:
+def test_the_digest_covers_every_source_file_and_profile(tmp_path: Path) -> None:
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
+    (tmp_path / "data" / "profiles").mkdir(parents=True)
     (pkg / "a.py").write_text("x = 1\n")
     (pkg / "sub" / "b.py").write_text("y = 2\n")
     d0 = runs.source_digest(pkg)
     (pkg / "sub" / "b.py").write_text("y = 3\n")
-    assert runs.source_digest(pkg) != d0
+    d1 = runs.source_digest(pkg)
+    (tmp_path / "data" / "profiles" / "cpu.json").write_text("{}")
+    assert len({d0, d1, runs.source_digest(pkg)}) == 3

@@ -57,6 +57,8 @@ def test_numbers_by_hand():
     assert not n["same_throughput"]  # 100 vs 200 tok/s
     assert n["requests"] == 12 and n["rounds"] == 3 and n["max_loadavg"] == 4.0 and n["live"] is None
     assert n["cpus"] == 1.0 and n["busy"]  # no cpu_count in the file: one core, under a load of 4
+    # No threads in the file: one per process; the committed cpu-s profile says its own.
+    assert n["threads"] == 1 and n["profile_threads"] == serve.committed(serve.PROFILE)["meta"]["threads"]
     sim = n["rows"]["simulated"]
     assert all(sim[c] is not None and sim[c] > 0 for c in COLS)
     assert sim["ttft_p50"] <= sim["e2e_p50"] and sim["ttft_p99"] >= sim["ttft_p50"]

@@ -8,7 +8,7 @@ measurement once and keeps its result under ``_build/runs/``: the second page to
 the same call, with the same arguments and the same package source, gets the same result.
 
 The key is the function, its arguments (pickled) and a digest of every ``batching`` source
-file, so a changed argument or a code change measures again; a result older than
+file and committed profile, so a changed argument, code or profile measures again; a result older than
 :data:`MAX_AGE_S` is measured again too. ``tools/build_book.py`` empties the folder before
 it executes the notebooks, so every build measures each run exactly once.
 """
@@ -34,10 +34,12 @@ T = TypeVar("T")
 
 
 def source_digest(package: Path = PACKAGE) -> str:
-    """SHA-256 over every ``.py`` file of the package, by path and content."""
+    """SHA-256 over every ``.py`` file of the package and every committed profile beside it
+    (``data/profiles/*.json``: a run's simulated columns come from one), by path and content."""
     h = hashlib.sha256()
-    for f in sorted(package.rglob("*.py")):
-        h.update(str(f.relative_to(package)).encode())
+    files = sorted(package.rglob("*.py")) + sorted((package.parent / "data" / "profiles").glob("*.json"))
+    for f in files:
+        h.update(str(f.relative_to(package.parent)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()
 

@@ -159,6 +159,10 @@ def numbers(
         # Measured while other work shared the cores (the machine the file was measured on).
         "busy": machine_busy(max_load, doc.get("cpu_count")),
         "date": doc["date"],
+        # The simulator's row prices steps by a profile measured with its own thread count;
+        # the benchmark's processes ran with doc["threads"] each (the page says when they differ).
+        "threads": int(doc.get("threads") or 1),
+        "profile_threads": int(json.loads(Path(profile or PROFILE).read_text())["meta"].get("threads") or 1),
         "live": live_info,
     }
 

@@ -61,10 +61,9 @@ def slice_workload(doc: Mapping[str, Any]) -> Workload:
     return w.scale(lengths=float(doc["workload"]["scale_lengths"]), time=float(doc["workload"]["time_scale"]))
 
 
-def simulated_row(w: Workload, slots: int, profile: str | Path | None = None) -> dict[str, float | None]:
+def simulated_row(w: Workload, slots: int, cost: ProfileCost) -> dict[str, float | None]:
     """The simulator's prediction of the slice: continuous batching on this machine's
-    measured cpu-s profile, the slots of the real runs."""
-    cost = ProfileCost.from_json(str(profile or PROFILE))
+    measured cpu-s profile (``cost``), the slots of the real runs."""
     res: RunResult = simulate(w, cost, "continuous", slots=slots, kv_tokens=None)
     return summary_row(summarize(res, request_records(res.requests)))
 
@@ -126,7 +125,8 @@ def numbers(
     med = doc["median"]
     rows: dict[str, dict[str, float | None]] = {}
     w = slice_workload(doc)
-    rows["simulated"] = simulated_row(w, int(doc["modes_config"]["ours-continuous"]["slots"]), profile)
+    cost = ProfileCost.from_json(str(profile or PROFILE))
+    rows["simulated"] = simulated_row(w, int(doc["modes_config"]["ours-continuous"]["slots"]), cost)
     for m in ("ours-continuous", "ours-chunked", "hf-serve"):
         rows[m] = {c: med[m][c] for c in COLUMNS}
     live_info = None
@@ -162,7 +162,7 @@ def numbers(
         # The simulator's row prices steps by a profile measured with its own thread count;
         # the benchmark's processes ran with doc["threads"] each (the page says when they differ).
         "threads": int(doc.get("threads") or 1),
-        "profile_threads": int(json.loads(Path(profile or PROFILE).read_text())["meta"].get("threads") or 1),
+        "profile_threads": int(cost.meta.get("threads") or 1),
         "live": live_info,
     }
 

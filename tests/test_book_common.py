@@ -17,7 +17,6 @@ from batching.book import (
     static,
 )
 from batching.book import kv as kvbook
-from batching.costs import get_cost_model
 from batching.workload import preset
 
 
@@ -28,9 +27,6 @@ def test_glue_helpers():
         common.at(sweep, "x", 3.0)
     assert common.flat("p", {"a": np.float64(1.5), "b": "s"}) == {"p_a": 1.5, "p_b": "s"}
     assert common.choose(True, 100, 10) == 10 and common.choose(False, 100, 10) == 100
-    assert common.describe_cost(get_cost_model("llama-70b", "h200", tp=2)) == (
-        "llama-70b (bf16 weights, bf16 KV cache) on 2 x H200-SXM, tensor parallel"
-    )
     assert plots.plain(np.float64(2.5)) == 2.5 and type(plots.plain(np.int64(3))) is int
     # A phrase that names an existing path is pasted as itself, not read as that file.
     for text in (".", "README.md", "", "a *short* phrase"):

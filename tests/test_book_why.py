@@ -328,13 +328,6 @@ def test_flat_verdict_reads_the_step_at_bstar_against_the_roofline_then_the_knee
     ]
 
 
-def test_live_labels_name_the_device_kind():
-    cpu, gpu = decode.live_labels(_synthetic_sweep("cpu")), decode.live_labels(_synthetic_sweep("cuda"))
-    assert cpu["kind"] == "CPU" and cpu["where"] == "AMD EPYC [cpu-here], 2 threads"
-    assert gpu["kind"] == "GPU" and gpu["where"] == "NVIDIA H200 [H200-SXM]"
-    assert cpu["what"] == "cpu-m (117.2M parameters, fp32)" and cpu["date"] == "2026-11-30"
-
-
 def test_first_step_rates_by_hand():
     from batching.models import get_model
     from batching.real.model import LINEAR_CPU

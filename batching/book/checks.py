@@ -70,17 +70,6 @@ def serve_real(runner: Any, workload: Workload, scheduler: str, **options: Any) 
     return run_real(workload, sched, None, runner=runner)
 
 
-def executor_text(ex: Mapping[str, Any]) -> str:
-    """What a real run ran on, for a sentence or caption (7.1-7.3): model, parameters, dtype,
-    device, threads, torch."""
-    dev = ex.get("device_name", ex.get("device", "?"))
-    threads = f", {ex['threads']} threads" if str(ex.get("device", "cpu")).startswith("cpu") else ""
-    return (
-        f"{ex.get('model', '?')}, {ex.get('params', 0) / 1e6:,.1f}M parameters, {ex.get('dtype', '?')}, "
-        f"{dev}{threads}, torch {ex.get('torch', '?')}"
-    )
-
-
 #: Committed runs of ``benchmarks/bench_stall.py`` (7.1's padding, 7.3's stall), relative to the
 #: repository root: ``stall-<device>-<model>.json``.
 STALL_GLOB = "benchmarks/results/stall-*.json"
@@ -98,11 +87,6 @@ def committed_real_runs(root: str | None = None) -> list[dict[str, Any]]:
                 raise ValueError(f"{f}: no {k!r} (not a bench_stall.py result?)")
         docs.append({**doc, "path": str(f.relative_to(base))})
     return sorted(docs, key=lambda d: (d["device"] != "cpu-here", d["path"]))
-
-
-def real_runs_label(doc: Mapping[str, Any]) -> str:
-    """``model dtype on device_name, measured date`` for a committed real run (7.1, 7.3)."""
-    return f"{doc['model']} {doc['dtype']} on {doc['device_name']}, measured {doc['date'][:10]}"
 
 
 def real_crosscheck(

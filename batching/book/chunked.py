@@ -375,22 +375,15 @@ def nochunk_place(sweep: Mapping[float, Mapping[str, np.ndarray]]) -> dict[str, 
 
 
 def tradeoff_rows(
-    sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Sequence[int], low: float, high: float
+    sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Sequence[int], load: float
 ) -> tuple[list[list[str]], list[str]]:
-    """The page's table of a :func:`chunk_sweep`: per chunk size, the median ITL (ms) at the
-    ``high`` load and the p99 TTFT (s) at the ``low`` and ``high`` loads. Returns ``(rows, header)``."""
-    header = [
-        "chunk (tokens)",
-        f"median ITL, {high:g}x (ms)",
-        f"p99 TTFT, {low:g}x (s)",
-        f"p99 TTFT, {high:g}x (s)",
-    ]
+    """The page's table of a :func:`chunk_sweep` at one (high) ``load``: per chunk size, the
+    median ITL (ms) and the p99 TTFT (s). Returns ``(rows, header)``."""
+    header = ["chunk (tokens)", f"median ITL, {load:g}x (ms)", f"p99 TTFT, {load:g}x (s)"]
     rows = []
     for c in chunks:
-        lo, hi = at(sweep[float(low)], "chunk", c), at(sweep[float(high)], "chunk", c)
-        rows.append(
-            [f"{c:,.0f}", f"{hi['itl_p50'] * 1e3:.1f}", f"{lo['ttft_p99']:.1f}", f"{hi['ttft_p99']:.1f}"]
-        )
+        hi = at(sweep[float(load)], "chunk", c)
+        rows.append([f"{c:,.0f}", f"{hi['itl_p50'] * 1e3:.1f}", f"{hi['ttft_p99']:.1f}"])
     return rows, header
 
 

@@ -32,19 +32,6 @@ _OCC_KIND = {"P": "prefill", "D": "decode", "X": "dead"}
 
 
 # ----------------------------------------------------------------------------- basics
-def describe_cost(cost: Any) -> str:
-    """One line naming model, dtype and device of a cost model, for captions (every section).
-
-    >>> describe_cost(get_cost_model("llama-70b", "h200", tp=2))
-    'llama-70b (bf16 weights, bf16 KV cache) on 2 x H200-SXM, tensor parallel'
-    """
-    d = cost.describe()
-    m = f"{d['model']} ({d['dtype']} weights, {d.get('kv_dtype', d['dtype'])} KV cache)"
-    tp = int(d.get("tp", 1))
-    dev = f"{tp} x {d['device']}, tensor parallel" if tp > 1 else f"one {d['device']}"
-    return f"{m} on {dev}"
-
-
 def roofline_numbers(cost: Any) -> dict[str, float]:
     """The device and model numbers the prose derives from (every section): ``peak_tflops``
     and ``bandwidth_tbs`` (all devices together), ``weight_gb`` (stored), ``weight_read_gb``

@@ -275,24 +275,6 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in out.items()}
 
 
-def live_labels(sweep: Mapping[str, Any]) -> dict[str, str]:
-    """Why batching: short labels of a live sweep for captions and prose: ``what`` (model,
-    size, dtype), ``where`` (device name, registry name, threads on a CPU), ``kind`` ("CPU"
-    or "GPU"), ``model``, ``device_name``, ``torch``, ``date`` (the day)."""
-    m = sweep["meta"]
-    gpu = m["device_type"] == "cuda"
-    where = f"{m['device_name']} [{m['device']}]" + ("" if gpu else f", {m['threads']} threads")
-    return {
-        "what": f"{m['model']} ({m['params'] / 1e6:,.1f}M parameters, {m['dtype']})",
-        "where": where,
-        "kind": "GPU" if gpu else "CPU",
-        "model": str(m["model"]),
-        "device_name": str(m["device_name"]),
-        "torch": str(m["torch"]),
-        "date": str(m["date"])[:10],
-    }
-
-
 # ------------------------------------------------------ the measured page's decode section
 
 

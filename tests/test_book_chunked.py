@@ -46,14 +46,12 @@ def test_stall_numbers_derive_the_long_step_from_the_cost_models_flops():
     # (the 8.03B total includes embeddings and the LM head, which prefill rows skip); causal
     # attention over 4,000 tokens: 4 x 32 x 32 x 128 x 4000 x 4001 / 2 = 4.1954 TFLOP.
     rf = chunked.stall_numbers(H100_8B, 512, 4000, decodes=30)
-    assert rf["layer_params_b"] == pytest.approx(6.979, abs=1e-3)
     assert rf["tok_gflop"] == pytest.approx(13.959, abs=1e-3)
     assert rf["attn_tflop"] == pytest.approx(4.19535, abs=1e-4)
     # The step: prompt matrices + attention + 30 decode rows (matrices, LM head, KV reads).
     assert 4000 * rf["tok_gflop"] / 1e3 + rf["attn_tflop"] < rf["long_tflop"] < 4000 * 16 / 1e3
-    assert rf["long_compute_ms"] == pytest.approx(rf["long_tflop"] / 989.0 * 1e3, rel=1e-3)
-    # Compute-bound: the roofline's step is exactly that time plus its overhead.
-    assert rf["long_ms"] == pytest.approx(rf["long_compute_ms"] + rf["overhead_ms"], rel=1e-9)
+    # Compute-bound: the roofline's step is exactly that compute at peak plus its overhead.
+    assert rf["long_ms"] == pytest.approx(rf["long_tflop"] / 989.0 * 1e3 + rf["overhead_ms"], rel=1e-3)
 
 
 def test_chunk_for_itl_is_the_largest_chunk_within_the_itl_target():
@@ -62,12 +60,10 @@ def test_chunk_for_itl_is_the_largest_chunk_within_the_itl_target():
     # 10.27 - 0.3 ms of compute: at 13.96 GFLOP a token (+ the 30 rows' LM head and a little
     # attention) about 700 tokens with the decodes, so a chunk of about 665.
     ex = chunked.chunk_for_itl(H100_8B, 2.0, decodes=30, ctx=300, reference=[256, 4096])
-    assert ex["decode_ms"] == pytest.approx(5.134, abs=1e-3) and 655 <= ex["chunk"] <= 675
-    t = chunked.chunk_step_times(H100_8B, [int(ex["chunk"]), int(ex["chunk"]) + 1], decodes=30, ctx=300)[
-        "step_s"
-    ]
-    assert t[0] <= 2 * ex["decode_ms"] / 1e3 < t[1]
-    assert ex["step_ms"] == pytest.approx(t[0] * 1e3) and 0.9 < ex["share"] < 1
+    d = chunked.chunk_step_times(H100_8B, [int(ex["chunk"]), int(ex["chunk"]) + 1], decodes=30, ctx=300)
+    assert d["decode_s"] * 1e3 == pytest.approx(5.134, abs=1e-3) and 655 <= ex["chunk"] <= 675
+    assert d["step_s"][0] <= 2 * d["decode_s"] < d["step_s"][1]
+    assert 0.9 < ex["share"] < 1
     with pytest.raises(ValueError):
         chunked.chunk_for_itl(H100_8B, 1.0)
 
@@ -150,13 +146,7 @@ def test_trace_contrast_by_hand():
     code = Workload.from_arrays([0.0, 1.0], [2000, 1000], [20, 40])
     conv = Workload.from_arrays([0.0, 1.0, 2.0], [1000, 500, 300], [200, 300, 400])
     c = chunked.trace_contrast(code, conv)
-    assert (c["prompt_mean"], c["output_mean"], c["other_prompt_mean"], c["other_output_mean"]) == (
-        1500,
-        30,
-        600,
-        300,
-    )
-    assert c["prompt_ratio"] == 2.5 and c["output_shorter"] == 10.0
+    assert c == {"prompt_ratio": 1500 / 600, "output_shorter": 300 / 30}
     with pytest.raises(ValueError):
         chunked.trace_contrast(Workload.from_arrays([], [], []), conv)
 
@@ -181,9 +171,6 @@ def test_chunk_sweep_itl_grows_with_chunk_size_and_no_chunking_is_worst():
     cs = chunked.chunk_sweep(w, H100_8B, [128, 512, 2048], slots=16, time_scales=(1.0,))[1.0]
     assert np.all(np.diff(cs["itl_p99"]) > 0)
     assert cs["continuous_itl_p99"][0] > cs["itl_p99"][-1]
-    nums = chunked.tradeoff_numbers({1.0: cs}, {"c": 512}, {"l1": 1.0})
-    assert nums["l1c_itl_p99_ms"] == pytest.approx(cs["itl_p99"][1] * 1e3)
-    assert nums["loads_text"] == "1"
 
 
 def test_itl_series_by_hand():

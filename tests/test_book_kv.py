@@ -23,7 +23,7 @@ def test_kv_over_time_slab_reserves_whole_slabs_and_exact_reserves_what_is_held(
 def test_kv_fit_for_llama_8b_on_h100():
     w = small_trace(200)
     fit = kvbook.kv_fit(H100_8B, w)
-    assert fit["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2
+    assert H100_8B.model.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
     assert fit["slab"] == H100_8B.kv_capacity() // 8192 == 52
     assert fit["exact_avg"] > fit["exact_final"] > fit["slab"]
 

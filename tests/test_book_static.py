@@ -31,14 +31,6 @@ def test_timeline_of_a_hand_made_static_run_has_exactly_the_expected_cells():
         Seg(1, 1, "prefill", 0.0, 1.0, 1),
         Seg(1, 1, "dead", 1.0, 3.0, 2),
     ]
-    assert static.slot_steps(res) == {
-        "prefill": 2,
-        "decode": 2,
-        "dead": 2,
-        "idle": 0,
-        "total": 6,
-        "padded_rows": 1,
-    }
 
 
 def test_timeline_shows_idle_rows_and_idle_gaps_under_continuous_batching():
@@ -61,16 +53,16 @@ def test_first_finisher_static_wastes_31_rows_for_1980_steps():
         preset("first-finisher"), H100_8B, "static", slots=32, kv_tokens=None, record_slots=True
     )
     s = static.first_finisher_summary(res)
-    assert s["dead"] == 31 * 1980 and s["total"] == 32 * 2000
-    assert s["prefill"] + s["decode"] == 32 + (1999 + 31 * 19)
     assert s["after_first_fraction"] > 0.98
     dead = [seg for seg in static.timeline(res) if seg.kind == "dead"]
     assert len(dead) == 31 and all(seg.steps == 1980 for seg in dead)
+    assert all(seg.t0 == pytest.approx(s["first_finish_s"]) for seg in dead)  # the short ones end together
     # Under continuous batching the same rows are idle, not dead.
-    cont = static.first_finisher_summary(
+    cont = static.timeline(
         common.simulate(preset("first-finisher"), H100_8B, "continuous", slots=32, record_slots=True)
     )
-    assert cont["dead"] == 0 and cont["idle"] == 31 * 1980
+    assert not [seg for seg in cont if seg.kind == "dead"]
+    assert sum(seg.steps for seg in cont if seg.kind == "idle") == 31 * 1980
 
 
 def test_timeline_needs_a_recorded_run():
@@ -82,14 +74,11 @@ def test_timeline_needs_a_recorded_run():
 # ------------------------------------------------------------------------------ 7.1
 def test_padding_cost_of_the_padding_pair():
     pc = static.padding_cost(H100_8B)
-    assert pc["pad_tokens"] == 3950 and pc["prefill_computed"] == 8000 and pc["prefill_needed"] == 4050
-    assert pc["padding_fraction"] == pytest.approx(3950 / 8000)
-    assert pc["token_ratio"] == 80 and pc["flop_ratio"] > 80  # attention is quadratic
-    assert pc["t_batch_sim"] == pc["t_batch_padded"]  # the scheduler pads as counted
+    assert pc["token_ratio"] == 80
     # A 50-token prefill is memory-bound on an H100, so padding costs far less time than FLOPs.
     assert (pc["bound_short"], pc["bound_padded"]) == ("memory", "compute")
     assert 5 < pc["time_ratio_short"] < pc["token_ratio"]
-    assert 1.8 < pc["time_ratio_batch"] < 2.0
+    assert 1.8 < pc["t_batch_padded"] / pc["t_batch_unpadded"] < 2.0
     with pytest.raises(ValueError):
         static.padding_cost(H100_8B, short=100, long=50)
 
@@ -103,7 +92,6 @@ def test_static_batch_sweep_matches_the_analytic_formula_and_falls_with_batch_si
     # utilization cannot rise and padding cannot fall.
     assert np.all(np.diff(sweep["analytic"]) <= 1e-12) and sweep["analytic"][-1] < 0.5
     assert np.all(np.diff(sweep["padding_fraction"]) >= -1e-12)
-    assert np.all(sweep["useful_compute"] <= sweep["hw_compute"] + 1e-12)
 
 
 def test_analytic_static_utilization_by_hand():
@@ -198,18 +186,14 @@ def _long_prompt_trace() -> Workload:
 
 def test_static_sweep_equals_the_formula_over_the_batches_the_scheduler_forms():
     sweep = static.static_batch_sweep(_long_prompt_trace(), H100_8B, [1, 4, 16, 32])
-    assert sweep["closed_early"][1:].min() >= 1 and np.all(sweep["batches"] >= sweep["batches_full"])
     np.testing.assert_allclose(sweep["slot_util"], sweep["analytic_formed"], rtol=1e-12)
     assert np.any(np.abs(sweep["slot_util"] - sweep["analytic"]) > 1e-6)
     ag = static.sweep_agreement(sweep)
     assert not ag["equal"] and ag["formed_equal"] and ag["max_gap"] > 1e-6
-    k = int(np.flatnonzero(sweep["batch"] == ag["worst_batch"])[0])
-    assert ag["max_gap"] == pytest.approx(abs(sweep["slot_util"][k] - sweep["analytic"][k]))
-    assert ag["closed_early"] >= 1 and ag["batches"] >= ag["batches_full"]
+    assert ag["max_gap"] == pytest.approx(np.abs(sweep["slot_util"] - sweep["analytic"]).max())
     plain = static.static_batch_sweep(small_trace(128), H100_8B, [1, 4, 16])
-    assert np.all(plain["closed_early"] == 0)
     ag = static.sweep_agreement(plain)
-    assert ag["equal"] and ag["formed_equal"] and ag["closed_early"] == 0
+    assert ag["equal"] and ag["formed_equal"]
 
 
 def test_sweep_agreement_by_hand():
@@ -218,18 +202,11 @@ def test_sweep_agreement_by_hand():
         "slot_util": np.array([1.0, 0.50, 0.30]),
         "analytic": np.array([1.0, 0.52, 0.30]),
         "analytic_formed": np.array([1.0, 0.50, 0.30]),
-        "closed_early": np.array([0.0, 3.0, 0.0]),
-        "batches": np.array([10.0, 8.0, 3.0]),
-        "batches_full": np.array([10.0, 5.0, 3.0]),
     }
     ag = static.sweep_agreement(sweep)
     assert ag == {
         "equal": False,
         "max_gap": pytest.approx(0.02),
-        "worst_batch": 2.0,
-        "closed_early": 3.0,
-        "batches": 8.0,
-        "batches_full": 5.0,
         "formed_equal": True,
     }
 

@@ -154,11 +154,9 @@ def stall_numbers(
     over the first, ``chunks`` = how many chunks the prompt takes. With ``reference``
     chunk sizes, ``chunk_share`` = the chunk's prefill throughput over the best of them.
 
-    The derivation of the long step's time, as the cost model counts it: ``layer_params_b``
-    (billions of parameters in the layers' matrices), ``tok_gflop`` (2 x those per prompt
-    token: the LM head runs for decode rows only), ``attn_tflop`` (causal attention over
-    the prompt), ``long_tflop`` (the whole step, decodes included), ``long_compute_ms``
-    (that at peak) and ``overhead_ms`` (the step overhead the roofline adds)."""
+    The long step's derivation: ``tok_gflop`` (the layers' matrices per prompt token: the LM
+    head runs for decode rows only), ``attn_tflop`` (causal attention over the prompt),
+    ``long_tflop`` (the whole step) and ``overhead_ms`` (what the roofline adds per step)."""
     d = chunk_step_times(cost, [chunk, prompt], decodes=decodes, ctx=ctx)
     m = cost.model
     long_flops = m.flops(step_work([prompt], decodes, ctx))
@@ -168,35 +166,13 @@ def stall_numbers(
         "long_ms": float(d["step_s"][1]) * 1e3,
         "stall": float(d["step_s"][1] / d["decode_s"]),
         "chunks": float(math.ceil(prompt / chunk)),
-        "layer_params_b": m.layers * m.layer_matmul_params / 1e9,
         "tok_gflop": 2 * m.layers * m.layer_matmul_params / 1e9,
         "attn_tflop": m.attn_flops_per_pair * prompt * (prompt + 1) / 2 / 1e12,
         "long_tflop": long_flops / 1e12,
-        "long_compute_ms": long_flops / cost.peak_flops * 1e3,
         "overhead_ms": float(cost.device.step_overhead_s) * 1e3,
     }
     if reference:
         out["chunk_share"] = _prefill_share(cost, chunk, reference, decodes, ctx)
-    return out
-
-
-def tradeoff_numbers(
-    sweep: Mapping[float, Mapping[str, np.ndarray]], chunks: Mapping[str, int], loads: Mapping[str, float]
-) -> dict[str, Any]:
-    """7.3: glue-ready numbers of a :func:`chunk_sweep`: for each ``loads`` tag and each
-    ``chunks`` tag, ``<load><chunk>_{itl_p99_ms,itl_p50_ms,ttft_p99,ttft_p50}``, and for
-    continuous batching without chunks ``<load>_continuous_{itl_p99_ms,itl_p50_ms,ttft_p99,ttft_p50}``;
-    plus ``loads_text`` ("1, 2, 4")."""
-    out: dict[str, Any] = {"loads_text": ", ".join(f"{k:g}" for k in sweep)}
-    for lt, load in loads.items():
-        d = sweep[float(load)]
-        ref = {k: float(d[f"continuous_{k}"][0]) for k in ("itl_p99", "itl_p50", "ttft_p99", "ttft_p50")}
-        points = {"_continuous": ref, **{ct: at(d, "chunk", c) for ct, c in chunks.items()}}
-        for tag, v in points.items():
-            out[f"{lt}{tag}_itl_p99_ms"] = v["itl_p99"] * 1e3
-            out[f"{lt}{tag}_itl_p50_ms"] = v["itl_p50"] * 1e3
-            out[f"{lt}{tag}_ttft_p99"] = v["ttft_p99"]
-            out[f"{lt}{tag}_ttft_p50"] = v["ttft_p50"]
     return out
 
 
@@ -250,19 +226,13 @@ def chunk_for_itl(
     cost: Any, factor: float = 2.0, decodes: int = 30, ctx: int = 300, reference: Sequence[int] = ()
 ) -> dict[str, float]:
     """7.3 (exercise): the largest chunk whose step, carrying ``decodes`` decodes of ``ctx``
-    KV tokens, stays within ``factor`` x the decode-only step on the roofline. Returns
-    ``chunk`` (tokens), ``step_ms``, ``decode_ms`` and ``share``: its prefill throughput
-    over the best of ``reference`` chunk sizes and itself (the figure's right panel)."""
+    KV tokens, stays within ``factor`` x the decode-only step on the roofline: ``chunk`` (tokens)
+    and ``share``, its prefill throughput over the best of ``reference`` chunk sizes and itself."""
     base = _step_s(cost, 0, decodes, ctx)
     lo = chunk_within(cost, factor * base, decodes=decodes, ctx=ctx)
     if lo == 0:
         raise ValueError(f"factor={factor}: even a 1-token chunk exceeds it")
-    return {
-        "chunk": float(lo),
-        "step_ms": _step_s(cost, lo, decodes, ctx) * 1e3,
-        "decode_ms": base * 1e3,
-        "share": _prefill_share(cost, lo, reference, decodes, ctx),
-    }
+    return {"chunk": float(lo), "share": _prefill_share(cost, lo, reference, decodes, ctx)}
 
 
 def slo_steps(
@@ -286,21 +256,13 @@ def slo_steps(
 
 
 def trace_contrast(workload: Workload, other: Workload) -> dict[str, float]:
-    """7.3 (exercise on the code trace): mean prompt and output lengths of ``workload`` (this
-    page's requests) and ``other`` (7.2's conversation requests, as many), and how many times
-    longer this page's prompts are and shorter its outputs."""
+    """7.3 (exercise on the code trace): how many times longer the mean prompt of ``workload``
+    (this page's requests) is than ``other``'s (7.2's conversations) and shorter its mean output."""
     if len(workload) == 0 or len(other) == 0:
         raise ValueError("trace_contrast() needs two non-empty workloads")
     p, o = float(np.mean(workload.prompt_lens)), float(np.mean(workload.output_lens))
     po, oo = float(np.mean(other.prompt_lens)), float(np.mean(other.output_lens))
-    return {
-        "prompt_mean": p,
-        "output_mean": o,
-        "other_prompt_mean": po,
-        "other_output_mean": oo,
-        "prompt_ratio": p / po,
-        "output_shorter": oo / o,
-    }
+    return {"prompt_ratio": p / po, "output_shorter": oo / o}
 
 
 def chunk_sweep(
@@ -352,25 +314,12 @@ def stall_rows(st: Mapping[str, Any], labels: Mapping[str, str]) -> list[list[An
 
 def nochunk_place(sweep: Mapping[float, Mapping[str, np.ndarray]]) -> dict[str, Any]:
     """Where continuous batching without chunks sits among a :func:`chunk_sweep`'s chunk sizes:
-    ``worst_itl_loads`` (the loads at which its p99 ITL is at least every chunk size's) and
-    ``off_curve_loads`` (the loads at which some chunk size also has a lower p99 TTFT, so that
-    no chunk size trades against it), each a count and a list; ``worst_everywhere`` and
-    ``off_curve_anywhere`` (bools); and at the last load, ``top_load``, its p99 TTFT
-    (``nochunk_ttft_p99``) against the best chunk size's (``best_ttft_p99``, ``best_chunk``)."""
-    worst = [k for k, d in sweep.items() if d["continuous_itl_p99"][0] >= d["itl_p99"].max()]
-    off = [k for k, d in sweep.items() if np.any(d["ttft_p99"] < d["continuous_ttft_p99"][0])]
-    top = list(sweep)[-1]
-    d = sweep[top]
-    b = int(np.argmin(d["ttft_p99"]))
+    ``off_curve_loads``, the loads at which some chunk size also has a lower p99 TTFT (so that
+    no chunk size trades against it)."""
     return {
-        "worst_itl_loads": worst,
-        "off_curve_loads": off,
-        "worst_everywhere": len(worst) == len(sweep),
-        "off_curve_anywhere": bool(off),
-        "top_load": float(top),
-        "nochunk_ttft_p99": float(d["continuous_ttft_p99"][0]),
-        "best_ttft_p99": float(d["ttft_p99"][b]),
-        "best_chunk": float(d["chunk"][b]),
+        "off_curve_loads": [
+            k for k, d in sweep.items() if np.any(d["ttft_p99"] < d["continuous_ttft_p99"][0])
+        ]
     }
 
 

@@ -33,12 +33,8 @@ _OCC_KIND = {"P": "prefill", "D": "decode", "X": "dead"}
 
 # ----------------------------------------------------------------------------- basics
 def roofline_numbers(cost: Any) -> dict[str, float]:
-    """The device and model numbers the prose derives from (every section): ``peak_tflops``
-    and ``bandwidth_tbs`` (all devices together), ``weight_gb`` (stored), ``weight_read_gb``
-    (streamed per step), ``params_b`` (billions), ``bstar`` (batch where decode turns
-    compute-bound), ``decode_ms`` (one decode step of one sequence at context 1), ``tp``,
-    ``kv_kb_per_token``, ``kv_capacity`` (tokens), ``max_context`` and ``overhead_ms`` (the
-    device's assumed fixed cost per step, ``DeviceSpec.step_overhead_s``)."""
+    """The device and model numbers the prose derives from (every section); peak and bandwidth
+    count all devices together, ``bstar`` is the batch where decode turns compute-bound."""
     m = cost.model
     return {
         "peak_tflops": cost.peak_flops / 1e12,
@@ -47,8 +43,6 @@ def roofline_numbers(cost: Any) -> dict[str, float]:
         "weight_read_gb": m.weight_read_bytes / 1e9,
         "params_b": m.params / 1e9,
         "bstar": float(cost.bstar()),
-        "decode_ms": cost.decode_step(1, 1) * 1e3,
-        "tp": float(cost.tp),
         "kv_kb_per_token": m.kv_bytes_per_token / 1e3,
         "kv_capacity": float(cost.kv_capacity()),
         "max_context": float(m.max_context),

@@ -109,23 +109,12 @@ def iterations(result: RunResult, rids: Sequence[int] | None = None) -> dict[str
 
 
 def subset_latency(result: RunResult, rids: Sequence[int]) -> dict[str, float]:
-    """7.2: latency of a subset of requests: ``n``, ``ttft_mean``, ``e2e_mean``, ``e2e_p50``,
-    ``e2e_p99``, ``queue_mean`` (s), and ``last_finish`` (s after the first arrival)."""
+    """7.2: the mean end-to-end latency (s) of a subset of requests (``e2e_mean``)."""
     want = set(rids)
     recs = [request_record(r) for r in result.requests if r.rid in want]
     if not recs:
         raise ValueError("subset_latency(): none of the rids is in the run")
-    e2e = np.array([x["e2e"] for x in recs])
-    start = min(r.arrival for r in result.requests)
-    return {
-        "n": float(len(recs)),
-        "ttft_mean": float(np.mean([x["ttft"] for x in recs])),
-        "e2e_mean": float(e2e.mean()),
-        "e2e_p50": float(np.median(e2e)),
-        "e2e_p99": float(np.percentile(e2e, 99)),
-        "queue_mean": float(np.mean([x["queue"] for x in recs])),
-        "last_finish": float(max(x["finish"] for x in recs) - start),
-    }
+    return {"e2e_mean": float(np.mean([x["e2e"] for x in recs]))}
 
 
 def first_finisher_queue(extra: int = 64, gap: float = 0.05, prompt: int = 128, output: int = 20) -> Workload:
@@ -145,19 +134,11 @@ def first_finisher_queue(extra: int = 64, gap: float = 0.05, prompt: int = 128, 
 
 
 def probe_summary(its: Mapping[str, np.ndarray], probe: int) -> dict[str, float]:
-    """7.2: how the probes' iterations and times are distributed (for the prose)."""
-    fa, fr, sv = its["from_admission"], its["from_arrival"], its["service"]
+    """7.2: the share of probes that lived exactly ``probe`` iterations from admission
+    (``exact_fraction``) and the median iterations from arrival (``arrival_p50``)."""
     return {
-        "n": float(len(fa)),
-        "exact_fraction": float(np.mean(fa == probe)),
-        "admission_p50": float(np.median(fa)),
-        "admission_max": float(fa.max()),
-        "arrival_p50": float(np.median(fr)),
-        "arrival_p99": float(np.percentile(fr, 99)),
-        "service_p50": float(np.median(sv)),
-        "service_p99": float(np.percentile(sv, 99)),
-        "e2e_p50": float(np.median(its["e2e"])),
-        "e2e_p99": float(np.percentile(its["e2e"], 99)),
+        "exact_fraction": float(np.mean(its["from_admission"] == probe)),
+        "arrival_p50": float(np.median(its["from_arrival"])),
     }
 
 
@@ -173,19 +154,12 @@ def utilization_at_capacity(
     workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], itl_slo_ms: float, **options: Any
 ) -> dict[str, dict[str, float]]:
     """7.2 (70B): each configuration at its own capacity under ``itl_slo_ms``
-    (:func:`~batching.book.capacity.capacity`; ``options`` go to it): ``rate`` (req/s),
-    ``time_scale``, ``slot_util``, ``hw_compute``, ``useful_compute``, ``hw_bandwidth`` and
-    ``running_peak`` of the run at that rate (NaN where no rate met the SLO)."""
-    keys = ("slot_util", "hw_compute", "useful_compute", "hw_bandwidth", "running_peak")
+    (:func:`~batching.book.capacity.capacity`; ``options`` go to it): ``slot_util`` and
+    ``hw_compute`` of the run at that rate (NaN where no rate met the SLO)."""
     out = {}
     for name, cfg in configs.items():
-        c = capacity(workload, cost, cfg, itl_slo_ms, **options)
-        p = c["point"]
-        out[name] = {
-            "rate": float(c["rate"]),
-            "time_scale": float(c["time_scale"]),
-            **{k: float(p[k]) if p else math.nan for k in keys},
-        }
+        p = capacity(workload, cost, cfg, itl_slo_ms, **options)["point"]
+        out[name] = {k: float(p[k]) if p else math.nan for k in ("slot_util", "hw_compute")}
     return out
 
 

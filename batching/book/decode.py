@@ -198,19 +198,10 @@ def live_roofline(sweep: Mapping[str, Any], points: int = 0) -> dict[str, np.nda
 
 
 def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
-    """Why batching: the numbers the pages quote from a :func:`live_decode_sweep`.
-
-    B* (``bstar``: :func:`~batching.book.why.bstar_of`) and the roofline (``pred*``) come from
-    the sweep's own matrix-vector bandwidth and matmul peak (``bstar_copy``: from its copy
-    bandwidth). Uniform path: batch 1's step (``t1_ms``) against the weights' streaming time
-    and the roofline, the bytes per second it achieves (weights + KV over the step) and that
-    over the matvec and copy bandwidths (``efficiency*``); the ``knee``; at ``bstar_batch``
-    (the largest swept batch at or below B*, 1 if none) its step over batch 1's, measured
-    (``ratio_bstar``) and on the roofline (``pred_ratio_bstar``); at the largest batch
-    (``bmax``) step, ratio to batch 1 and tokens/s. Every other path ``p``: ``p_t1_ms``,
-    ``p_knee``, ``p_tmax_ms``, ``p_ratio_max``, ``p_tps_max`` and ``p_gap_max`` (its step over
-    the uniform one at ``bmax``).
-    """
+    """Why batching: the numbers the pages quote from a :func:`live_decode_sweep`. B* and the
+    roofline (``pred*``) come from the sweep's own matrix-vector bandwidth and matmul peak;
+    ``bstar_batch`` is the largest swept batch at or below B*; each path other than uniform
+    adds ``<path>_`` keys, ``<path>_gap_max`` being its step over the uniform one at ``bmax``."""
     shape = sweep_shape(sweep)
     b = np.asarray(sweep["batch"], dtype=float)
     if b[0] != 1:
@@ -224,9 +215,7 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     achieved = moved1 / (u[0] / 1e3)
     ib = int(np.flatnonzero(b <= max(bstar, 1.0))[-1])
     out = {
-        "params_m": shape.params / 1e6,
         "weight_mb": shape.weight_read_bytes / 1e6,
-        "kv_kb_per_token": shape.kv_bytes_per_token / 1e3,
         "ctx": float(sweep["ctx"]),
         "bmax": float(b[-1]),
         "matvec_gbs": float(sweep["matvec_gbs"]),
@@ -235,8 +224,6 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
         "peak_gflops": float(sweep["peak_tflops"]) * 1e3,
         "bytes_per_param": float(shape.bytes_per_param),
         "bstar": bstar,
-        "bstar_copy": bstar_of(peak, sweep["copy_gbs"] * 1e9, shape.bytes_per_param),
-        "stream_ms": shape.weight_read_bytes / bw * 1e3,
         "pred1_ms": float(roof["time_s"][0]) * 1e3,
         "t1_ms": float(u[0]),
         "over_pred": float(u[0] / (roof["time_s"][0] * 1e3)),
@@ -249,13 +236,9 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
         "pred_ratio_bstar": float(roof["time_s"][ib] / roof["time_s"][0]),
         "tmax_ms": float(u[-1]),
         "ratio_max": float(u[-1] / u[0]),
-        "pred_max_ms": float(roof["time_s"][-1]) * 1e3,
-        "tps1": float(1e3 / u[0]),
         "tps_max": float(b[-1] * 1e3 / u[-1]),
-        "tps_gain": float(b[-1] * u[0] / u[-1]),
         "per_token_max_ms": float(u[-1] / b[-1]),
         "reps": float(sweep["meta"]["reps"]),
-        "threads": float(sweep["meta"]["threads"]),
         "wall_s": float(sweep["meta"]["wall_s"]),
     }
     for path in sweep.get("paths", ["uniform"]):

@@ -50,13 +50,12 @@ def kv_runs(
     """The KV page: continuous batching under each KV policy, every step logged.
 
     Returns ``series`` ({policy: :func:`kv_over_time`}) and ``numbers``: per policy (prefixed
-    ``<policy>_``) some :func:`metrics` keys, ``unused`` = 1 - used / reserved (time-weighted)
-    and ``peak_share`` = kv_reserved_peak / the KV capacity the runs had.
+    ``<policy>_``) ``running_peak``, ``ttft_p99``, ``preemptions``, ``unused`` = 1 - used /
+    reserved (time-weighted) and ``peak_share`` = the reserved peak / the KV capacity the runs had.
     """
     series: dict[str, Any] = {}
     numbers: dict[str, float] = {}
-    keys: tuple[str, ...] = ("running_peak", "kv_reserved_mean", "kv_used_mean", "kv_reserved_peak")
-    keys += ("throughput_tok", "e2e_p99", "ttft_p99", "queue_mean", "preemptions")
+    keys = ("running_peak", "ttft_p99", "preemptions")
     capacity = cost.kv_capacity() if kv_tokens == "device" else float(kv_tokens)
     for pol in policies:
         r = simulate(
@@ -79,14 +78,11 @@ def kv_fit(cost: Any, workload: Workload) -> dict[str, float]:
     ctx = cost.model.max_context
     return {
         "capacity": float(C),
-        "kv_bytes_per_token": float(cost.model.kv_bytes_per_token),
         "max_context": float(ctx),
         "slab": float(C // ctx),
         "exact_final": float(C / L.mean()),
         "exact_avg": C / _life_mean(workload),
         "mean_final": float(L.mean()),
-        "p50_final": float(np.percentile(L, 50)),
-        "p99_final": float(np.percentile(L, 99)),
         "slab_waste": float(1 - L.mean() / ctx),
     }
 
@@ -97,9 +93,8 @@ def policy_roofline(cost: Any, workload: Workload, budget: float, slots: int) ->
     length over a request's life (prompt + output / 2, ``ctx``).
 
     ``rows_slab`` = min(slots, budget // max_context), ``rows_exact`` = min(slots, budget // ctx);
-    per policy ``step_<pol>_ms`` (:meth:`decode_step` at those rows and ``ctx``), ``tput_<pol>``
-    (rows / step, tokens/s) and ``kv_share_<pol>`` (the share of a step's bytes that is KV,
-    not weights); ``gain`` = tput_exact / tput_slab and ``rows_ratio`` = rows_exact / rows_slab."""
+    per policy ``tput_<pol>`` (rows / :meth:`decode_step`, tokens/s) and ``kv_share_<pol>`` (the
+    share of a step's bytes that is KV, not weights); ``gain`` = tput_exact / tput_slab."""
     ctx = _life_mean(workload)
     m = cost.model
     rows = {
@@ -112,32 +107,15 @@ def policy_roofline(cost: Any, workload: Workload, budget: float, slots: int) ->
             raise ValueError(
                 f"budget={budget:g} KV tokens holds no {pol} row (context {m.max_context}, mean {ctx:.0f})"
             )
-        step = cost.decode_step(r, int(round(ctx)))
-        out.update(
-            {
-                f"rows_{pol}": float(r),
-                f"step_{pol}_ms": step * 1e3,
-                f"tput_{pol}": r / step,
-                f"kv_share_{pol}": _kv_share(cost, r, ctx),
-            }
-        )
+        out[f"rows_{pol}"] = float(r)
+        out[f"tput_{pol}"] = r / cost.decode_step(r, int(round(ctx)))
+        out[f"kv_share_{pol}"] = _kv_share(cost, r, ctx)
     out["gain"] = out["tput_exact"] / out["tput_slab"]
-    out["rows_ratio"] = out["rows_exact"] / out["rows_slab"]
     return out
 
 
 #: What :func:`kv_budget_sweep` records per budget (:func:`~batching.book.common.metrics` keys).
-BUDGET_KEYS = (
-    "throughput_tok",
-    "e2e_p99",
-    "ttft_p99",
-    "preemptions",
-    "running_peak",
-    "kv_used_mean",
-    "kv_reserved_mean",
-    "slot_util",
-    "steps",
-)
+BUDGET_KEYS = ("throughput_tok", "preemptions", "running_peak")
 
 
 def kv_budget_sweep(
@@ -314,13 +292,9 @@ def slab_verdict(slab_kept: float) -> Claim:
 
 def real_kv_numbers(rs: Mapping[str, Any]) -> dict[str, float]:
     """What :func:`real_kv` measured, as the numbers the page and the measured section quote:
-    ``slab_over_static``, ``exact_over_static``, ``exact_over_slab`` (throughput ratios),
-    ``slab_kept`` (:func:`gain_kept`, NaN when exact reservations gained nothing over static),
-    ``slab_unused`` (1 - written / reserved KV, slab policy, means over the run),
-    ``exact_peak_share`` (exact's reserved peak over the budget), ``exact_slot_bound`` (1.0
-    when exact ran every slot at once: the slots, not the memory, were the limit, else 0.0),
-    the three runs' ``<run>_running_peak`` / ``<run>_throughput_tok`` / ``exact_preemptions``
-    (runs keyed ``static``, ``slab``, ``exact``) and, with a simulation beside the runs,
+    throughput ratios, ``slab_kept`` (:func:`gain_kept`, NaN when exact reservations gained
+    nothing over static), ``exact_slot_bound`` (1.0 when exact ran every slot at once: the
+    slots, not the memory, were the limit) and, with a simulation beside the runs,
     ``<run>_sim_tput_err`` (simulated over measured throughput, minus 1)."""
     runs = {"static": "static", "slab": "continuous, slab", "exact": "continuous, exact"}
     st, sl, ex = (rs["real"][runs[k]] for k in ("static", "slab", "exact"))
@@ -332,6 +306,7 @@ def real_kv_numbers(rs: Mapping[str, Any]) -> dict[str, float]:
         "exact_peak_share": ex["kv_reserved_peak"] / rs["budget"],
         "exact_slot_bound": float(ex["running_peak"] >= rs["slots"]),
         "exact_preemptions": float(ex["preemptions"]),
+        "exact_running_peak": float(ex["running_peak"]),
     }
     out["slab_kept"] = (
         gain_kept(out["slab_over_static"], out["exact_over_static"])
@@ -339,8 +314,6 @@ def real_kv_numbers(rs: Mapping[str, Any]) -> dict[str, float]:
         else float("nan")
     )
     for k, name in runs.items():
-        out[f"{k}_running_peak"] = float(rs["real"][name]["running_peak"])
-        out[f"{k}_throughput_tok"] = float(rs["real"][name]["throughput_tok"])
         if "sim" in rs:
             out[f"{k}_sim_tput_err"] = (
                 rs["sim"][name]["throughput_tok"] / rs["real"][name]["throughput_tok"] - 1

@@ -12,7 +12,6 @@ import numpy as np
 
 from ..costs import RooflineCost
 from ..engine import RunResult
-from ..metrics import summarize
 from ..results import load_average, machine_load
 from ..workload import Workload
 from .capacity import queue_growth
@@ -24,47 +23,24 @@ def _check_pair(short: Any, long: Any) -> None:
         raise ValueError(f"short={short!r}, long={long!r}: need integers 0 < short < long")
 
 
-def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000, output: int = 20) -> dict[str, Any]:
-    """7.1 (a): what padding a ``short`` prompt to a ``long`` one costs.
-
-    Runs the ``padding-pair`` shape (one short and one long prompt at t=0) through the
-    static scheduler (its prefill step's tokens, padding and time ``t_batch_sim``), and
-    prices the prefills with the roofline (seconds, and ``*_ms``): the short prompt alone and
-    padded, the pair packed and padded, their ratios, ``flop_ratio`` (FLOPs of the padded
-    short prompt over the unpadded one, attention included), and the bound
-    (``memory``/``compute``) of the short and the padded prefill.
-    """
+def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000) -> dict[str, Any]:
+    """7.1 (a): roofline prefill times (s) of a ``short`` prompt alone and padded to a ``long``
+    one, of the pair packed and padded, their ratios, and the bound of the short and the
+    padded prefill."""
     _check_pair(short, long)
-    w = Workload.from_arrays([0.0, 0.0], [short, long], [output, output], name="padding-pair")
-    res = simulate(w, cost, "static", slots=2, kv_tokens=None)
-    s = summarize(res)
-    L = res.log.cols
-    work = lambda *prompts: step_work(prompts)
-    pad = long - short
+    t = lambda *prompts: cost.step_time(step_work(prompts))
     out = {
         "short": float(short),
         "long": float(long),
-        "pad_tokens": float(L["pad"][0]),
-        "prefill_needed": float(L["prefill"][0]),
-        "prefill_computed": float(L["prefill"][0] + L["pad"][0]),
-        "padding_fraction": s["padding_fraction"],
         "token_ratio": long / short,
-        "flop_ratio": cost.flops(work(long)) / cost.flops(work(short)),
-        "t_short": cost.step_time(work(short)),
-        "t_short_padded": cost.step_time(work(long)),
-        "t_long": cost.step_time(work(long)),
-        "t_batch_unpadded": cost.step_time(work(short, long)),
-        "t_batch_padded": cost.step_time(work(long, long)),
-        "t_batch_sim": float(L["dur"][0]),
+        "t_short": t(short),
+        "t_short_padded": t(long),
+        "t_batch_unpadded": t(short, long),
+        "t_batch_padded": t(long, long),
     }
-    assert out["pad_tokens"] == pad, (out["pad_tokens"], pad)
-    for k in ("t_short", "t_short_padded", "t_long", "t_batch_unpadded", "t_batch_padded", "t_batch_sim"):
-        out[f"{k}_ms"] = out[k] * 1e3
     out["time_ratio_short"] = out["t_short_padded"] / out["t_short"]
-    out["time_ratio_batch"] = out["t_batch_padded"] / out["t_batch_unpadded"]
-    out["bstar"] = float(cost.bstar())
-    terms = cost.terms(work(short)), cost.terms(work(long))
-    return {**out, "bound_short": terms[0]["bound"], "bound_padded": terms[1]["bound"]}
+    bound = lambda p: cost.terms(step_work((p,)))["bound"]
+    return {**out, "bound_short": bound(short), "bound_padded": bound(long)}
 
 
 #: The long prompt of :func:`real_padding` per device type: as long as cpu-s's 2,048-token
@@ -237,25 +213,6 @@ def timeline(result: RunResult) -> list[Segment]:
     return [seg for s in sorted(rows) for seg in rows[s]]
 
 
-def slot_steps(result: RunResult) -> dict[str, int]:
-    """Slot-steps of a recorded run by kind (7.1 (b), 7.2): ``prefill``, ``decode``, ``dead``,
-    ``idle`` and ``total`` (= slots x steps). A padded prefill row counts once as ``prefill``;
-    ``padded_rows`` counts how many prefill rows carried padding."""
-    log = result.log
-    if not log.record_slots:
-        raise ValueError("slot_steps() needs a run recorded with record_slots=True")
-    C = log.cols
-    out = {"prefill": 0, "decode": 0, "dead": 0, "idle": 0, "total": 0, "padded_rows": 0}
-    for i, occ in enumerate(log.occupancy):
-        n, slots = int(C["n"][i]), int(C["slots"][i])
-        out["total"] += n * slots
-        for _, _, k, _, pad in occ:
-            out[_OCC_KIND[k]] += n
-            out["padded_rows"] += n if (k == "P" and pad) else 0
-        out["idle"] += n * (slots - len(occ))
-    return out
-
-
 def static_batch_sizes(
     prompts: Sequence[int] | np.ndarray, outputs: Sequence[int] | np.ndarray, batch: int, max_context: int
 ) -> list[int]:
@@ -310,17 +267,10 @@ def analytic_static_utilization(
 
 
 def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]) -> dict[str, np.ndarray]:
-    """7.1 (c): static batching at every batch size, all requests queued at t=0.
-
-    Every request is present from the start (the trace's order kept, its arrival times
-    dropped), so every batch is full and slot utilization measures the first-finisher and
-    padding costs alone, not a shortage of traffic. KV memory is not limited here.
-    Returns arrays over ``batch``: some :func:`metrics`, ``analytic``
-    (:func:`analytic_static_utilization` of full batches), ``analytic_formed`` (the same
-    formula over the batches the scheduler forms, some closed early at the model's context:
-    :func:`static_batch_sizes`), ``batches`` (how many it forms), ``closed_early`` (closed
-    short of B before the last) and ``batches_full`` (how many full ones would hold them).
-    """
+    """7.1 (c): static batching at every batch size, every request queued at t=0 (so every
+    batch is full), KV unlimited. Arrays over ``batch``: ``slot_util``, ``padding_fraction``,
+    ``analytic`` (the formula over full batches) and ``analytic_formed`` (over the batches the
+    scheduler forms, some closed early at the model's context: :func:`static_batch_sizes`)."""
     w = Workload.from_arrays(
         np.zeros(len(workload)),
         workload.prompt_lens,
@@ -328,42 +278,30 @@ def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]
         name=workload.name,
         info=workload.info,
     )
-    keys = ("slot_util", "slot_util_tw", "padding_fraction", "hw_compute", "useful_compute", "throughput_tok")
     rows = []
     for b in map(int, batch_sizes):
         m = metrics(simulate(w, cost, "static", slots=b, kv_tokens=None, timeout=0.0))
         sizes = static_batch_sizes(w.prompt_lens, w.output_lens, b, cost.model.max_context)
         rows.append(
             {
-                **{k: m[k] for k in keys},
+                "slot_util": m["slot_util"],
+                "padding_fraction": m["padding_fraction"],
                 "analytic": analytic_static_utilization(w.output_lens, b),
                 "analytic_formed": analytic_static_utilization(w.output_lens, b, sizes),
-                "batches": float(len(sizes)),
-                "batches_full": float(math.ceil(len(w) / b)),
-                "closed_early": float(sum(k < b for k in sizes[:-1])),
             }
         )
     return {"batch": np.asarray(batch_sizes, dtype=float), **columns(rows)}
 
 
 def sweep_agreement(sweep: Mapping[str, np.ndarray], tol: float = 1e-9) -> dict[str, float | bool]:
-    """7.1 (c): how the simulated slot utilization of :func:`static_batch_sweep` sits beside the
-    formula. ``equal``: it equals the formula of full batches at every B (within ``tol``);
-    ``max_gap``: the largest difference (a fraction, not points), at batch ``worst_batch``,
-    where the scheduler closed ``closed_early`` batches early at the model's context and ran
-    ``batches`` where ``batches_full`` full ones would hold the requests; ``formed_equal``:
-    the formula over the batches actually formed gives the simulated value at every B."""
-    b, sim, full = sweep["batch"], sweep["slot_util"], sweep["analytic"]
-    gap = np.abs(sim - full)
-    k = int(np.argmax(gap))
+    """7.1 (c): ``equal`` (the simulated slot utilization of :func:`static_batch_sweep` equals the
+    formula of full batches at every B, within ``tol``), ``max_gap`` (the largest difference, a
+    fraction) and ``formed_equal`` (it equals the formula over the batches actually formed)."""
+    gap = np.abs(sweep["slot_util"] - sweep["analytic"])
     return {
         "equal": bool(np.all(gap <= tol)),
-        "max_gap": float(gap[k]),
-        "worst_batch": float(b[k]),
-        "closed_early": float(sweep["closed_early"][k]),
-        "batches": float(sweep["batches"][k]),
-        "batches_full": float(sweep["batches_full"][k]),
-        "formed_equal": bool(np.all(np.abs(sim - sweep["analytic_formed"]) <= tol)),
+        "max_gap": float(gap.max()),
+        "formed_equal": bool(np.all(np.abs(sweep["slot_util"] - sweep["analytic_formed"]) <= tol)),
     }
 
 
@@ -442,25 +380,13 @@ def wait_summary(
 
 
 def first_finisher_summary(result: RunResult) -> dict[str, float]:
-    """7.1 (b): where the slot-steps of a recorded run went, and when the first request finished.
-
-    Keys: the counts of :func:`slot_steps`, ``useful_fraction`` ((prefill + decode) / total),
-    ``dead_fraction``, ``idle_fraction``, ``first_finish_s``, ``makespan_s`` and
-    ``after_first_fraction`` (share of the run's time after the first request finished).
-    """
-    ss = slot_steps(result)
+    """7.1 (b): when the first request finished (``first_finish_s``) and the share of the run's
+    time after it (``after_first_fraction``)."""
     fins = [float(r.finish_time) for r in result.requests if r.finish_time is not None]
     if len(fins) != len(result.requests):
         raise ValueError("first_finisher_summary() needs a run in which every request finished")
     start = min(r.arrival for r in result.requests)
-    span = max(fins) - start
-    out: dict[str, float] = {k: float(v) for k, v in ss.items()}
-    out.update(
-        useful_fraction=(ss["prefill"] + ss["decode"]) / ss["total"],
-        dead_fraction=ss["dead"] / ss["total"],
-        idle_fraction=ss["idle"] / ss["total"],
-        first_finish_s=min(fins) - start,
-        makespan_s=span,
-        after_first_fraction=(max(fins) - min(fins)) / span,
-    )
-    return out
+    return {
+        "first_finish_s": min(fins) - start,
+        "after_first_fraction": (max(fins) - min(fins)) / (max(fins) - start),
+    }

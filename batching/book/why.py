@@ -90,17 +90,10 @@ def roofline_curve(
 def stream_numbers(
     cost: RooflineCost, ctx: int = 1, long_ctx: int = 2048, long_batch: int = 128
 ) -> dict[str, float]:
-    """Why batching: the batch-1 derivation for a roofline cost model (one device).
-
-    :func:`~batching.book.common.roofline_numbers` (whose ``bstar`` is the one B* of every
-    page), plus the step's floor ``stream_ms`` (weight bytes / bandwidth) and the cost model's
-    batch-1 step at ``ctx`` KV tokens (``step_ms``, overhead included; ``tokens_s``); at B*
-    rounded down (``bstar_floor``) its step, tokens/s and ratio to batch 1's; and for
-    ``long_batch`` rows of ``long_ctx`` tokens the KV bytes a step reads (``kv_long_gb``, and
-    over the weights), the rows whose KV equals the weights (``kv_equal_batch``) and the rows
-    that fit the device after the weights (``long_fit``, in the ``mem_usable`` fraction of its
-    ``mem_gb`` that the cost model counts: all but :data:`~batching.cost_base.MEM_RESERVE`).
-    """
+    """Why batching: the batch-1 derivation on one device: :func:`~batching.book.common.roofline_numbers`
+    (whose ``bstar`` is every page's B*), the batch-1 step at ``ctx`` KV tokens against the weight
+    stream, the same at B* rounded down, and the KV of ``long_batch`` rows of ``long_ctx`` tokens
+    against the weights and the memory the cost model counts (``mem_usable`` of ``mem_gb``)."""
     if cost.tp != 1:
         raise ValueError("stream_numbers is the single-device derivation: tp must be 1")
     m = cost.model
@@ -109,13 +102,9 @@ def stream_numbers(
     step, step_bs = cost.decode_step(1, ctx), cost.decode_step(bs, ctx)
     kv_long = long_batch * long_ctx * m.kv_bytes_per_token
     out.update(
-        bandwidth_gbs=cost.bandwidth / 1e9,
-        peak_gflops=cost.peak_flops / 1e9,
-        weight_read_mb=m.weight_read_bytes / 1e6,
         stream_ms=m.weight_read_bytes / cost.bandwidth * 1e3,
         step_ms=step * 1e3,
         tokens_s=1.0 / step,
-        bytes_per_param=float(m.bytes_per_param),
         ctx=float(ctx),
         bstar_floor=float(bs),
         step_bstar_ms=step_bs * 1e3,
@@ -126,9 +115,7 @@ def stream_numbers(
         kv_long_gb=kv_long / 1e9,
         kv_long_ratio=kv_long / m.weight_read_bytes,
         kv_equal_batch=m.weight_read_bytes / (long_ctx * m.kv_bytes_per_token),
-        tokens_s_long=long_batch / cost.decode_step(long_batch, long_ctx),
         long_fit=float(cost.kv_capacity() // long_ctx),
-        mem_reserve=MEM_RESERVE,
         mem_usable=1 - MEM_RESERVE,
         mem_gb=cost.device.mem_bytes / 1e9,
     )

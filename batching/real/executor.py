@@ -144,7 +144,7 @@ class RealExecutor:
             "attention": r.attention_backends(),
             "slots": r.slots,
             "max_len": r.max_len,
-            "kv_cache_bytes": r.kv_bytes,
+            "kv_cache_bytes": r.cache.nbytes,
             "seed": r.seed,
             "rope_theta": r.cfg.rope_theta,
             "warmup_s": self.warmup_s,

@@ -1,14 +1,9 @@
-"""Real request traces as workloads: Azure LLM inference 2023 and Mooncake (every section).
+"""Real request traces as workloads: Azure LLM inference 2023 and Mooncake.
 
-The traces themselves are never part of the repository (see ``shared/traces/README.md``):
-:func:`load_trace` finds them by name (:mod:`batching.trace_files`) in ``$BATCHING_TRACES``,
-in ``../shared/traces`` next to the repository, or in ``~/.cache/batching/traces``
-(downloaded there only when asked).
-Every workload records its source file, sha256, selection, scaling and the attribution the
-data's licence asks for in ``info``.
-
-Parse errors name the file, line, column and the offending value: a silently skipped row
-would change a published number without anyone noticing.
+:func:`load_trace` finds a named trace (:mod:`batching.trace_files`). Every workload
+records its source file, sha256, selection and the attribution the data's licence asks for
+in ``info``. Parse errors name the file, line, column and value: a silently skipped row
+would change a published number.
 """
 
 from __future__ import annotations
@@ -154,8 +149,7 @@ def load_azure(
 ) -> Workload:
     """Load an Azure LLM inference trace CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
-    Workloads for every section. Arrival = seconds since the first row (first selected row
-    when ``window`` is given). ``window=(t0, t1)`` keeps rows with t0 <= arrival < t1,
+    Arrival = seconds since the first (selected) row. ``window=(t0, t1)`` keeps rows with t0 <= arrival < t1,
     ``limit`` then keeps the first N. ``info["epoch"]`` is the wall-clock time of t=0.
     """
     path = Path(path)
@@ -227,8 +221,7 @@ def load_mooncake(
 ) -> Workload:
     """Load a Mooncake JSON-lines trace (``timestamp`` ms, ``input_length``, ``output_length``).
 
-    Workloads for every section (the long-context stress case of 7.3). ``hash_ids`` are
-    ignored. The trace stamps requests in 3-second buckets (up to 28 share one
+    ``hash_ids`` are ignored. The trace stamps requests in 3-second buckets (up to 28 share one
     timestamp); ``spread=True`` places the k requests of a bucket at t + i*w/k, i = 0..k-1,
     where w is the bucket width (or the gap to the next timestamp, if shorter), so the
     replay is not a train of 28-request bursts. Deterministic, and noted in ``info``.
@@ -307,7 +300,7 @@ def _spread(t: np.ndarray, bucket_s: float) -> np.ndarray:
 def load_trace(path_or_name: str | Path, *, download: bool = False, **options: object) -> Workload:
     """Load a trace by name (``azure-conv``, ``azure-code``, ``mooncake-conv``) or by path.
 
-    Workloads for every section. Paths dispatch on extension: ``.csv`` -> :func:`load_azure`,
+    Paths dispatch on extension: ``.csv`` -> :func:`load_azure`,
     ``.jsonl`` -> :func:`load_mooncake`; ``options`` pass through (limit, window;
     spread for Mooncake).
     """

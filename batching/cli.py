@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import results, serve_cli
+from . import results
 from .costs import get_cost_model
 from .engine import SimExecutor, run
 from .metrics import SLO
@@ -111,24 +111,35 @@ def _scheduler(a: argparse.Namespace, max_ctx: int, kv_tokens: float):
     )
 
 
-def _report(a: argparse.Namespace, res, w: Workload, config: dict[str, Any]) -> int:
-    slo = SLO.parse(a.goodput) if a.goodput else None
-    config = {
-        **config,
+def workload_config(a: argparse.Namespace, w: Workload) -> dict[str, Any]:
+    return {
         "workload": {"name": w.name, "info": w.info, "requests": len(w)},
-        "model": a.model,
-        "device": a.device,
-        "dtype": a.dtype,
         "seed": a.seed,
         "scale_lengths": a.scale_lengths,
         "time_scale": a.time_scale,
     }
-    doc = results.build(res, config, slo, include_steps=a.steps, include_token_times=a.token_times)
+
+
+def write_outputs(a: argparse.Namespace, doc: dict[str, Any]) -> None:
+    """Print the summary table; write ``--out`` (results JSON) and ``--csv`` when given."""
     print(summary_table(doc))
     if a.out:
         print(f"wrote {results.write_json(doc, a.out)}")
     if a.csv:
         print(f"wrote {results.write_requests_csv(doc, a.csv)}")
+
+
+def _report(a: argparse.Namespace, res, w: Workload, config: dict[str, Any]) -> int:
+    slo = SLO.parse(a.goodput) if a.goodput else None
+    config = {
+        **config,
+        **workload_config(a, w),
+        "model": a.model,
+        "device": a.device,
+        "dtype": a.dtype,
+    }
+    doc = results.build(res, config, slo, include_steps=a.steps, include_token_times=a.token_times)
+    write_outputs(a, doc)
     return 0
 
 
@@ -433,8 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-progress", action="store_true")
     m.set_defaults(func=cmd_measure)
 
-    # replay, export, import-vllm: the same workload options and summary table.
-    serve_cli.add_parsers(sub, add_workload_args, add_output_args, load_workload, summary_table)
+    from . import serve_cli  # replay, export, import-vllm: the same options and summary table
+
+    serve_cli.add_parsers(sub)
     return p
 
 

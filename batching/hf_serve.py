@@ -184,13 +184,3 @@ def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
             proc.wait(grace_s)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # stray children of the group, if any
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -56,9 +56,6 @@ class KVCache:
     def num_holders(self) -> int:
         return len(self._held)
 
-    def holds(self, req: Request) -> bool:
-        return req.rid in self._held
-
     def need(self, req: Request, new_tokens: int) -> int:
         """Extra tokens to reserve so that ``req`` can add ``new_tokens`` KV entries."""
         if self.policy == "slab":

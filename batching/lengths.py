@@ -1,10 +1,6 @@
-"""Token-length distributions for synthetic workloads (workloads for every section).
-
-Each is a small class with ``sample(n, rng)`` that draws ``n`` lengths >= 1: :class:`Fixed`,
-:class:`Uniform`, :class:`LogNormal`, and :class:`Empirical`, inverse-CDF sampling from a
-quantile table such as those derived from the real traces (:func:`quantile_table`,
-``data/length_quantiles``). :func:`batching.workload.synthetic` and the named presets draw
-from them.
+"""Token-length distributions for synthetic workloads: small classes with ``sample(n, rng)``
+that draw ``n`` lengths >= 1 (:class:`Fixed`, :class:`LogNormal`, :class:`Empirical`, the
+last from a quantile table derived from the real traces, :func:`quantile_table`).
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ from .workload_base import WorkloadError, _count, _positive_finite, _round_half_
 __all__ = [
     "LengthDist",
     "Fixed",
-    "Uniform",
     "LogNormal",
     "Empirical",
     "as_length_dist",
@@ -43,7 +38,7 @@ class LengthDist(Protocol):
 
 @dataclass(frozen=True)
 class Fixed:
-    """Every request gets ``value`` tokens (7.1's padding and first-finisher examples)."""
+    """Every request gets ``value`` tokens."""
 
     value: int
 
@@ -58,32 +53,9 @@ class Fixed:
 
 
 @dataclass(frozen=True)
-class Uniform:
-    """Integers uniform on ``[lo, hi]`` inclusive (workloads for every section)."""
-
-    lo: int
-    hi: int
-
-    def __post_init__(self) -> None:
-        for f in ("lo", "hi"):
-            try:
-                check_length(f, getattr(self, f))
-            except RequestError as e:
-                raise WorkloadError(f"Uniform: {e}") from None
-        if self.hi < self.lo:
-            raise WorkloadError(f"Uniform: hi={self.hi!r} < lo={self.lo!r}")
-
-    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        return rng.integers(self.lo, self.hi + 1, size=_count("n", n), dtype=np.int64)
-
-
-@dataclass(frozen=True)
 class LogNormal:
-    """Long-tailed lengths: lognormal with this ``median`` and log-``sigma``, clipped to [lo, hi].
-
-    Workloads for every section (the chat/RAG mix of 7.2 and 7.3). Clipping keeps the tail
-    inside the model's context; ``hi=None`` leaves it open.
-    """
+    """Long-tailed lengths: lognormal with this ``median`` and log-``sigma``, clipped to
+    [lo, hi] (``hi=None`` leaves the tail open)."""
 
     median: float
     sigma: float
@@ -115,12 +87,8 @@ class LogNormal:
 
 @dataclass(frozen=True)
 class Empirical:
-    """Inverse-CDF sampling from a quantile table, linear between the given quantiles.
-
-    Workloads for every section: the ``azure-*-like`` presets draw from tables derived from
-    the real traces (``data/length_quantiles``). ``q`` must rise strictly from 0 to 1 and
-    ``values`` must not decrease.
-    """
+    """Inverse-CDF sampling from a quantile table, linear between the given quantiles;
+    ``q`` must rise strictly from 0 to 1 and ``values`` must not decrease."""
 
     q: tuple[float, ...]
     values: tuple[float, ...]
@@ -203,7 +171,7 @@ class Empirical:
 
 
 def quantile_table(name: str, column: Literal["prompt", "output"]) -> Empirical:
-    """Load ``data/length_quantiles/<name>.csv`` column ``prompt`` or ``output`` (every section)."""
+    """Load ``data/length_quantiles/<name>.csv`` column ``prompt`` or ``output``."""
     path = QUANTILE_DIR / f"{name}.csv"
     if not path.exists():
         have = sorted(p.stem for p in QUANTILE_DIR.glob("*.csv")) if QUANTILE_DIR.is_dir() else []

@@ -125,11 +125,6 @@ class ModelShape:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes
 
     @cached_property  # the simulator asks for these on every step
-    def flops_per_token(self) -> int:
-        """Dense FLOPs per token: 2 x the matmul params, lm head included, embeddings not."""
-        return 2 * (self.layers * self.layer_matmul_params + self.vocab * self.hidden)
-
-    @cached_property  # the simulator asks for these on every step
     def attn_flops_per_pair(self) -> int:
         """FLOPs per (query, key) pair: QK^T and PV, 2 each per head dimension."""
         return 4 * self.layers * self.heads * self.head_dim

@@ -53,10 +53,6 @@ class StepPlan:
     _work: StepWork | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
-    def is_empty(self) -> bool:
-        return not (self.prefills or self.decodes or self.dead)
-
-    @property
     def is_decode_only(self) -> bool:
         return not self.prefills
 

@@ -1,36 +1,19 @@
 """Replay a workload against an OpenAI-compatible server with its real arrival times.
 
-``python -m batching replay --url http://HOST:PORT/v1 --served-model NAME --trace ...``
-sends every request of the workload at its arrival time (the trace's timestamps, scaled;
-never a fixed rate) to ``POST /v1/completions`` with ``stream: true``, and timestamps each
-streamed chunk as it arrives. vLLM, SGLang, TGI's OpenAI route and ``transformers serve``
-all speak this protocol; the chapter's own engines are measured the same way
-(:mod:`batching.served` writes the results file).
+Every request is sent at its arrival time to ``POST /v1/completions`` with ``stream: true``
+and each streamed chunk is timestamped as it arrives (vLLM, SGLang, TGI and ``transformers
+serve`` speak this protocol; :mod:`batching.served` writes the results file).
 
-Exact lengths
-    ``--prompt ids`` (default) sends the prompt as a list of token ids, which vLLM's and
-    SGLang's ``/v1/completions`` accept, with ``max_tokens`` and vLLM's sampling extras
-    ``ignore_eos: true`` and ``min_tokens`` so the output is forced to the request's
-    length. ``--prompt text --tokenizer DIR`` builds, with the server's own tokenizer
-    (the ``tokenizers`` library), a text that encodes to exactly the prompt length (the
-    decode/re-encode loop of vLLM's ``gen_prompt_decode_to_target_len`` in
-    ``vllm/benchmarks/datasets.py``) and sends only ``max_tokens``: for servers that refuse
-    unknown fields (``transformers serve`` answers 422 to ``ignore_eos``), whose model must
-    then not reach its EOS. Either way the ``usage`` the server reports is checked against
-    the workload; a request that differs is marked ``usage_mismatch``, counted and printed.
+Exact lengths: ``--prompt ids`` sends token-id prompts with ``max_tokens``, ``ignore_eos``
+and ``min_tokens``; ``--prompt text --tokenizer DIR`` sends a text that the server's
+tokenizer encodes to exactly the prompt length (vLLM's ``gen_prompt_decode_to_target_len``
+loop) and only ``max_tokens``, for servers that refuse unknown fields. The ``usage`` the
+server reports is checked against the workload (``usage_mismatch``), and the streamed
+chunks against the usage (``stream_mismatch``: the server bundled tokens).
 
-Token timestamps
-    One per streamed chunk that carries text (what ``vllm bench serve`` counts, see
-    ``vllm/benchmarks/lib/endpoint_request_func.py``), or ``len(token_ids)`` of them where
-    the server returns the chunk's token ids. If the chunks do not add up to the reported
-    usage the request is marked ``stream_mismatch`` (the server bundled tokens).
-
-The client's own lateness (actual send time minus scheduled arrival, median and p99) is in
-the summary: when it is large, the load generator, not the server, set the latency.
-
-Bad input (an unreachable URL, a model the server does not list, a 4xx/5xx answer, a
-server that does not stream) stops the replay with :class:`ReplayError`; what was
-measured until then is kept (:attr:`ReplayError.requests`).
+The client's own lateness (send time minus scheduled arrival) is in the summary. Bad input
+(an unreachable URL, an unlisted model, a 4xx/5xx, no stream) stops the replay with
+:class:`ReplayError`, which keeps what was measured (:attr:`ReplayError.requests`).
 """
 
 from __future__ import annotations

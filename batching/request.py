@@ -97,10 +97,6 @@ class Request:
         """KV entries this request holds now (padding included)."""
         return self.num_computed + self.padding
 
-    @property
-    def first_token_time(self) -> float | None:
-        return self.token_times[0] if self.token_times else None
-
     # ------------------------------------------------------------ transitions
     def on_admit(self, slot: int, now: float) -> None:
         assert self.slot is None, f"request {self.rid} admitted twice"

@@ -1,8 +1,7 @@
 """The server subcommands of ``python -m batching``: ``replay``, ``export``, ``import-vllm``.
 
-:mod:`batching.cli` registers them with :func:`add_parsers`, passing its workload options,
-workload loader and summary table, so that these commands take exactly the options of
-``simulate`` and ``run`` and print the same table (and no import cycle arises).
+They take the workload and output options of ``simulate`` and ``run`` and print the same
+table; :mod:`batching.cli` registers them with :func:`add_parsers`.
 """
 
 from __future__ import annotations
@@ -10,41 +9,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import results, served
+from . import served
+from .cli import add_output_args, add_workload_args, load_workload, workload_config, write_outputs
 from .metrics import SLO
-from .workload import Workload
 
 NO_CONTEXT_LIMIT = 10**9  # the server enforces its own context (a too-long row is a 4xx)
 
 
-def _write(a: argparse.Namespace, doc: dict[str, Any], table: Callable[[dict[str, Any]], str]) -> None:
-    print(table(doc))
+def _write(a: argparse.Namespace, doc: dict[str, Any]) -> None:
+    write_outputs(a, doc)
     for line in served.problems(doc):
         print(line, file=sys.stderr)
-    if a.out:
-        print(f"wrote {results.write_json(doc, a.out)}")
-    if a.csv:
-        print(f"wrote {results.write_requests_csv(doc, a.csv)}")
 
 
-def _workload_config(a: argparse.Namespace, w: Workload) -> dict[str, Any]:
-    return {
-        "workload": {"name": w.name, "info": w.info, "requests": len(w)},
-        "seed": a.seed,
-        "scale_lengths": a.scale_lengths,
-        "time_scale": a.time_scale,
-    }
-
-
-def cmd_replay(a: argparse.Namespace, load: Callable[..., Workload], table: Callable[..., str]) -> int:
+def cmd_replay(a: argparse.Namespace) -> int:
     from .replay import ReplayError, ReplayOptions, finite_positive, parse_extra_body, parse_vocab, replay
 
     slo = SLO.parse(a.goodput) if a.goodput else None
-    w = load(a, a.max_context or NO_CONTEXT_LIMIT)
+    w = load_workload(a, a.max_context or NO_CONTEXT_LIMIT)
     opts = ReplayOptions(
         url=a.url,
         model=a.served_model,
@@ -60,7 +45,7 @@ def cmd_replay(a: argparse.Namespace, load: Callable[..., Workload], table: Call
         raise ValueError(f"--max-connections={opts.max_connections}: must be >= 1")
     config = {
         "command": "replay",
-        **_workload_config(a, w),
+        **workload_config(a, w),
         "model": a.served_model,
         "device": "server",
         "url": a.url,
@@ -88,17 +73,17 @@ def cmd_replay(a: argparse.Namespace, load: Callable[..., Workload], table: Call
             file=sys.stderr,
         )
     doc = served.build(reqs, config, meta, slo=slo)
-    _write(a, doc, table)
+    _write(a, doc)
     if failure is not None:
         print(f"error: {failure} (measured so far kept{' in ' + a.out if a.out else ''})", file=sys.stderr)
         return 2
     return 0
 
 
-def cmd_export(a: argparse.Namespace, load: Callable[..., Workload], table: Callable[..., str]) -> int:
+def cmd_export(a: argparse.Namespace) -> int:
     from .vllm_io import export_custom
 
-    w = load(a, a.max_context or NO_CONTEXT_LIMIT)
+    w = load_workload(a, a.max_context or NO_CONTEXT_LIMIT)
     info = export_custom(w, a.out, tokenizer=a.tokenizer, seed=a.seed)
     fit = info["arrival_fit"]
     print(f"wrote {info['path']} ({info['requests']} requests)")
@@ -115,11 +100,11 @@ def cmd_export(a: argparse.Namespace, load: Callable[..., Workload], table: Call
     return 0
 
 
-def cmd_import_vllm(a: argparse.Namespace, load: Callable[..., Workload], table: Callable[..., str]) -> int:
+def cmd_import_vllm(a: argparse.Namespace) -> int:
     from .vllm_io import import_result, read_result
 
     doc_in = read_result(a.result)
-    w = load(a, a.max_context or NO_CONTEXT_LIMIT) if (a.trace or a.preset) else None
+    w = load_workload(a, a.max_context or NO_CONTEXT_LIMIT) if (a.trace or a.preset) else None
     reqs, params, duration = import_result(doc_in, w)
     slo = SLO.parse(a.goodput) if a.goodput else None
     name = w.name if w is not None else Path(a.result).stem
@@ -137,20 +122,12 @@ def cmd_import_vllm(a: argparse.Namespace, load: Callable[..., Workload], table:
     }
     meta = {"wall_s": duration or 0.0, "server": {"vllm_date": params.get("date")}}
     doc = served.build(reqs, config, meta, slo=slo, duration_s=duration)
-    _write(a, doc, table)
+    _write(a, doc)
     return 0
 
 
-def add_parsers(
-    sub: Any,
-    add_workload_args: Callable[[argparse.ArgumentParser], None],
-    add_output_args: Callable[[argparse.ArgumentParser], None],
-    load: Callable[..., Workload],
-    table: Callable[[dict[str, Any]], str],
-) -> None:
+def add_parsers(sub: Any) -> None:
     """Register ``replay``, ``export`` and ``import-vllm`` on ``sub``."""
-    run = lambda f: lambda a: f(a, load, table)
-
     r = sub.add_parser("replay", help="replay a workload against an OpenAI-compatible server")
     add_workload_args(r)
     g = r.add_argument_group("server")
@@ -172,7 +149,7 @@ def add_parsers(
     g.add_argument("--extra-body", help="JSON object merged into every request body")
     g.add_argument("--max-context", type=int, help="refuse (or --cap) requests longer than this")
     add_output_args(r)
-    r.set_defaults(func=run(cmd_replay))
+    r.set_defaults(func=cmd_replay)
 
     e = sub.add_parser("export", help="write a workload for another benchmark (vllm bench serve)")
     add_workload_args(e)
@@ -181,7 +158,7 @@ def add_parsers(
     e.add_argument("--tokenizer", help="served model's tokenizer.json: prompts of exact length")
     e.add_argument("--info", help="also write the arrival fit and vLLM flags as JSON")
     e.add_argument("--max-context", type=int)
-    e.set_defaults(func=run(cmd_export))
+    e.set_defaults(func=cmd_export)
 
     i = sub.add_parser(
         "import-vllm", help="turn a vllm bench serve --save-detailed result into a results file"
@@ -193,4 +170,4 @@ def add_parsers(
         grp.required = False
     i.add_argument("--max-context", type=int)
     add_output_args(i)
-    i.set_defaults(func=run(cmd_import_vllm))
+    i.set_defaults(func=cmd_import_vllm)

@@ -78,11 +78,8 @@ def trace_dirs() -> list[Path]:
 
 
 def find_trace(name: str, *, download: bool = False) -> Path:
-    """The path of named trace ``name`` (see :data:`TRACES`); downloads into the cache only if asked.
-
-    Workloads for every section. A download is checked against the README's sha256 and
-    kept only if it matches.
-    """
+    """The path of named trace ``name`` (:data:`TRACES`); ``download``: fetch it into the
+    cache, kept only if its sha256 matches the README's."""
     if name not in TRACES:
         raise TraceError(
             f"unknown trace {name!r}; known traces: {', '.join(TRACES)} (or pass a .csv/.jsonl path)"

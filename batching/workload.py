@@ -1,15 +1,9 @@
-"""Workloads: the requests a run serves, synthetic or replayed (workloads for every section).
+"""Workloads: the requests a run serves, synthetic or replayed.
 
 A :class:`Workload` is an immutable list of requests sorted by arrival, with a ``name`` and
-an ``info`` dict that records where it came from (source, seed, scaling, capping), so a
-result file can say exactly what was served. Requests carry mutable serving state, so a
-workload hands each run brand-new copies through :meth:`Workload.fresh`.
-
-Synthetic arrivals follow vLLM's ``bench serve``: inter-arrival times are
-Gamma(shape=burstiness, scale=1/(rate*burstiness)), so ``burstiness=1`` is a Poisson process
-and smaller values are burstier (inter-arrival CV = 1/sqrt(burstiness)). Length
-distributions (:mod:`batching.lengths`) are small classes with ``sample(n, rng)``; the
-named presets rebuild the chapter's own examples.
+an ``info`` dict recording where it came from (source, seed, scaling, capping). Synthetic
+arrivals follow vLLM's ``bench serve`` (:func:`gamma_arrivals`); the named presets rebuild
+the chapter's own examples.
 """
 
 from __future__ import annotations
@@ -39,12 +33,10 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- Workload
 class Workload:
-    """Requests sorted by arrival, plus a ``name`` and provenance ``info`` (every section).
+    """Requests sorted by arrival, plus a ``name`` and provenance ``info``.
 
-    The workload keeps the four defining numbers of each request (rid, arrival, prompt and
-    output length) apart from the Request objects, so :meth:`fresh` returns pristine
-    requests even after a run has mutated the objects in :attr:`requests`. Give every run
-    its own ``fresh()`` list: a scheduler changes the requests it serves.
+    A scheduler changes the requests it serves: give every run its own :meth:`fresh` list
+    (built from the defining numbers, so pristine even after a run mutated :attr:`requests`).
     """
 
     __slots__ = ("_requests", "_rid", "_arrival", "_prompt", "_output", "_name", "_info")
@@ -93,7 +85,7 @@ class Workload:
         info: Mapping[str, object] | None = None,
         rids: Sequence[int] | None = None,
     ) -> Workload:
-        """Build from parallel arrays; rids default to 0..n-1 (workloads for every section)."""
+        """Build from parallel arrays; rids default to 0..n-1."""
         a = np.asarray(arrivals, dtype=np.float64)
         p = np.asarray(prompt_lens)
         o = np.asarray(output_lens)
@@ -176,11 +168,7 @@ class Workload:
 
     # ------------------------------------------------------------- derivations
     def fresh(self) -> list[Request]:
-        """New Request objects with the same rid/arrival/lengths and no serving state.
-
-        Used by every section: each scheduler run mutates its requests, so comparing
-        schedulers on one workload needs one ``fresh()`` list per run.
-        """
+        """New Request objects with the same rid/arrival/lengths and no serving state."""
         return [
             Request(*row)
             for row in zip(self._rid, self._arrival.tolist(), self._prompt.tolist(), self._output.tolist())
@@ -200,13 +188,11 @@ class Workload:
     def cap_to_context(
         self, max_context: int, mode: Literal["error", "cap"] = "error"
     ) -> tuple[Workload, int]:
-        """Make every request fit ``prompt_len + output_len <= max_context`` (7.2 and 7.3).
+        """Make every request fit ``prompt_len + output_len <= max_context``.
 
         ``mode="error"`` raises a :class:`RequestError` naming the first request that does
-        not fit. ``mode="cap"`` shortens the prompt first (keeping the output, the quantity
-        the chapter measures; the prompt keeps at least one token) and then the output, and
-        returns the new workload with the number of capped requests, also recorded in
-        ``info["capped"]``: truncation is never silent.
+        not fit. ``mode="cap"`` shortens the prompt first (to >= 1 token), then the output;
+        returns the workload and the number capped, also in ``info["capped"]``.
         """
         max_context = _count("max_context", max_context, minimum=2)
         if mode not in ("error", "cap"):
@@ -235,13 +221,8 @@ class Workload:
         return self._derive(self._arrival, prompts, outputs, {"capped": capped}), int(len(over))
 
     def scale(self, lengths: float = 1, time: float = 1) -> Workload:
-        """Divide token lengths by ``lengths`` and replay ``time`` times faster (every section).
-
-        Lengths are rounded half-up with a floor of 1; inter-arrival gaps are divided by
-        ``time`` keeping the first arrival. The factors compose and land in
-        ``info["scale_lengths"]`` / ``info["time_scale"]`` (the names the results
-        ``config`` uses), since CPU runs are only comparable when their scaling is known.
-        """
+        """Divide token lengths by ``lengths`` (half-up, floor 1) and inter-arrival gaps by
+        ``time``; the factors compose in ``info["scale_lengths"]`` / ``info["time_scale"]``."""
         k = _positive_finite("lengths", lengths)
         t = _positive_finite("time", time)
         a0 = self._arrival[0]
@@ -261,12 +242,9 @@ class Workload:
 
 # ---------------------------------------------------------------------- arrivals
 def gamma_arrivals(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
-    """``n`` arrival times (s) starting at 0 with Gamma inter-arrivals, as vLLM bench serve.
-
-    Workloads for every section. The shape is ``burstiness`` and the scale
-    ``1/(rate*burstiness)``, so the mean rate is ``rate`` whatever the burstiness and the
-    inter-arrival CV is ``1/sqrt(burstiness)``. ``rate=inf`` sends everything at t=0.
-    """
+    """``n`` arrival times (s) from 0 with Gamma(burstiness, 1/(rate*burstiness)) gaps, as
+    vLLM bench serve: mean rate ``rate``, gap CV ``1/sqrt(burstiness)`` (1: Poisson).
+    ``rate=inf`` sends everything at t=0."""
     n = _count("n", n)
     rate = _positive_finite("rate", rate, allow_inf=True)
     burstiness = _positive_finite("burstiness", burstiness)
@@ -278,7 +256,7 @@ def gamma_arrivals(n: int, rate: float, burstiness: float, rng: np.random.Genera
 
 
 def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarray:
-    """Poisson arrivals at ``rate`` req/s starting at t=0 (workloads for every section)."""
+    """Poisson arrivals at ``rate`` req/s starting at t=0."""
     return gamma_arrivals(n, rate, 1.0, rng)
 
 
@@ -292,11 +270,8 @@ def synthetic(
     seed: int = 0,
     name: str | None = None,
 ) -> Workload:
-    """A seeded synthetic workload (workloads for every section).
-
-    Draws, in this order from ``np.random.default_rng(seed)``: arrivals, prompt lengths,
-    output lengths. Same arguments, same workload.
-    """
+    """A seeded synthetic workload: arrivals, prompt lengths, output lengths drawn in this
+    order from ``np.random.default_rng(seed)``."""
     n = _count("n", n, minimum=1)
     p, o = as_length_dist(prompt, "prompt"), as_length_dist(output, "output")
     rng = np.random.default_rng(seed)
@@ -334,11 +309,8 @@ _AZURE_RATES = {"azure-conv-like": ("azure-conv", 5.53), "azure-code-like": ("az
 
 
 def preset(name: str, seed: int = 0, *, n: int | None = None, rate: float | None = None) -> Workload:
-    """A named workload from :data:`PRESETS` (section given in each description).
-
-    ``n`` and ``rate`` override the defaults of the random presets (``chat-rag``,
-    ``azure-*-like``); the two fixed ones refuse them, since their sizes are the point.
-    """
+    """A named workload from :data:`PRESETS`; ``n`` and ``rate`` override the random
+    presets' defaults (the two fixed ones refuse them)."""
     if name not in PRESETS:
         raise WorkloadError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
     info: dict[str, object] = {"source": "preset", "preset": name, "description": PRESETS[name]}

@@ -165,7 +165,7 @@ def test_fixed_shape_decode_step_equals_the_eager_step(
     logits equal the eager runner's in float64; padding rows wrote only the scratch slab."""
     eager = ModelRunner(model64, slots=6, max_len=160, graphs=False)
     fixed = ModelRunner(model64, slots=6, max_len=160, graphs=True)
-    assert fixed.k_cache.shape[1] == 7 and fixed.kv_bytes == kv_cache_bytes(TINY, 7, 160, F64)
+    assert fixed.cache.k.shape[1] == 7 and fixed.cache.nbytes == kv_cache_bytes(TINY, 7, 160, F64)
     outs = []
     for runner in (eager, fixed):
         reqs = [admitted(i, p, 5, slot=s) for i, (p, s) in enumerate(rows)]
@@ -193,8 +193,8 @@ def test_fixed_shape_decode_step_equals_the_eager_step(
     assert eager.graphs_info() is None
     # Slabs no request used are still zero; padding rows (if any) wrote the scratch slab.
     for s in set(range(6)) - {s for _, s in rows}:
-        assert not fixed.k_cache[:, s].any() and not fixed.v_cache[:, s].any()
-    assert bool(fixed.k_cache[:, 6].any()) == (bucket[0] > len(rows))
+        assert not fixed.cache.k[:, s].any() and not fixed.cache.v[:, s].any()
+    assert bool(fixed.cache.k[:, 6].any()) == (bucket[0] > len(rows))
 
 
 def test_graphs_give_every_scheduler_the_eager_tokens(model64: Llama) -> None:

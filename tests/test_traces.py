@@ -1,4 +1,4 @@
-"""Tests for batching.traces and batching.trace_files: Azure and Mooncake loaders, lookup, merge,
+"""Tests for batching.traces and batching.trace_files: Azure and Mooncake loaders, lookup,
 quantile tables."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +14,8 @@ import pytest
 
 from batching import trace_files
 from batching.lengths import QUANTILE_DIR, Empirical, quantile_table
-from batching.request import RequestError
 from batching.trace_files import TraceError, find_trace
-from batching.traces import load_azure, load_mooncake, load_trace, merge
-from batching.workload import Workload
+from batching.traces import load_azure, load_mooncake, load_trace
 from batching.workload_base import WorkloadError
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
@@ -114,7 +113,7 @@ def test_azure_empty_file_and_missing_file(tmp_path: Path) -> None:
         load_azure(tmp_path / "nope.csv")
 
 
-def test_azure_window_limit_time_scale(tmp_path: Path) -> None:
+def test_azure_window_limit(tmp_path: Path) -> None:
     p = azure_csv(tmp_path, SIX)
     w = load_azure(p, window=(1, 4))
     assert len(w) == 3 and w.arrivals.tolist() == [0.0, 1.0, 2.0]
@@ -122,34 +121,15 @@ def test_azure_window_limit_time_scale(tmp_path: Path) -> None:
     assert w.info["t_offset_s"] == 1.0 and w.info["window_s"] == [1.0, 4.0]
     assert w.info["epoch"] == "2023-11-16 18:15:01"
     assert len(load_azure(p, limit=2)) == 2
-    w = load_azure(p, window=(1.5, float("inf")), limit=2, time_scale=2)
-    assert w.prompt_lens.tolist() == [300, 400] and w.arrivals.tolist() == [0.0, 0.5]
-    assert w.info["time_scale"] == 2 and w.info["rows_in_file"] == 6 and w.info["rows_selected"] == 2
+    w = load_azure(p, window=(1.5, float("inf")), limit=2)
+    assert w.prompt_lens.tolist() == [300, 400] and w.arrivals.tolist() == [0.0, 1.0]
+    assert w.info["rows_in_file"] == 6 and w.info["rows_selected"] == 2
     with pytest.raises(TraceError, match=r"no requests in window=\(10\.0, 20\.0\)"):
         load_azure(p, window=(10, 20))
     with pytest.raises(WorkloadError, match="limit=0"):
         load_azure(p, limit=0)
-    with pytest.raises(WorkloadError, match="time_scale=0"):
-        load_azure(p, time_scale=0)
     with pytest.raises(WorkloadError, match=r"window=\(3, 1\)"):
         load_azure(p, window=(3, 1))
-
-
-def test_azure_max_context_error_and_cap(tmp_path: Path) -> None:
-    p = azure_csv(tmp_path, SIX)
-    assert len(load_azure(p, max_context=660)) == 6
-    with pytest.raises(
-        RequestError,
-        match=r"line 5: request 3: prompt_len \+ output_len = 400 \+ 40 = 440 "
-        r"exceeds max_context=400 \(3 of 6",
-    ):
-        load_azure(p, max_context=400)
-    w = load_azure(p, max_context=400, cap=True)
-    assert w.prompt_lens.tolist() == [100, 200, 300, 360, 350, 340]
-    assert w.output_lens.tolist() == [10, 20, 30, 40, 50, 60]
-    assert w.info["capped"]["n_capped"] == 3
-    with pytest.raises(WorkloadError, match="cap=True needs max_context"):
-        load_azure(p, cap=True)
 
 
 # ------------------------------------------------------------------ Mooncake
@@ -169,13 +149,9 @@ def test_mooncake_buckets_spread(tmp_path: Path) -> None:
 
 def test_mooncake_options(tmp_path: Path) -> None:
     p = mooncake_jsonl(tmp_path, [mc(0, 500, 20), mc(0, 100), mc(3000, 300), mc(6000, 50)])
-    w = load_mooncake(p, window=(1.0, 7.0), time_scale=3)
-    assert w.prompt_lens.tolist() == [100, 300, 50] and w.arrivals.tolist() == pytest.approx([0, 0.5, 1.5])
+    w = load_mooncake(p, window=(1.0, 7.0))
+    assert w.prompt_lens.tolist() == [100, 300, 50] and w.arrivals.tolist() == pytest.approx([0, 1.5, 4.5])
     assert len(load_mooncake(p, limit=3)) == 3
-    w = load_mooncake(p, max_context=256, cap=True)
-    assert w.prompt_lens.tolist() == [236, 100, 246, 50] and w.info["capped"]["n_capped"] == 2
-    with pytest.raises(RequestError, match=r"line 1: request 0: prompt_len \+ output_len = 500 \+ 20"):
-        load_mooncake(p, max_context=256)
 
 
 @pytest.mark.parametrize(
@@ -203,7 +179,7 @@ def test_mooncake_errors(tmp_path: Path, recs: list[object], pattern: str) -> No
     assert str(p) in str(e.value)
 
 
-# ------------------------------------------------------------- finding, merge
+# ------------------------------------------------------------- finding
 @pytest.fixture
 def no_traces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point every lookup location into tmp_path (env dir, repo sibling, cache)."""
@@ -259,30 +235,6 @@ def test_download_checks_sha(no_traces: Path, monkeypatch: pytest.MonkeyPatch) -
     assert dest.is_file()
 
 
-def test_merge_aligns_on_epoch(tmp_path: Path) -> None:
-    a = load_azure(azure_csv(tmp_path, [f"{ts(10)},1,1", f"{ts(12)},2,2"], name="a.csv"))
-    b = load_azure(azure_csv(tmp_path, [f"{ts(11)},3,3", f"{ts(12)},4,4", f"{ts(20)},5,5"], name="b.csv"))
-    m = merge(a, b)
-    assert m.prompt_lens.tolist() == [1, 3, 2, 4, 5]  # tie at 12 s keeps argument order
-    assert m.arrivals.tolist() == [0, 1, 2, 2, 10]
-    assert m.rids == (0, 1, 2, 3, 4)
-    assert m.info["align"] == "epoch" and m.info["epoch"] == "2023-11-16 18:15:10"
-    assert [part["offset_s"] for part in m.info["parts"]] == [0.0, 1.0]
-    # Merging again stays aligned.
-    c = load_azure(azure_csv(tmp_path, [f"{ts(15)},6,6"], name="c.csv"))
-    assert merge(m, c).arrivals.tolist() == [0, 1, 2, 2, 5, 10]
-    s = merge(a, b, align="start")
-    assert s.prompt_lens.tolist() == [1, 3, 4, 2, 5] and s.arrivals.tolist() == [0, 0, 1, 2, 9]
-    fast = merge(load_azure(a.info["file"], time_scale=2), load_azure(b.info["file"], time_scale=2))
-    assert fast.arrivals.tolist() == [0, 0.5, 1, 1, 5]
-    with pytest.raises(WorkloadError, match="different time_scale"):
-        merge(a, load_azure(b.info["file"], time_scale=2))
-    syn = Workload.from_arrays([0.0], [1], [1])
-    with pytest.raises(WorkloadError, match="carry no info\\['epoch'\\]"):
-        merge(a, syn, align="epoch")
-    assert merge(a, syn).info["align"] == "start"
-
-
 # ------------------------------------------------------- committed quantiles
 @pytest.mark.parametrize(
     "name, stats",
@@ -335,11 +287,15 @@ def test_real_azure_traces_match_readme() -> None:
         assert (w.prompt_lens.mean(), w.output_lens.mean()) == pytest.approx(means, abs=0.05)
     gaps = np.diff(code.arrivals)
     assert gaps.std() / gaps.mean() == pytest.approx(13.2, abs=0.05)
-    both = merge(conv, code)
-    assert len(both) == 28185 and len(both) / both.duration == pytest.approx(8.0, abs=0.05)
+    # Both traces interleaved on their wall clocks (they cover the same hour).
+    wall = [datetime.fromisoformat(str(w.info["epoch"])).timestamp() + w.arrivals for w in (conv, code)]
+    a = np.concatenate(wall)
+    order = np.argsort(a, kind="stable")
+    both = np.concatenate([conv.output_lens, code.output_lens])[order]
+    assert len(both) == 28185 and len(both) / (a.max() - a.min()) == pytest.approx(8.0, abs=0.05)
     # Static batches of 32 consecutive requests: useful fraction of decode slots.
-    for w, want in [(conv, 0.38), (code, 0.12), (both, 0.30)]:
-        o = w.output_lens[: len(w) // 32 * 32].reshape(-1, 32)
+    for lens, want in [(conv.output_lens, 0.38), (code.output_lens, 0.12), (both, 0.30)]:
+        o = lens[: len(lens) // 32 * 32].reshape(-1, 32)
         assert o.sum() / (32 * o.max(axis=1)).sum() == pytest.approx(want, abs=0.005)
 
 
@@ -360,6 +316,6 @@ def test_real_mooncake_trace() -> None:
     assert np.median(w.prompt_lens) == 6909 and np.percentile(w.prompt_lens, 90) == 27367
     assert np.median(w.output_lens) == 350 and w.output_lens.min() == 1
     assert np.all(np.diff(w.arrivals) > 0)  # spread leaves no two requests at one instant
-    capped = load_trace("mooncake-conv", limit=200, max_context=8192, cap=True)
+    capped, _ = load_trace("mooncake-conv", limit=200).cap_to_context(8192, "cap")
     assert len(capped) == 200 and capped.info["capped"]["n_capped"] > 0
     assert (capped.prompt_lens + capped.output_lens).max() <= 8192

@@ -1,9 +1,7 @@
 """The real executor: the engine loop's steps run on a torch model, timed by the wall clock.
 
-Same schedulers, same engine loop (``engine.run``) as the simulator; only the source of a
-step's duration changes, from a cost model's prediction to a measurement (conventions,
-"Requests, steps and time"). Used by every section of chapter 7 that shows a real run
-(7.1 static padding, 7.2 continuous, 7.3 chunked) and by the "Why batching" CPU curves.
+Same schedulers and engine loop (``engine.run``) as the simulator; only the source of a
+step's duration changes, from a cost model's prediction to a measurement.
 """
 
 from __future__ import annotations
@@ -40,8 +38,7 @@ REGISTRY_DTYPE: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """The dtype of a real run (7.1-7.3). ``None``: fp32 on CPU, bf16 on CUDA; else a torch dtype or
-    a name (``fp32``, ``bf16``, ``fp64``)."""
+    """``None``: fp32 on CPU, bf16 on CUDA; else a torch dtype or a name (``fp32``, ``bf16``, ``fp64``)."""
     if dtype is None:
         return default_dtype(device)
     if isinstance(dtype, torch.dtype):
@@ -53,11 +50,9 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def hardware_cost(runner: ModelRunner) -> RooflineCost | None:
-    """Accounting for hardware utilization ("Why batching"; conventions, "Measures"): the roofline of the
-    registry device this runs on, used for its FLOPs, bytes, peak and bandwidth, never for
-    durations. None where there is no registry entry (an unknown GPU, float64, a model
-    outside the registry, or a checkpoint's of other sizes): then the run reports no
-    hardware utilization."""
+    """The roofline of the registry device this runs on, for hardware utilization's FLOPs,
+    bytes, peak and bandwidth (never durations). None without a registry entry (an unknown
+    GPU, float64, a model of other sizes): then no hardware utilization is reported."""
     cfg, dt, entry = runner.cfg, REGISTRY_DTYPE.get(runner.dtype), device_entry(runner.device)
     try:
         shape = get_model(cfg.name)
@@ -70,16 +65,11 @@ def hardware_cost(runner: ModelRunner) -> RooflineCost | None:
 
 
 class RealExecutor:
-    """Executes each step plan on the model and reports its measured duration (7.1-7.3).
+    """Executes each step plan on the model and reports its measured duration.
 
-    ``hardware`` is the accounting of FLOPs and bytes the engine reports hardware
-    utilization with (:func:`hardware_cost`; None: not reported), never a source of
-    durations; ``decode_run`` always returns None, so the engine steps one plan at a time:
-    a real model cannot predict its next steps, it has to run them.
-
-    ``graph_rows``/``graph_ctx``: the most rows and the longest context the workload can
-    reach; the warm-up captures only the decode graphs of those buckets (default: all the
-    runner's).
+    ``hardware``: :func:`hardware_cost`. ``decode_run`` always returns None: a real model
+    has to run each step. ``graph_rows``/``graph_ctx``: the most rows and the longest
+    context the workload can reach, whose decode graphs the warm-up captures.
     """
 
     def __init__(
@@ -106,7 +96,7 @@ class RealExecutor:
             self.warmup_s = time.perf_counter() - t0
 
     def execute(self, plan: StepPlan) -> StepResult:
-        """Run the plan as one forward pass (7.1-7.3); duration in wall-clock seconds."""
+        """Run the plan as one forward pass; duration in wall-clock seconds."""
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -122,12 +112,11 @@ class RealExecutor:
         return StepResult(duration=duration, token_ids=tokens)
 
     def decode_run(self, plan: StepPlan, k: int) -> None:
-        """No fast path (the simulator's, 7.2): a real model has to run and time each step."""
+        """No fast path: a real model has to run and time each step."""
         return None
 
     def describe(self) -> dict[str, Any]:
-        """What ran (model, dtype, device, torch, threads, matmul form): the results file's
-        executor record for every real run of 7.1-7.3."""
+        """What ran: the results file's executor record."""
         r = self.runner
         return {
             "executor": "real",
@@ -144,7 +133,7 @@ class RealExecutor:
             "attention": r.attention_backends(),
             "slots": r.slots,
             "max_len": r.max_len,
-            "kv_cache_bytes": r.kv_bytes,
+            "kv_cache_bytes": r.cache.nbytes,
             "seed": r.seed,
             "rope_theta": r.cfg.rope_theta,
             "warmup_s": self.warmup_s,
@@ -166,18 +155,15 @@ def run_real(
     graphs: bool | None = None,
     **run_kw: Any,
 ) -> RunResult:
-    """Serve a workload with ``scheduler`` on a real model (7.1-7.3); ``run_kw`` go to ``engine.run``.
+    """Serve a workload with ``scheduler`` on a real model; ``run_kw`` go to ``engine.run``.
 
     Every request stops at its trace output length (EOS ignored, as vLLM's benchmark
-    does). ``threads`` sets torch's intra-op threads for the whole process. ``max_len``
-    shrinks each slot's slab below the model's context to save memory; a request longer
-    than it is refused up front. ``checkpoint``: a Hugging Face Llama checkpoint directory
-    (``batching.checkpoint``) whose weights replace the seeded random ones; its config sets
-    the model's shape, and ``model_name`` (may be None) must then be that config's name.
-    ``runner``: an existing model and cache to serve with instead of building one (its
-    slabs are overwritten; several runs of a benchmark then share one model, as the runs of a
-    server would); ``model_name`` (may be None) must then be its model's. ``graphs``: decode
-    steps as CUDA graphs (default on CUDA; False runs them eagerly; see ``graphs.py``).
+    does). ``threads``: torch's intra-op threads for the process. ``max_len``: each slot's
+    slab, below the model's context (longer requests are refused up front).
+    ``checkpoint``: a Hugging Face Llama checkpoint whose config sets the shape and whose
+    weights replace the seeded ones. ``runner``: an existing model and cache to serve with
+    (several runs then share one model). With either, ``model_name`` may be None and must
+    otherwise match. ``graphs``: decode steps as CUDA graphs (default on CUDA).
     """
     reqs = workload_requests.fresh() if isinstance(workload_requests, Workload) else list(workload_requests)
     if runner is not None:

@@ -1,41 +1,25 @@
-"""Decode steps as CUDA graphs: the GPU side of "Why batching" (the runner's fast path).
+"""Decode steps as CUDA graphs (the runner's fast path on a GPU).
 
-A decode step of an 8B model on an H200 streams 15 GB of weights in ~4 ms; run eagerly it
-is ~650 kernel launches from Python (32 layers x ~20 ops), ~10-15 us each on the host, and
-the GPU waits for the host: the step measures Python, not bandwidth, and decode
-efficiency stays far below the 0.80 that issue 3 asks of the 8B shape. A CUDA graph records
-the step's kernels once and replays them with one launch (vLLM and SGLang do this for
-every decode batch size; nano-vllm's ``capture_cudagraph`` in 40 lines).
+Run eagerly, an 8B decode step on an H200 is ~650 kernel launches from Python at ~10-15 us
+each for ~4 ms of weight streaming: the step measures the host, not bandwidth. A CUDA
+graph records the step's kernels once and replays them with one launch (as vLLM and
+SGLang do for every decode batch size).
 
 A graph replays fixed shapes at fixed addresses, so a step is fitted to a bucket:
 
-- rows: the batch is padded to :func:`batch_bucket` (1, 2, 4, 8, then multiples of 8) of
-  its rows *and of its highest slot + 1*; padding rows decode token
-  :data:`~batching.real.model.PAD_ID` at distinct positions of a scratch slab that no
-  request owns (the cache allocates one more slab when graphs are on), and their logits
-  are dropped;
-- context: attention reads every row's slab up to :func:`ctx_bucket` of the longest row's
-  context (64 .. 1024 by powers of two, then multiples of 512) and masks each row's
-  tail, as the eager path masks up to the longest row exactly;
-- slabs: a bucket of ``R`` rows reads slabs ``0 .. R-1``, one view at a fixed address,
-  each row's query placed at its slot (the padding rows' queries take the free slots of
-  that prefix; their outputs are dropped). What a step reads depends on its rows and
-  their slots, never on how many slots the runner has: a profile measured with 257 slots
-  and a run with 33 time the same kernels. The schedulers fill the lowest free slot, so a
-  live batch's highest slot stays close to its size; a batch left in high slots (the
-  tail of a run) pays the rows up to its highest slot, at most what reading every slab
-  would cost.
+- rows: padded to :func:`batch_bucket` of its rows *and of its highest slot + 1*; padding
+  rows decode :data:`~batching.real.model.PAD_ID` into a scratch slab no request owns, and
+  their logits are dropped;
+- context: attention reads every slab up to :func:`ctx_bucket` of the longest context and
+  masks each row's tail;
+- slabs: a bucket of ``R`` rows reads slabs ``0 .. R-1`` as one view, each row's query at
+  its slot, so what a step reads never depends on how many slots the runner has (the
+  schedulers fill the lowest free slot, so the highest slot stays close to the batch size).
 
-Attention is ``model.gqa_decode``: grouped-query heads packed as queries of their kv head,
-plain multi-head SDPA that every backend runs with a mask (FlashDecoding's "GQA packing").
-
-Only decode-only plans (decodes, and static batching's dead rows) replay graphs; plans with
-a prefill chunk run eagerly. A bucket is captured on first use, or by the real executor's
-warm-up for every bucket its workload can reach (:meth:`DecodeGraphs.capture_all`), so that
-no timed step pays a capture. A bucket whose capture fails (an op CUDA graphs refuse; out
-of memory) is recorded and its steps run eagerly; the other buckets still replay. On a CPU
-there is nothing to capture: with ``capture=False`` the same fixed-shape step runs
-eagerly, which is how the tests check it against the eager path.
+Only decode-only plans replay graphs. A bucket is captured on first use or by the warm-up
+(:meth:`DecodeGraphs.capture_all`); one whose capture fails is recorded and runs eagerly.
+With ``capture=False`` (CPU) the same fixed-shape step runs eagerly, which is how the tests
+check it against the eager path.
 """
 
 from __future__ import annotations
@@ -97,10 +81,9 @@ class _Graph:
 
 
 class DecodeGraphs:
-    """Fixed-shape decode steps over one model and its slab cache, replayed as CUDA graphs
-    ("Why batching", 7.2 on a GPU). The runner holds this object; this object holds the
-    model and the cache, not the runner (no reference cycle keeps a dropped runner's
-    weights, slabs and graph pool alive until a garbage collection)."""
+    """Fixed-shape decode steps over one model and its slab cache, replayed as CUDA graphs.
+    It holds the model and the cache, not the runner: no reference cycle keeps a dropped
+    runner's memory alive until a garbage collection."""
 
     def __init__(self, model: Llama, cache: SlabCache, capture: bool) -> None:
         if capture and model.device.type != "cuda":
@@ -208,10 +191,8 @@ class DecodeGraphs:
         return self._graphs[key]
 
     def capture_all(self, max_rows: int | None = None, max_ctx: int | None = None) -> int:
-        """Make every bucket of up to ``max_rows`` rows (default: the slots) and a longest
-        context of up to ``max_ctx`` positions (default: the slab): the buckets a workload
-        can reach, so that no timed step pays a capture (the real executor's warm-up).
-        A bucket that fails is skipped (:meth:`graph`). Returns how many graphs exist."""
+        """Make every bucket of up to ``max_rows`` rows (default: the slots) and ``max_ctx``
+        positions (default: the slab), skipping failures; returns how many graphs exist."""
         c = self.cache
         top_r = c.slots if max_rows is None else max(1, min(max_rows, c.slots))
         top_n = c.max_len if max_ctx is None else max(1, min(max_ctx, c.max_len))

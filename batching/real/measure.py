@@ -1,14 +1,10 @@
-"""Measure what a step costs on this device: ``python -m batching measure`` ("Why batching").
+"""Measure what a step costs on this device: ``python -m batching measure``.
 
-One run measures the device's copy/read bandwidth and matmul peak, then the model's
-decode step time against batch size and context length, prefill time against tokens, and
-mixed steps (a prefill chunk plus decodes), each with warm-up, repetitions, the median and
-the spread. The result is a profile (``ProfileCost``'s schema 1) that the simulator
-interpolates, with the metadata that says how, where and when it was measured.
-
-Only torch and numpy are needed (the GPU machine has no jupyter). Decode sweeps do not run
-real prefills: the KV slab's contents do not change a step's cost, so rows simply sit at
-the context length being measured (conventions, "Practical notes").
+The device's bandwidth and matmul peak, then the model's decode steps against batch size
+and context, prefills against tokens and mixed steps, each as median and spread: a profile
+(``ProfileCost``'s schema 1) that the simulator interpolates. Only torch and numpy are
+needed. Decode rows sit at the measured context in a zero-filled slab (its contents do not
+change a step's cost), with no real prefill.
 """
 
 from __future__ import annotations
@@ -100,11 +96,9 @@ def matvec(
 
 @torch.inference_mode()
 def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int = 10) -> dict[str, Any]:
-    """Memory bandwidth three ways ("Why batching"): copy into an existing tensor (read +
-    write), a reduction (read), and the matrix-vector products of :func:`_matvecs` over
-    ``nbytes`` of weights, the best a decode step's weight stream can hope for; ``matvec`` is
-    the best of them, the reference that decode efficiency is judged against. ``clone()`` is
-    not used: it page-faults fresh memory and reports a fraction of the real figure."""
+    """Memory bandwidth: copy into an existing tensor (``clone()`` page-faults fresh memory),
+    a reduction, and the matrix-vector products of :func:`_matvecs` over ``nbytes``;
+    ``matvec``, the best of those, is the reference of decode efficiency."""
     n = nbytes // dtype.itemsize
     src = torch.empty(n, dtype=dtype, device=device).uniform_()  # no fp32 copy: 15 GB for an 8B's bytes
     dst = torch.empty_like(src)
@@ -135,14 +129,11 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, reps: int = 5)
 
 # ------------------------------------------------------------------ the model
 class StepTimer:
-    """Times synthetic steps through the runner exactly as the real executor does: a
-    :class:`StepPlan` of made-up requests through ``ModelRunner.execute`` (packing the plan,
-    the forward pass, the greedy tokens), so that a profile predicts what a real run's step
-    log records, per-step Python included."""
+    """Times synthetic step plans through ``ModelRunner.execute`` exactly as the real
+    executor runs them (per-step Python included)."""
 
     def __init__(self, runner: ModelRunner, reps: int, warmup: int = 2, pool: bool = False) -> None:
-        """``pool``: each step's statistics cover every repetition of that step so far (the
-        rounds of :func:`measure`), not just this call's."""
+        """``pool``: statistics over every repetition of a step so far, not just this call's."""
         self.r, self.reps, self.warmup = runner, reps, warmup
         self.pooled: dict[tuple, list[float]] | None = {} if pool else None
 

@@ -1,17 +1,12 @@
-"""A Llama-style decoder in one readable file (the real engine of chapter 7; "Why batching").
+"""A Llama-style decoder in one file: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP,
+tied or untied lm head, built from a registry :class:`~batching.models.ModelShape` with
+seeded random weights (what batching costs does not depend on what the weights know).
 
-RMSNorm, rotary positions (RoPE), grouped-query attention through
-``scaled_dot_product_attention``, a SwiGLU MLP, tied or untied lm head: the architecture of
-Llama 3, built from a registry :class:`~batching.models.ModelShape` with seeded random
-weights. No checkpoint is loaded: what batching costs and whether it changes a request's
-tokens do not depend on what the weights know.
-
-The model does not own a KV cache. :meth:`Llama.forward` runs every linear layer on all
-``T`` tokens of a step packed into one ``[T, hidden]`` matrix, so the weights are streamed
-once per step whatever the batch holds, and hands each layer's queries, keys and values to
-an ``attend`` callback: the runner (``runner.py``) writes them into its slabs and decides
-who attends to what. :meth:`Llama.forward_full` is the cache-free reference that tests
-compare against.
+The model owns no KV cache. :meth:`Llama.forward` runs every linear layer on all ``T``
+tokens of a step packed into one ``[T, hidden]`` matrix (the weights are streamed once per
+step) and hands each layer's q, k, v to an ``attend`` callback: the runner writes them into
+its slabs and decides who attends to what. :meth:`Llama.forward_full` is the cache-free
+reference.
 
 Shapes in comments: T packed tokens, H query heads, K kv heads, D head dim, V vocab.
 """
@@ -35,8 +30,7 @@ AttendFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 
 @dataclass(frozen=True)
 class ModelConfig(ModelShape):
-    """A registry shape plus what only the torch model needs (sizes, parameter count and
-    head_dim are ModelShape's: one registry, no second copy of the numbers)."""
+    """A registry shape plus what only the torch model needs."""
 
     # Llama 3 trains with theta 500,000 so that rotations stay distinguishable over 128K
     # positions; the small demo shapes serve at most 2,048 positions, for which the
@@ -50,26 +44,22 @@ class ModelConfig(ModelShape):
 
     @classmethod
     def from_shape(cls, shape: ModelShape) -> ModelConfig:
-        """The config of a registry shape (``tiny``, ``cpu-m``, ``llama-8b``, ...): every real run of 7.1-7.3."""
+        """The config of a registry shape (``tiny``, ``cpu-m``, ``llama-8b``, ...)."""
         theta = 500_000.0 if shape.name.startswith("llama") else 10_000.0
         return cls(**{f.name: getattr(shape, f.name) for f in fields(ModelShape)}, rope_theta=theta)
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:
-    """fp32 on CPU (bf16 matmuls are ~6x slower on this project's CPU, which has no bf16
-    instructions: shared/notes/cpu-decode-measurements.md), bf16 on CUDA."""
+    """fp32 on CPU (no bf16 instructions here: bf16 matmuls ~6x slower), bf16 on CUDA."""
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm (every real run, 7.1-7.3): x [T, d] -> [T, d], in at least fp32 as Llama does for bf16.
+    """RMSNorm: x [T, d] -> [T, d], in at least fp32 as Llama does for bf16.
 
-    fp32 and fp64 go through ``F.rms_norm`` (torch >= 2.4, the ``model`` extra's floor), one
-    call where the bf16 formula is six: on CPU a one-token norm costs ~25 us that way
-    against ~39 us (its arithmetic is ~1 us). So does everything on CUDA, where torch >= 2.8
-    runs it as one fused kernel (``_fused_rms_norm``) that accumulates bf16 in fp32 and
-    multiplies by the weight before rounding (Llama's formula rounds first): one kernel
-    where a decode step has ~20 per layer, each a few microseconds of a ~4 ms step (8B, H200)."""
+    ``F.rms_norm`` is one call where the bf16 formula is six (CPU one-token norm: ~25 against
+    ~39 us); on CUDA (torch >= 2.8) it is one fused kernel that accumulates bf16 in fp32 and
+    multiplies by the weight before rounding (Llama's formula rounds first)."""
     if x.dtype in (torch.bfloat16, torch.float16) and x.device.type != "cuda":
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
@@ -77,14 +67,11 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """RoPE (7.1-7.3): x [T, n, D] rotated by its token's angles; cos, sin_signed [T, 1, D]. Positions
-    come from the plan, so a token's rotation does not depend on what else is in the batch.
+    """RoPE: x [T, n, D] rotated by its token's angles; cos, sin_signed [T, 1, D].
 
-    The Hugging Face Llama convention, ``x * cos + rotate_half(x) * sin`` with
-    rotate_half((x1, x2)) = (-x2, x1), in three ops instead of six: rotate_half(x) is x
-    rolled by D/2 with its first half negated, and that sign is folded into
-    ``sin_signed`` (Llama.sin_signed). A decode step is a few dozen small ops per layer
-    on CPU, each costing more in dispatch than in arithmetic."""
+    Hugging Face's ``x * cos + rotate_half(x) * sin`` in three ops instead of six:
+    rotate_half(x) is x rolled by D/2 with its first half negated, and that sign is folded
+    into ``sin_signed`` (on CPU a small op costs more in dispatch than in arithmetic)."""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
@@ -92,8 +79,7 @@ _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2] if p.isdi
 
 
 def _gqa_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, dict[str, bool]]:
-    """k, v and the keywords to call SDPA with, q having H heads and k, v K: as they are, with
-    ``enable_gqa`` where H != K; on torch < 2.5, which has no enable_gqa, each kv head copied H/K times."""
+    """k, v and SDPA's keywords: ``enable_gqa`` where H != K (torch < 2.5: kv heads repeated)."""
     if q.shape[1] == k.shape[1]:
         return k, v, {}
     if _SDPA_HAS_GQA:
@@ -103,10 +89,9 @@ def _gqa_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, dict[str, 
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
-    """Grouped-query attention (7.2 decode rows, 7.3 chunks): q [B, H, Tq, D], k, v [B, K, Tk, D] -> [B, H, Tq, D].
+    """Grouped-query attention: q [B, H, Tq, D], k, v [B, K, Tk, D] -> [B, H, Tq, D].
 
-    ``mask`` is boolean, True where a query may attend, or a float bias added to the scores
-    (decode graphs: 0 or -inf); broadcast to [B, H, Tq, Tk].
+    ``mask``: boolean (True may attend) or a float bias (0 or -inf), broadcast to [B, H, Tq, Tk].
     """
     k, v, gqa = _gqa_kv(q, k, v)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, **gqa)
@@ -117,23 +102,20 @@ PAD_ID = 0
 
 
 def gqa_decode(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """One query per row against its slab (decode, eager and graphed): q [B, H, D], k, v
-    [B, K, L, D], mask [B, 1, 1, L] (boolean, or added to the scores; None: all seen) -> [B, H, D].
+    """One query per row against its slab: q [B, H, D], k, v [B, K, L, D], mask [B, 1, 1, L]
+    (None: all seen) -> [B, H, D].
 
-    Grouped-query packing: query heads h = j*G .. j*G + G - 1 share kv head j (the
-    repeat_interleave convention of ``enable_gqa``), so as G queries of head j they are
-    plain multi-head attention, which every SDPA backend runs with a mask; masked
-    ``enable_gqa`` falls back to the math kernel on CUDA (fp32 upcast, K/V expanded to all
-    heads, scores materialized) in torch 2.11."""
+    Query heads j*G .. j*G + G - 1 share kv head j, so as G queries of head j they are plain
+    multi-head attention, which every SDPA backend runs with a mask (masked ``enable_gqa``
+    falls back to the math kernel on CUDA in torch 2.11)."""
     B, H, D = q.shape
     K = k.shape[1]
     return sdpa(q.view(B, K, H // K, D), k, v, mask).reshape(B, H, D)  # [B, K, G, D] -> [B, H, D]
 
 
 def gqa_chunk(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """A prefill chunk after cached context, grouped-query packed as :func:`gqa_decode`:
-    q [m, H, D] (the chunk's queries), k, v [1, K, L, D] (its slot), mask [m, L] (boolean)
-    -> [m, H, D]. The chunk's G heads per kv head become G x m queries of that head."""
+    """A prefill chunk after cached context, packed as :func:`gqa_decode`: q [m, H, D],
+    k, v [1, K, L, D] (its slot), mask [m, L] -> [m, H, D]; G heads become G x m queries."""
     m, H, D = q.shape
     K = k.shape[1]
     G = H // K
@@ -143,9 +125,8 @@ def gqa_chunk(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
 
 
 def sdpa_backend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> str:
-    """The SDPA kernel torch picks for these inputs (``flash_attention``, ``efficient_attention``,
-    ``cudnn_attention``, ``math``...), as :func:`sdpa` would call it: recorded with every profile
-    and real run, since a step timed on the math kernel is timed on a kernel no server runs."""
+    """The SDPA kernel torch picks for these inputs (``flash_attention``, ``math``, ...):
+    recorded with every profile and real run (no server runs the math kernel)."""
     from torch.nn.attention import SDPBackend
 
     k, v, gqa = _gqa_kv(q, k, v)
@@ -156,23 +137,18 @@ def sdpa_backend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, ca
         return f"unknown ({type(e).__name__})"
 
 
-#: Largest token count for which Llama.linear uses ``(W @ x.T).T`` on CPU. Measured here
-#: on whole prefill steps (quiet machine, best of 2 x 5): faster at 128 tokens (cpu-s 71.7
-#: vs 81.3 ms with F.linear, cpu-m 281 vs 306 ms) and slower at 255 (cpu-s 156 vs 130 ms,
-#: cpu-m 700 vs 553 ms).
+#: Largest token count for which Llama.linear uses ``(W @ x.T).T`` on CPU: faster at 128
+#: tokens (cpu-s prefill 71.7 vs 81.3 ms with F.linear), slower at 255 (156 vs 130 ms).
 WX_MAX_TOKENS = 128
 
 
 def padded_tokens(T: int) -> int:
-    """How many rows a ``(W @ x.T).T`` product of ``T`` tokens runs on (CPU, 7.2's odd batch sizes).
+    """How many rows a CPU ``(W @ x.T).T`` product of ``T`` tokens runs on.
 
-    MKL's kernels for this product are fast for row counts that are multiples of 8 (and
-    4), slow in between: measured here on whole ``cpu-m`` decode steps (median of 4
-    interleaved rounds), 3 rows 55.6 ms against 38.9 for 4, 7 rows 84.4 against 70.2 for 8,
-    13-15 rows 126-148 against 87.9 for 16; on the 6656x768 matrix alone, 9-15 rows
-    3.0-5.3 ms against 2.9 for 16, 25-31 rows 4.8-6.6 against 4.2 for 32. Zero rows are
-    therefore added up to the next multiple of 8 (3 -> 4, 7 -> 8, 9..15 -> 16, ...), except
-    for 1, 2, 5 and 6 rows, which cost less than the padded size (5 rows 57 ms, 8 rows 70)."""
+    MKL is fast for multiples of 8 (and 4), slow in between (whole ``cpu-m`` decode steps:
+    3 rows 55.6 ms against 38.9 for 4, 7 rows 84.4 against 70.2 for 8, 13-15 rows 126-148
+    against 87.9 for 16), so zero rows pad up to the next multiple of 8, except 1, 2, 5 and
+    6 rows, which cost less than their padded size (5 rows 57 ms, 8 rows 70)."""
     if T <= 8:
         return {3: 4, 7: 8}.get(T, T)
     return -(-T // 8) * 8
@@ -186,22 +162,21 @@ LINEAR_CPU = (
 
 
 def split_ways(in_features: int, threads: int) -> int:
-    """Into how many pieces a one-token step's matrix-vector product splits its input
-    dimension on CPU (:meth:`Llama.linear`, "Why batching"): one piece per thread, as many
-    as divide ``in_features`` evenly."""
+    """Pieces a CPU one-token matrix-vector product splits its input into: one per thread,
+    as many as divide ``in_features`` evenly (:meth:`Llama.linear`)."""
     return max(s for s in range(1, max(threads, 1) + 1) if in_features % s == 0)
 
 
 def batch1_copy_params(cfg: ModelConfig) -> int:
-    """Elements of the transposed copies a CPU model keeps for one-token steps (the memory
-    check of ``runner.py`` counts them): every linear weight, the lm head included."""
+    """Elements of the transposed copies a CPU model keeps for one-token steps: every
+    linear weight, the lm head included (the runner's memory check counts them)."""
     H, K, D, d = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.hidden
     per_layer = (H + 2 * K) * D * d + d * H * D + 2 * cfg.ffn * d + d * cfg.ffn
     return cfg.layers * per_layer + cfg.vocab * d
 
 
 class Block(nn.Module):
-    """One decoder layer (7.1-7.3): x + attention(norm(x)), then + SwiGLU(norm(x))."""
+    """One decoder layer: x + attention(norm(x)), then + SwiGLU(norm(x))."""
 
     def __init__(self, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
@@ -242,11 +217,8 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    """A Llama-style decoder with seeded random weights (the real engine of 7.1-7.3, "Why batching").
-
-    ``wx`` picks how a linear layer is computed (see :meth:`linear`); it defaults to
-    ``(W @ x.T).T`` on CPU and ``F.linear`` elsewhere.
-    """
+    """A Llama-style decoder with seeded random weights; ``wx`` (default: on CPU) picks
+    ``(W @ x.T).T`` over ``F.linear`` (see :meth:`linear`)."""
 
     # Buffers (register_buffer) and the lm head (a parameter, or the embedding when tied).
     cos: Tensor
@@ -289,7 +261,7 @@ class Llama(nn.Module):
 
     @property
     def layers(self) -> list[Block]:
-        """The decoder layers, typed (``blocks`` is the ``nn.ModuleList`` that registers them)."""
+        """The decoder layers, typed."""
         return cast("list[Block]", list(self.blocks))
 
     # ------------------------------------------------------------------ batch-1 copies
@@ -304,37 +276,31 @@ class Llama(nn.Module):
 
     @torch.no_grad()
     def refresh_batch1(self) -> None:
-        """(Re)build the transposed copies of every weight that one-token steps use on CPU
-        (see :meth:`linear`); ``forward`` calls this itself when a weight has changed."""
+        """(Re)build the transposed weights of CPU one-token steps (``forward`` calls this
+        itself when a weight has changed)."""
         self._b1 = {id(w): w.T.contiguous() for w in self.linear_weights()} if self.wx else {}
         self._b1_state = self._weights_state()
 
     @property
     def linear_form(self) -> str:
-        """How this model multiplies by its weights (:meth:`linear`), recorded with every real
-        run and benchmark."""
+        """How this model multiplies by its weights (recorded with every run)."""
         return LINEAR_CPU if self.wx else "F.linear"
 
     def batch1_bytes(self) -> int:
-        """Memory held by the batch-1 copies (reported with every real run)."""
+        """Memory held by the batch-1 copies."""
         return sum(t.numel() * t.element_size() for t in self._b1.values())
 
     @torch.no_grad()
     def _init_weights(self, seed: int) -> None:
-        """Seeded normal weights, drawn in fp32 on the target device and then cast, so a
-        float64 model holds exactly the fp32 model's weights (tests compare the two).
+        """Seeded normal weights, drawn in fp32 and cast (a float64 model holds exactly the
+        fp32 model's weights).
 
-        Embeddings (and an untied lm head) use std 0.02. Matrices inside the blocks use
-        std 1/sqrt(fan_in) (residual outputs further / sqrt(2 x layers), GPT-2's scaling):
-        with 0.02 everywhere, a random block's output is far smaller than the token's own
-        embedding, the tied lm head then scores the input token highest, and greedy
-        decoding repeats one token forever. Scaled by fan-in the blocks dominate the
-        residual stream. q and k get twice that, so attention scores spread by ~4 rather
-        than ~1: near-uniform attention averages the context into a slowly changing state
-        and about half the greedy tokens repeat their predecessor (measured on ``tiny``:
-        0.49); sharp attention, as in a trained model, brings that to ~0.03. Greedy tokens
-        then depend on the context and vary across positions, which the batch-invariance
-        tests need.
+        Embeddings use std 0.02; block matrices 1/sqrt(fan_in), residual outputs further
+        / sqrt(2 x layers) (GPT-2): with 0.02 everywhere the tied head scores the input
+        token highest and greedy decoding repeats one token forever. q and k get twice
+        that, so attention is sharp: near-uniform attention makes about half the greedy
+        tokens repeat their predecessor (``tiny``: 0.49 against ~0.03), and the
+        batch-invariance tests need tokens that depend on the context.
         """
         g = torch.Generator(device=self.device).manual_seed(seed)
 
@@ -355,40 +321,26 @@ class Llama(nn.Module):
             fill(self.lm_head, cfg.embed_std)
 
     def num_params(self) -> int:
-        """Parameters held (a tied head counted once), reported by the real runs of 7.1-7.3."""
+        """Parameters held (a tied head counted once)."""
         return sum(p.numel() for p in self.parameters())
 
     def linear(self, x: Tensor, w: Tensor) -> Tensor:
-        """x [T, in] @ W[out, in].T -> [T, out] ("Why batching": the decode step's cost).
+        """x [T, in] @ W[out, in].T -> [T, out].
 
-        On this project's CPU, ``F.linear`` (``x @ W.T``) leaves MKL's fast
-        matrix-vector kernel as soon as T = 2, so batch 2 costs ~1.9x batch 1 and the
-        flat region that makes batching pay disappears; ``(W @ x.T).T`` keeps the weights
-        as the left operand and the step flat up to batch ~4
+        On this project's CPU ``F.linear`` leaves MKL's fast matrix-vector kernel at T = 2
+        (batch 2 costs ~1.9x batch 1); ``(W @ x.T).T`` keeps the step flat up to batch ~4
         (shared/notes/cpu-decode-measurements.md). GPUs have no such cliff: F.linear.
+        The result is made contiguous because the next linear's fast path needs row-major
+        input (6656x768 at T=2: 4.1 vs 1.4 ms). Above :data:`WX_MAX_TOKENS` tokens both
+        kernels are compute-bound and F.linear runs; below it the rows are padded
+        (:func:`padded_tokens`).
 
-        The result is made contiguous because the *next* linear's fast path needs a
-        row-major input: fed the transposed layout that ``(W @ x.T).T`` returns, the same
-        product took 2-3x longer (6656x768 at T=2: 4.1 vs 1.4 ms). Above
-        :data:`WX_MAX_TOKENS` tokens (prefill) both kernels are compute-bound and that copy
-        costs more than it saves, so F.linear runs there. Below it, zero rows pad the token
-        count to a size MKL's kernel handles fast (:func:`padded_tokens`: 13 rows cost ~1.4x
-        16 rows unpadded).
-
-        One-token steps (a batch of one decode) use both cores. MKL runs a matrix-vector
-        product on one thread, which streams ~14-22 GB/s here whatever the layout; a batched
-        product runs one matrix per thread. So the weight is kept a second time, transposed
-        ([in, out] row-major), and its rows are split into :func:`split_ways` pieces (one per
-        thread): x's matching pieces times each piece, one ``bmm``, summed. Measured here
-        (24 copies of each shape streamed from DRAM, median of 11, split against the better
-        unsplit layout): 25.8 GB/s against 13.2 for 768x768, 25.3 against 21.2 for
-        768x3328, 20.2 against 15.8 for 1280x768, 27.2 against 21.7 for 6656x768; whole
-        steps alternated with the previous kernel (tall weights transposed, others
-        ``torch.mv``, four rounds): cpu-m 21.4-28.9 ms against 32.6-36.0, cpu-s 6.5-8.7
-        against 7.9-9.9. The copies cost memory (+100% of the weights) but no bandwidth:
-        each step still reads every weight once. From two tokens the batched product's
-        per-thread kernel is slower than ``(W @ x.T).T`` (6656x768 at T=4: 10.2 against
-        15.4 GB/s), so only batch 1 uses it.
+        One-token steps use every core: MKL runs a matrix-vector product on one thread
+        (~14-22 GB/s here), a batched product one matrix per thread, so the weight is also
+        kept transposed ([in, out]) and split into :func:`split_ways` pieces, one ``bmm``,
+        summed (6656x768: 27.2 against 21.7 GB/s; whole cpu-m steps 21.4-28.9 ms against
+        32.6-36.0). The copies cost memory (+100% of the weights), not bandwidth. From two
+        tokens the per-thread kernel is slower (6656x768 at T=4: 10.2 against 15.4 GB/s).
         """
         T = x.shape[0]
         if self.wx and T == 1:
@@ -408,20 +360,18 @@ class Llama(nn.Module):
         return F.linear(x, w)
 
     def token_buckets(self) -> list[int] | None:
-        """The row counts a step's linear layers actually run on (:func:`padded_tokens`): a
-        step of T tokens costs what the smallest bucket >= T costs. Profiles record them
-        so that the simulator charges the same (``ProfileCost``); None when nothing is padded."""
+        """The row counts linear layers run on (:func:`padded_tokens`), which profiles
+        record so that ``ProfileCost`` charges the same; None when nothing is padded."""
         if not self.wx:
             return None
         return [t for t in range(1, WX_MAX_TOKENS + 1) if padded_tokens(t) == t]
 
     def forward(self, ids: Tensor, pos: Tensor, attend: AttendFn, rows: Tensor | None = None) -> Tensor:
-        """One forward pass over ``T`` packed tokens of any number of sequences (7.1-7.3).
+        """One forward pass over ``T`` packed tokens of any number of sequences.
 
         ids, pos [T] (int64); ``attend(layer, q, k, v)`` does attention (and caching);
-        ``rows`` [R] selects the tokens that need logits (the lm head is the largest
-        single matrix of a small model: never spend it on tokens nobody samples).
-        Returns logits [R, V] (all T rows if ``rows`` is None).
+        ``rows`` [R] selects the tokens that need logits (the lm head is a small model's
+        largest matrix). Returns logits [R, V] (all T rows if ``rows`` is None).
         """
         if self.wx and self._weights_state() != self._b1_state:
             self.refresh_batch1()
@@ -435,8 +385,7 @@ class Llama(nn.Module):
 
     @torch.inference_mode()
     def forward_full(self, ids: Tensor) -> Tensor:
-        """Reference for the 7.3 chunked-prefill and batch-invariance tests: logits [T, V] of one
-        whole sequence, causal attention, no cache."""
+        """Logits [T, V] of one whole sequence, causal, no cache (the tests' reference)."""
         T = ids.shape[0]
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -447,7 +396,7 @@ class Llama(nn.Module):
 
     @torch.inference_mode()
     def generate_full(self, prompt: list[int], n: int) -> list[int]:
-        """Greedy tokens of one sequence alone, recomputing everything each token (tests of 7.1-7.3)."""
+        """Greedy tokens of one sequence alone, recomputing everything each token."""
         seq = list(prompt)
         for _ in range(n):
             seq.append(int(self.forward_full(torch.tensor(seq))[-1].argmax()))

@@ -1,23 +1,14 @@
-"""Run any :class:`~batching.plan.StepPlan` as one forward pass of the torch model (chapter 7),
-over the slab KV cache of ``cache.py``.
+"""Run any :class:`~batching.plan.StepPlan` as one forward pass over the slab KV cache.
 
-A step packs every token of the plan into one ``[T, hidden]`` matrix, in this order:
+A step packs every token of the plan into one ``[T, hidden]`` matrix: decode rows (and
+static batching's dead rows), one token each, sorted by slot; then prefill chunks, each
+``n`` prompt tokens plus its ``pad`` padding tokens. Every linear layer runs once on all
+``T`` tokens; attention is one batched SDPA call for all decode rows and one per chunk,
+grouped-query heads packed as queries of their kv head so that a masked call runs a fused
+kernel.
 
-- decode rows (and static batching's dead rows), one token each, sorted by slot;
-- prefill chunks, each ``n`` prompt tokens plus its ``pad`` padding tokens.
-
-Every linear layer runs once on all ``T`` tokens (the weights are read once per step:
-"Why batching"). Attention is the only per-sequence part: one batched SDPA call for all
-decode rows and one call per prefill chunk, grouped-query heads packed as queries of their
-kv head (``model.gqa_decode``, ``model.gqa_chunk``) so that a masked call runs a fused
-kernel, not the math fallback.
-
-The workload only has lengths, so token ids are made up: a request's prompt is
-``numpy.random.default_rng([seed, rid]).integers(1, vocab, prompt_len)`` (id 0 is left for
-padding), recomputed from the seed whenever a prefill needs it; its generated ids are the
-request's own (``Request.token_ids``, which the engine appends to). Token ids are stored
-once: a decode reads the request's newest id, a recompute after preemption its prompt and
-the ids it had generated.
+Prompts are made up from the seed (:func:`prompt_ids`; id 0 is left for padding) whenever
+a prefill needs them; generated ids are the request's own (``Request.token_ids``).
 """
 
 from __future__ import annotations
@@ -53,10 +44,8 @@ def check_model_fits(
     graphs: bool | None = None,
 ) -> int:
     """Refuse (:class:`DeviceMemoryError`) a model and its KV slabs that would not fit
-    ``device`` together, before anything is allocated (7.1-7.3); returns the weights' bytes.
-
-    A CPU model (``wx``) also keeps transposed copies of its weights for one-token
-    steps; a runner with decode graphs (``graphs``, default on CUDA) one more slab."""
+    ``device`` together, before anything is allocated; returns the weights' bytes. A CPU
+    model (``wx``) also keeps batch-1 copies; decode graphs (default on CUDA) one more slab."""
     cfg = ModelConfig.from_shape(shape)
     elem = dtype.itemsize
     copies = batch1_copy_params(cfg) if (device.type == "cpu" if wx is None else wx) else 0
@@ -76,33 +65,29 @@ def check_model_fits(
 
 
 def prompt_ids(seed: int, rid: int, prompt_len: int, vocab: int) -> list[int]:
-    """Deterministic pseudo-random prompt of request ``rid`` (ids 1..vocab-1), for every real run of 7.1-7.3."""
+    """Deterministic pseudo-random prompt of request ``rid`` (ids 1..vocab-1)."""
     return np.random.default_rng([seed, rid]).integers(1, vocab, prompt_len).tolist()
 
 
 @dataclass
 class StepOutput:
-    """What one step produced: the emitted token of each emitting request, and its logits
-    row (kept for tests; the executor only needs the tokens)."""
+    """The emitted token of each emitting request, and its logits row (for tests)."""
 
     token_ids: dict[int, int] = field(default_factory=dict)
     logits: dict[int, Tensor] = field(default_factory=dict)
 
 
-#: Decode rows whose slots have holes between them (requests that finished left their slots
-#: free) read every slab from their lowest slot to their highest, holes included, while that
-#: span holds at most this many slots per row; wider spans gather the rows' slabs into a
-#: copy. A hole's slab costs one more slab read; the gather costs a read, a write and a
-#: second read of every row's slab. Measured here, 16 decode rows at contexts 100-300 in
-#: slots 0-16 but one: ``cpu-s`` 31.3 ms read as a view with the hole, 37.0 gathered
-#: (28.3 for slots 0-15); ``cpu-m`` 110 / 125 / 105 ms. In a live batch nearly every mixed
-#: step has such a hole: the slot of the prompt being prefilled, among the decoding ones.
+#: Decode rows with free slots between them read every slab from their lowest slot to their
+#: highest, holes included, while that span holds at most this many slots per row; wider
+#: spans gather the rows' slabs into a copy (a read, a write and a second read). 16 rows in
+#: slots 0-16 but one: ``cpu-s`` 31.3 ms as a view with the hole, 37.0 gathered, 28.3 for
+#: slots 0-15. Nearly every mixed step has such a hole: the slot being prefilled.
 SPAN_PER_ROW = 2
 
 
 @dataclass(frozen=True)
 class DecodeIndex:
-    """How one step's decode rows (7.2) read their slabs, worked out once for all layers.
+    """How one step's decode rows read their slabs, worked out once for all layers.
 
     ``sel``: the slabs read, a slice of slots (a view) or a tensor of slots (a gather);
     ``length``: positions read, the longest row's context; ``mask`` [N, 1, 1, length]: what
@@ -127,7 +112,7 @@ class ChunkSpan:
 
 
 class ModelRunner:
-    """A model plus its slab KV cache; :meth:`execute` runs one step plan (7.1, 7.2, 7.3)."""
+    """A model plus its slab KV cache; :meth:`execute` runs one step plan."""
 
     def __init__(
         self,
@@ -138,9 +123,8 @@ class ModelRunner:
         mem_available: int | None = None,
         graphs: bool | None = None,
     ) -> None:
-        """``mem_available`` overrides the free-memory figure (tests simulate a small device).
-        ``graphs``: decode-only steps as CUDA graphs (``graphs.py``); default on CUDA. On a
-        CPU, True runs the same fixed-shape step eagerly (tests)."""
+        """``mem_available`` overrides the free-memory figure (tests). ``graphs``: decode-only
+        steps as CUDA graphs, default on CUDA; on a CPU, True runs them eagerly (tests)."""
         cfg = model.cfg
         max_len = cfg.max_context if max_len is None else max_len
         if not (isinstance(slots, int) and slots >= 1):
@@ -157,7 +141,6 @@ class ModelRunner:
         graphs = self.device.type == "cuda" if graphs is None else graphs
         # Decode graphs pad a batch with rows that write into a slab no request owns.
         self.cache = SlabCache(cfg, slots, max_len, self.device, self.dtype, graphs, mem_available)
-        self.k_cache, self.v_cache, self.kv_bytes = self.cache.k, self.cache.v, self.cache.nbytes
         self.graphs = DecodeGraphs(model, self.cache, capture=self.device.type == "cuda") if graphs else None
         self._backends: dict[str, str] | None = None
 
@@ -175,7 +158,7 @@ class ModelRunner:
         wx: bool | None = None,
         graphs: bool | None = None,
     ) -> ModelRunner:
-        """Build the model of a registry shape and its cache, checking first that both fit (7.1-7.3)."""
+        """Build the model of a registry shape and its cache, checking first that both fit."""
         device = torch.device(device)
         dtype = dtype or default_dtype(device)
         weights = check_model_fits(shape, slots, device, dtype, max_len, mem_available, wx, graphs)
@@ -186,8 +169,7 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ tokens
     def tokens(self, req: Request) -> list[int]:
-        """Request ``req``'s ids so far: its prompt, then the ids it generated (7.2 recompute
-        reads them back). Made from the seed and the request; nothing is stored here."""
+        """Request ``req``'s ids so far: its prompt, then the ids it generated."""
         return self.prompt(req) + req.token_ids
 
     def prompt(self, req: Request) -> list[int]:
@@ -228,20 +210,17 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ the step
     def execute(self, plan: StepPlan) -> dict[int, int]:
-        """Run ``plan`` as one forward pass (7.1-7.3); {rid: greedy token} of every emitting request."""
+        """Run ``plan`` as one forward pass; {rid: greedy token} of every emitting request."""
         return self.forward(plan).token_ids
 
     @torch.inference_mode()
     def forward(self, plan: StepPlan) -> StepOutput:
-        """Run ``plan`` as one forward pass (7.1 static padding and dead rows, 7.2 mixed
-        prefill + decode, 7.3 chunks) and return the tokens and logits it emits.
+        """Run ``plan`` as one forward pass; the tokens and logits it emits.
 
-        Positions come from the requests before the engine commits the step. Decode and
-        dead rows compute the token at position ``num_computed`` (their newest id) and
-        write its K/V there; a chunk computes positions ``num_computed .. +n-1`` and its
-        ``pad`` padding tokens after them. Logits are computed for decode rows, dead rows
-        (a dense batch computes them: their cost is real) and the last token of each chunk
-        that completes a prefill; dead rows' tokens are discarded.
+        Decode and dead rows compute position ``num_computed`` (their newest id); a chunk
+        positions ``num_computed .. +n-1`` and its padding after them. Logits are computed
+        for decode rows, dead rows (their cost is real; their tokens are discarded) and the
+        last token of each chunk that completes a prefill.
         """
         # Decode rows sorted by slot: a batch whose slots form one range then reads its
         # slabs as a view instead of gathering a copy (see _decode_attention).
@@ -295,7 +274,7 @@ class ModelRunner:
         chunks: list[ChunkSpan],
         logit_rows: list[int],
     ) -> Tensor:
-        """The model over packed tokens (7.1-7.3); decode rows first (``n_rows``), then ``chunks``."""
+        """The model over packed tokens: decode rows first (``n_rows``), then ``chunks``."""
         dev = self.device
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
         pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
@@ -319,7 +298,7 @@ class ModelRunner:
         return self.model(ids_t, pos_t, attend, torch.tensor(logit_rows, dtype=torch.long, device=dev))
 
     def _decode_index(self, row_slots: list[int], row_pos: list[int]) -> DecodeIndex:
-        """How decode rows (7.2) read their slabs (see :class:`DecodeIndex`); ``row_slots`` ascending."""
+        """How decode rows read their slabs (:class:`DecodeIndex`); ``row_slots`` ascending."""
         n, length = len(row_slots), max(row_pos) + 1
         lo, hi = row_slots[0], row_slots[-1]
         sel: slice | Tensor = slice(lo, hi + 1)  # one range of slots: a view
@@ -342,11 +321,8 @@ class ModelRunner:
 
     @staticmethod
     def _decode_attention(q: Tensor, kc: Tensor, vc: Tensor, idx: DecodeIndex) -> Tensor:
-        """All decode rows in one SDPA call (7.2): q [R, H, D] -> [R, H, D].
-
-        Each row reads its slab up to the batch's longest context; shorter rows mask the
-        tail. With the slab layout that tail is wasted reading, the price of not paging.
-        """
+        """All decode rows in one SDPA call: q [R, H, D] -> [R, H, D]. Each row reads its
+        slab up to the longest context and masks the tail (the price of not paging)."""
         sel, length = idx.sel, idx.length
         if isinstance(sel, slice):  # narrow: a view, in fewer dispatches than kc[sel, :, :length]
             k = kc.narrow(0, sel.start, sel.stop - sel.start).narrow(2, 0, length)  # [N, K, L, D]
@@ -360,8 +336,8 @@ class ModelRunner:
 
     @staticmethod
     def _chunk_attention(q: Tensor, kc: Tensor, vc: Tensor, c: ChunkSpan) -> Tensor:
-        """One prefill chunk (7.3): causal within the chunk, plus every cached position of
-        its slot before it. q [m, H, D] -> [m, H, D]."""
+        """One prefill chunk: causal within itself, plus its slot's cached positions before
+        it. q [m, H, D] -> [m, H, D]."""
         end = c.start + c.length
         k = kc[c.slot : c.slot + 1, :, :end]  # [1, K, end, D]
         v = vc[c.slot : c.slot + 1, :, :end]
@@ -372,10 +348,8 @@ class ModelRunner:
         return gqa_chunk(q, k, v, mask)  # [m, H, D]
 
     def attention_backends(self) -> dict[str, str]:
-        """The SDPA kernel each attention path of this runner selects on its device and dtype
-        (``model.sdpa_backend``): ``decode`` (masked, packed), ``prefill`` (a first chunk,
-        causal) and ``chunk`` (after cached context, masked, packed). Recorded with every
-        profile and real run; a GPU check fails a bf16 run whose attention runs on ``math``."""
+        """The SDPA kernel each attention path selects here: ``decode`` (masked, packed),
+        ``prefill`` (a first chunk, causal), ``chunk`` (after cached context, masked)."""
         if self._backends is None:
             cfg, dev, dt = self.cfg, self.device, self.dtype
             H, K, D, L, m = cfg.heads, cfg.kv_heads, cfg.head_dim, min(self.max_len, 128), 8
@@ -405,20 +379,15 @@ class ModelRunner:
         graph_ctx: int | None = None,
     ) -> None:
         """One small mixed step (a decode row and a 4-token chunk) through every layer, so
-        that the first timed step doesn't pay one-off costs: kernel selection, thread-pool
-        start-up, first-touch allocation. It writes K/V into slots 0 and 1, which any
-        request's prefill overwrites before reading. ``capture_graphs``: also capture every
-        decode graph of up to ``graph_rows`` rows and ``graph_ctx`` positions (default: all
-        this runner can replay; ``DecodeGraphs.capture_all``, which skips a bucket that fails),
-        so that no timed step pays a capture (the real executor passes what its workload can
-        reach; a profile sweep captures as it goes).
+        that no timed step pays kernel selection, thread start-up or first-touch allocation
+        (it writes K/V into slots 0 and 1, which a prefill overwrites before reading).
+        ``capture_graphs``: also capture every decode graph of up to ``graph_rows`` rows and
+        ``graph_ctx`` positions (default: all this runner can replay).
 
-        ``tokens``: also one prefill step of that many positions (at most
-        :data:`WARMUP_TOKENS_MAX` and what the slabs hold; chunks of up to ``max_len`` from
-        slot 0 on), once per runner and size, as vLLM runs a maximal dummy step at start-up:
-        the first step of a size a process has not run pays for its activations' fresh
-        memory (cpu-s: a 2,048-token prefill took 1,251-1,373 ms the first time in a process,
-        708-953 ms after), and 7.3's stall, the first long prefill of its runs, paid it."""
+        ``tokens``: also one prefill of that many positions (at most
+        :data:`WARMUP_TOKENS_MAX`), once per runner and size, as vLLM runs a maximal dummy
+        step: a process's first step of a size pays for fresh activation memory (cpu-s,
+        2,048 tokens: 1,251-1,373 ms the first time, 708-953 ms after)."""
         if capture_graphs and self.graphs is not None and self.graphs.capture:
             self.graphs.capture_all(graph_rows, graph_ctx)
         m = min(4, self.max_len)

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from batching.book import decode
 from batching.cli import main
 from batching.plan import StepWork
 from batching.profile import ProfileCost
+from batching.real import sweep
 from batching.real.measure import measure
 
 GRID = dict(
@@ -215,3 +218,31 @@ def test_every_matvec_reference_computes_the_same_product(threads: int) -> None:
         assert fns["matvec_split"][1] == fns["matvec_xwt"][1] == fns["matvec_wx"][1] == w.nbytes
     finally:
         torch.set_num_threads(before)
+
+
+def test_live_defaults():
+    assert sweep.live_defaults("cpu") == ("cpu-m", [1, 2, 4, 8, 16, 32, 64, 128])
+    assert sweep.live_defaults("cuda", free_bytes=100e9) == ("llama-8b", [2**i for i in range(9)])
+    assert sweep.live_defaults("cuda", free_bytes=20e9)[0] == "llama-1b"
+    assert sweep.live_defaults("cuda", model="tiny", free_bytes=1e9)[0] == "tiny"
+    with pytest.raises(ValueError):
+        sweep.live_defaults("cpu", batches=[2, 4])
+
+
+def test_the_live_decode_sweep_measures_every_path_on_the_cpu():
+    sw = sweep.decode_sweep(
+        model="tiny", device="cpu", batches=[1, 2, 4], ctx=16, reps=2, peak_n=128, bandwidth_bytes=1 << 20
+    )
+    assert sw["paths"] == ["uniform", "mixed", "gathered"] == list(sweep.decode_paths())
+    assert list(sweep.decode_paths(graphs=True)) == ["uniform", "mixed"]  # CUDA graphs: no gathered path
+    assert sw["meta"]["device"] == "cpu-here" and sw["meta"]["device_type"] == "cpu"
+    assert sw["meta"]["model"] == "tiny" and sw["meta"]["dtype"] == "fp32"
+    assert isinstance(sw["meta"]["linear_split"], bool) and sw["meta"]["threads"] >= 1
+    for p in sw["paths"]:
+        assert sw[f"{p}_ms"].shape == (3,) and np.all(sw[f"{p}_ms"] > 0)
+        assert np.all(sw[f"{p}_p25_ms"] <= sw[f"{p}_p75_ms"])
+    assert sw["matvec_gbs"] > 0 and sw["peak_tflops"] > 0
+    n = decode.live_numbers(sw)
+    assert n["efficiency"] > 0 and n["bmax"] == 4
+    with pytest.raises(ValueError):
+        sweep.decode_sweep(model="tiny", device="cpu", batches=[1, 2], ctx=1000)

@@ -1,5 +1,5 @@
-"""The live decode sweep: running it on the reader's device, its roofline, and the numbers
-and labels the pages quote (the live figure of chapters/why.ipynb, whose verdict is
+"""The live decode sweep (:func:`batching.real.sweep.decode_sweep`): its roofline and the numbers
+the pages quote (the live figure of chapters/why.ipynb, whose verdict is
 :func:`batching.book.why.flat_verdict`); and, for the "Decode on this device" section of
 chapters/measured.ipynb, what the sweep knows beyond that figure: the rates of its first two
 steps, the gathered path's copy, a table per path, and the device probes with the B* each
@@ -8,184 +8,17 @@ gives. The committed profiles are :mod:`batching.book.profiles`'.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ..models import ModelShape
-from ..results import load_average
+from ..models import ModelShape, get_model
 from .common import step_work
 from .why import bstar_of, knee, roofline_curve
 
-# The sweep imports torch (the ``model`` extra) when called; everything else here is torch-free.
-
-#: Live decode sweep defaults per device type: the model that tells the weight-streaming
-#: story there, and the batch sizes. On the CPU, cpu-m (117M parameters, 469 MB in fp32)
-#: is bandwidth-bound while cpu-s is dominated by per-step overhead
-#: (shared/notes/cpu-decode-measurements.md); on a GPU, the 8B shape the prose derives.
-LIVE_DEFAULTS: dict[str, tuple[str, tuple[int, ...]]] = {
-    "cpu": ("cpu-m", (1, 2, 4, 8, 16, 32, 64, 128)),
-    "cuda": ("llama-8b", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
-}
-
-
-def live_defaults(
-    device_type: str,
-    model: str | None = None,
-    batches: Sequence[int] | None = None,
-    free_bytes: float | None = None,
-) -> tuple[str, list[int]]:
-    """Why batching: the model and batch sizes of the live sweep (``None`` = the device
-    type's :data:`LIVE_DEFAULTS`). On a GPU with under 40 GB free, the default model is
-    llama-1b instead of llama-8b (16 GB of weights plus the bandwidth probe's buffers)."""
-    kind = "cuda" if device_type == "cuda" else "cpu"
-    name, bs = LIVE_DEFAULTS[kind]
-    if model is None and kind == "cuda" and free_bytes is not None and free_bytes < 40e9:
-        name = "llama-1b"
-    out = [int(b) for b in (bs if batches is None else batches)]
-    if not out or out[0] != 1 or any(b2 <= b1 for b1, b2 in zip(out, out[1:])):
-        raise ValueError(f"batches={out}: must start at 1 and increase")
-    return (name if model is None else model), out
-
-
-def decode_paths(graphs: bool = False) -> dict[str, dict[str, bool]]:
-    """Why batching: the decode paths the live sweep times, as ``StepTimer.decode`` options.
-
-    * ``uniform``: equal contexts, slots 0..B-1 (the slabs are read as one view): the pure
-      weight-streaming step;
-    * ``mixed``: contexts spread over ctx/2 .. 3ctx/2, slots 0..B-1 (measure's default, the
-      schedulers' usual layout): attention reads every row's slab up to the longest
-      context and masks the rest;
-    * ``gathered``: the same mixed contexts in slots spread over twice the batch and more,
-      as a batch has them once requests have come and gone out of order: the runner
-      gathers (copies) the slabs in every layer before attention. Not with ``graphs``
-      (CUDA graphs, ``batching/graphs.py``): a replayed step gathers or reads every slab
-      by its own rule, whatever the slots, so a separate gathered timing would not differ
-      from the mixed one by the gather.
-    """
-    paths: dict[str, dict[str, bool]] = {"uniform": {"uniform": True}, "mixed": {}}
-    return paths if graphs else {**paths, "gathered": {"scattered": True}}
-
-
-def live_decode_sweep(
-    model: str | None = None,
-    device: str = "auto",
-    dtype: str | None = None,
-    batches: Sequence[int] | None = None,
-    ctx: int = 128,
-    reps: int = 5,
-    seed: int = 0,
-    peak_n: int | None = None,
-    bandwidth_bytes: int | None = None,
-) -> dict[str, Any]:
-    """Why batching: decode-step time against batch size, measured now on this device.
-
-    Builds ``model`` (random weights) with a slab KV cache on ``device`` ("auto": CUDA if
-    present, else the CPU; dtype fp32 on CPU, bf16 on CUDA unless given), measures the
-    device's bandwidth (copy, read, matrix-vector over the model's weight bytes; capped at
-    2 GiB on a GPU) and matmul peak in the same process, then times decode steps of every
-    batch size at ``ctx`` KV tokens per row along the paths of :func:`decode_paths`, every
-    path at one batch size before the next, so that drift hits the paths alike
-    (``batching.real.measure.StepTimer.decode``).
-
-    Returns ``meta`` (what, where, when), ``batch``, ``ctx``, ``paths``, ``<path>_ms``
-    (medians) with ``<path>_p25_ms``/``<path>_p75_ms``, and ``matvec_gbs``, ``copy_gbs``,
-    ``read_gbs`` (best of the bandwidth probe; copy counts read + write), ``peak_tflops``.
-    """
-    import datetime as dt
-    import time
-
-    import torch
-
-    from ..models import get_model
-    from ..real.executor import REGISTRY_DTYPE, resolve_dtype
-    from ..real.hardware import available_bytes, device_entry, device_memory, measured_spec, resolve_device
-    from ..real.measure import StepTimer, bandwidth, matmul_peak
-    from ..real.measure import stats as time_stats
-    from ..real.runner import SPAN_PER_ROW, ModelRunner
-
-    dev = resolve_device(device)
-    entry = device_entry(dev)  # any GPU: one the registry lacks gets its measured figures below
-    free = float(available_bytes(dev) or 0) if dev.type == "cuda" else None
-    name, bs = live_defaults(dev.type, model, batches, free)
-    tdt = resolve_dtype(dtype, dev)
-    if tdt not in REGISTRY_DTYPE:
-        raise ValueError(f"dtype={dtype!r}: the live sweep runs in fp32 or bf16")
-    shape = get_model(name).with_dtype(REGISTRY_DTYPE[tdt])
-    if not (isinstance(ctx, int) and ctx >= 2 and ctx * 3 // 2 + 2 <= shape.max_context):
-        raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
-    load0, t0 = load_average(), time.perf_counter()
-    # The gathered path spreads the rows over more than SPAN_PER_ROW slots each, which is
-    # what makes the eager runner copy their slabs (StepTimer.decode, scattered=True).
-    paths = decode_paths(graphs=dev.type == "cuda")
-    slots = SPAN_PER_ROW * max(bs) + 1 if "gathered" in paths else max(bs)
-    runner = ModelRunner.from_shape(
-        get_model(name), slots, device=dev, dtype=tdt, seed=seed, max_len=ctx * 3 // 2 + 2
-    )
-    runner.warmup()
-    nbytes = bandwidth_bytes or (
-        shape.weight_read_bytes if dev.type == "cpu" else min(shape.weight_read_bytes, 2 << 30)
-    )
-    bw = bandwidth(dev, tdt, nbytes)
-    n = peak_n or (2048 if dev.type == "cpu" else 8192)
-    peak = matmul_peak(dev, tdt, n)
-    # Round-robin: each of the ``reps`` rounds times every (batch, path) once, right after
-    # one untimed step of the same shape; a slow spell of a shared machine then spreads
-    # over all points instead of bending one stretch of the curve.
-    timer = StepTimer(runner, 1, warmup=1)
-    samples: dict[tuple[str, int], list[float]] = {(p, b): [] for p in paths for b in bs}
-    for _ in range(reps):
-        for b in bs:
-            for path, kwargs in paths.items():
-                samples[(path, b)].append(timer.decode(b, ctx, **kwargs)["median_ms"] / 1e3)
-    st = {key: time_stats(v) for key, v in samples.items()}
-    stat = {"ms": "median_ms", "p25_ms": "p25_ms", "p75_ms": "p75_ms"}
-    acc = {f"{p}_{k}": [st[(p, b)][s] for b in bs] for p in paths for k, s in stat.items()}
-    meta = {
-        "device": entry.name,
-        "device_type": dev.type,
-        "device_name": entry.device_name,
-        "datasheet": entry.datasheet,
-        "model": name,
-        "dtype": shape.dtype,
-        "params": float(shape.params),
-        "weight_read_bytes": float(shape.weight_read_bytes),
-        "kv_bytes_per_token": float(shape.kv_bytes_per_token),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "reps": reps,
-        "seed": seed,
-        "bandwidth_bytes": float(nbytes),
-        "peak_n": n,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "loadavg_before": load0,
-        "loadavg_after": load_average(),
-        "wall_s": time.perf_counter() - t0,
-        "linear": runner.model.linear_form,
-        "matvec_layout": bw["matvec"]["layout"],
-        "decode_graphs": runner.graphs_info(),
-        "attention": runner.attention_backends(),
-    }
-    if not entry.registered:  # a GPU the registry lacks: its figures are the ones measured here
-        meta["device_spec"] = measured_spec(entry, bw, peak, shape.dtype, device_memory(dev) or 0.0)
-    del runner, timer
-    return {
-        "meta": meta,
-        "batch": np.asarray(bs, dtype=float),
-        "ctx": int(ctx),
-        "paths": list(paths),
-        **{k: np.asarray(v) for k, v in acc.items()},
-        "matvec_gbs": bw["matvec"]["GBps_best"],
-        "copy_gbs": bw["copy"]["GBps_best"],
-        "read_gbs": bw["read"]["GBps_best"],
-        "peak_tflops": peak["TFLOPs_best"],
-    }
-
 
 def sweep_shape(sweep: Mapping[str, Any]) -> ModelShape:
-    from ..models import get_model
-
     return get_model(sweep["meta"]["model"]).with_dtype(sweep["meta"]["dtype"])
 
 
@@ -198,7 +31,7 @@ def live_roofline(sweep: Mapping[str, Any], points: int = 0) -> dict[str, np.nda
 
 
 def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
-    """Why batching: the numbers the pages quote from a :func:`live_decode_sweep`. B* and the
+    """Why batching: the numbers the pages quote from a :func:`~batching.real.sweep.decode_sweep`. B* and the
     roofline (``pred*``) come from the sweep's own matrix-vector bandwidth and matmul peak;
     ``bstar_batch`` is the largest swept batch at or below B*; each path other than uniform
     adds ``<path>_`` keys, ``<path>_gap_max`` being its step over the uniform one at ``bmax``."""
@@ -267,8 +100,6 @@ def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
     and ``split`` (1.0 where batch 1 ran the CPU's one-token kernel, each product split over
     the threads, ``Llama.linear``: the first step up of the curve is then partly a change of
     kernel). The sweep needs two batches at least."""
-    from ..real.model import LINEAR_CPU
-
     b = [float(x) for x in sweep["batch"]]
     if len(b) < 2:
         raise ValueError(f"batches {b}: need two at least")
@@ -281,7 +112,7 @@ def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
         "rate1_gbs": rate[0],
         "next_batch": b[1],
         "rate_next_gbs": rate[1],
-        "split": float(sweep["meta"].get("linear") == LINEAR_CPU),
+        "split": float(bool(sweep["meta"].get("linear_split"))),
     }
 
 
@@ -298,7 +129,7 @@ def gather_numbers(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> di
     copies (``copy_mb``), the time that copy takes at the copy bandwidth of the same run,
     which counts a read and a write per byte (``copy_ms``), and how much longer the gathered
     step took than the mixed one (``extra_ms``; negative if shorter). Empty where the sweep
-    timed no gathered path (CUDA graphs: :func:`decode_paths`)."""
+    timed no gathered path (CUDA graphs: :func:`~batching.real.sweep.decode_paths`)."""
     if "gathered_tmax_ms" not in numbers:
         return {}
     longest = round(sweep["ctx"] * 1.5)  # StepTimer.decode spreads contexts over ctx/2 .. 3ctx/2

@@ -17,18 +17,19 @@ import socket
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..models import get_model
+from ..models import ModelShape, get_model
 from ..plan import PrefillChunk, StepPlan
 from ..request import Request
 from ..results import load_average
 from .executor import REGISTRY_DTYPE, resolve_dtype
-from .hardware import device_entry, device_memory, measured_spec, resolve_device, synchronize
+from .hardware import DeviceEntry, device_entry, device_memory, measured_spec, resolve_device, synchronize
 from .model import split_ways
 from .runner import SPAN_PER_ROW, ModelRunner
 
@@ -218,6 +219,81 @@ class StepTimer:
         )
 
 
+@dataclass
+class Rig:
+    """What a measurement runs on (a profile, ``measure``, or the live decode sweep,
+    :mod:`.sweep`): the device and its registry entry, the torch dtype, the bandwidth and
+    matmul-peak probes taken in this process, and the warmed-up model with its slabs."""
+
+    dev: torch.device
+    entry: DeviceEntry
+    tdt: torch.dtype
+    bw: dict[str, Any]
+    peak: dict[str, float]
+    runner: ModelRunner
+    load0: float | None
+    t0: float
+
+    def where(self) -> dict[str, Any]:
+        """The meta keys every measurement records of where and how it ran."""
+        return {
+            "device": self.entry.name,
+            "device_name": self.entry.device_name,
+            "datasheet": self.entry.datasheet,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "decode_graphs": self.runner.graphs_info(),
+            "attention": self.runner.attention_backends(),
+        }
+
+    def spec(self, dtype: str) -> dict[str, Any] | None:
+        """A GPU the registry lacks: its figures as measured here (None for a registered one)."""
+        if self.entry.registered:
+            return None
+        return measured_spec(self.entry, self.bw, self.peak, dtype, device_memory(self.dev) or 0.0)
+
+
+def target(device: str, dtype: str | None, what: str) -> tuple[torch.device, DeviceEntry, torch.dtype]:
+    """The device ("auto": the GPU if there is one), its registry entry and the torch dtype
+    of a measurement; ``what`` names it in the error for a dtype other than fp32 or bf16."""
+    dev = resolve_device(device)
+    tdt = resolve_dtype(dtype, dev)
+    if tdt not in REGISTRY_DTYPE:
+        raise ValueError(f"dtype={dtype!r}: {what} fp32 or bf16")
+    return dev, device_entry(dev), tdt
+
+
+def rig(
+    dev: torch.device,
+    entry: DeviceEntry,
+    tdt: torch.dtype,
+    shape: ModelShape,
+    slots: int,
+    max_len: int,
+    *,
+    bandwidth_bytes: int | None = None,
+    peak_n: int | None = None,
+    seed: int = 0,
+    graphs: bool | None = None,
+) -> Rig:
+    """Probe the device, then build and warm up ``shape`` with ``slots`` slabs of ``max_len``.
+
+    The probes come first: their buffers (twice ``bandwidth_bytes``, by default the weights'
+    bytes) are freed before the model and its slabs take the memory (an 8B profile's slabs
+    fill most of an H200)."""
+    load0, t0 = load_average(), time.perf_counter()
+    nbytes = bandwidth_bytes or shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
+    bw = bandwidth(dev, tdt, nbytes)
+    peak = matmul_peak(dev, tdt, peak_n or (2048 if dev.type == "cpu" else 8192))
+    if dev.type == "cuda":  # hand the probes' buffers back (available_bytes counts them anyway)
+        torch.cuda.empty_cache()
+    runner = ModelRunner.from_shape(
+        shape, slots, device=dev, dtype=tdt, seed=seed, max_len=max_len, graphs=graphs
+    )
+    runner.warmup()
+    return Rig(dev, entry, tdt, bw, peak, runner, load0, t0)
+
+
 def save_json(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
     """Write ``doc`` to ``path`` whole or not at all (a temporary file beside it, then
     renamed): a measurement killed by its time limit while saving leaves the previous
@@ -275,12 +351,8 @@ def measure(
     for name, n in (("rounds", rounds), ("reps", reps)):
         if not (isinstance(n, int) and n >= 1):
             raise ValueError(f"{name}={n!r}: must be an integer >= 1")
-    dev = resolve_device(device)  # the device first: no GPU is said before any length is checked
-    entry = device_entry(dev)
+    dev, entry, tdt = target(device, dtype, "profiles are")  # no GPU is said before any length is checked
     shape = get_model(model)
-    tdt = resolve_dtype(dtype, dev)
-    if tdt not in REGISTRY_DTYPE:
-        raise ValueError(f"dtype={dtype!r}: profiles are fp32 or bf16")
     for name, vals in (("batches", batches), ("ctxs", ctxs), ("prefill_tokens", prefill_tokens)):
         if not vals or sorted(set(vals)) != list(vals) or vals[0] < (0 if name == "ctxs" else 1):
             raise ValueError(f"{name}={vals!r}: must be increasing and positive")
@@ -297,20 +369,20 @@ def measure(
     if max_len > shape.max_context:
         raise ValueError(f"a measured length of {max_len} exceeds {model}'s max_context={shape.max_context}")
     slots = max(batches + [r + 1 for _, r, _ in mixed] + [r for r, _ in prefill_rows])
-    load0 = load_average()
-    t_start = time.perf_counter()
-    elem = tdt.itemsize
-    weight_bytes = shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
-    # The device first: its buffers (twice the weights' bytes) are freed before the model
-    # and its slabs take the memory (an 8B profile's slabs fill most of an H200).
-    bw = bandwidth(dev, tdt, bandwidth_bytes or weight_bytes)
-    peak = matmul_peak(dev, tdt, peak_n or (2048 if dev.type == "cpu" else 8192))
-    if dev.type == "cuda":  # hand the probes' buffers back (available_bytes counts them anyway)
-        torch.cuda.empty_cache()
-    runner = ModelRunner.from_shape(
-        shape, slots, device=dev, dtype=tdt, seed=seed, max_len=max_len, graphs=graphs
+    r = rig(
+        dev,
+        entry,
+        tdt,
+        shape,
+        slots,
+        max_len,
+        bandwidth_bytes=bandwidth_bytes,
+        peak_n=peak_n,
+        seed=seed,
+        graphs=graphs,
     )
-    runner.warmup()
+    runner, bw, peak = r.runner, r.bw, r.peak
+    weight_bytes = shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
     timer = StepTimer(runner, reps, pool=True)
     grid: list[list[Any]] = [[None] * len(ctxs) for _ in batches]
     pre: list[Any] = [None] * len(prefill_tokens)
@@ -336,7 +408,7 @@ def measure(
                 "datasheet": entry.datasheet,
                 "model": shape.name,
                 "dtype": REGISTRY_DTYPE[tdt],
-                "element_bytes": elem,
+                "element_bytes": tdt.itemsize,
                 "torch": torch.__version__,
                 "threads": torch.get_num_threads(),
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
@@ -353,11 +425,11 @@ def measure(
                 "token_buckets": runner.model.token_buckets(),
                 "decode_graphs": runner.graphs_info(),
                 "attention": runner.attention_backends(),
-                "loadavg_before": load0,
+                "loadavg_before": r.load0,
                 "slots": runner.slots,
                 "max_len": runner.max_len,
                 "loadavg_after": load_average(),
-                "wall_s": time.perf_counter() - t_start,
+                "wall_s": time.perf_counter() - r.t0,
                 "how": "python -m batching measure: synchronized wall clock around ModelRunner's packed forward "
                 "pass; decode rows sit at the stated context in a zero-filled slab (no real prefill)",
             },
@@ -377,10 +449,8 @@ def measure(
                 "spread": mix,
             },
         }
-        if not entry.registered:  # a GPU the registry lacks: its own figures, measured above
-            doc["meta"]["device_spec"] = measured_spec(
-                entry, bw, peak, REGISTRY_DTYPE[tdt], device_memory(dev) or 0.0
-            )
+        if (spec := r.spec(REGISTRY_DTYPE[tdt])) is not None:  # a GPU the registry lacks
+            doc["meta"]["device_spec"] = spec
         if prefill_rows:
             doc["prefill_rows"] = {
                 "rows": [r for r, _ in prefill_rows],

@@ -134,7 +134,7 @@ def live_decode_figure(
     roof: Mapping[str, np.ndarray],
     paths: Sequence[str] | None = None,
 ) -> Figure:
-    """Why batching: the live sweep (:func:`batching.book.decode.live_decode_sweep`) against
+    """Why batching: the live sweep (:func:`batching.real.sweep.decode_sweep`) against
     the roofline from the same run's bandwidth and peak (``roof``, a dense
     :func:`batching.book.why.roofline_curve`). Left: step time of each path in ``paths``
     (default: every measured one; median, bar = interquartile range), memory/compute/roofline

@@ -1,0 +1,168 @@
+"""The live decode sweep of "Why batching": decode-step time against batch size, measured
+on the reader's device when the book is built, with the same device probes and setup a
+profile uses (:mod:`.measure`). The numbers and figures made from it are
+:mod:`batching.book.decode`'s and :mod:`batching.book.figures.why`'s.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..models import get_model
+from ..results import load_average
+from .executor import REGISTRY_DTYPE
+from .hardware import available_bytes
+from .measure import StepTimer, rig, stats, target
+from .model import LINEAR_CPU
+from .runner import SPAN_PER_ROW
+
+#: Live decode sweep defaults per device type: the model that tells the weight-streaming
+#: story there, and the batch sizes. On the CPU, cpu-m (117M parameters, 469 MB in fp32)
+#: is bandwidth-bound while cpu-s is dominated by per-step overhead
+#: (shared/notes/cpu-decode-measurements.md); on a GPU, the 8B shape the prose derives.
+LIVE_DEFAULTS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "cpu": ("cpu-m", (1, 2, 4, 8, 16, 32, 64, 128)),
+    "cuda": ("llama-8b", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
+}
+
+
+def live_defaults(
+    device_type: str,
+    model: str | None = None,
+    batches: Sequence[int] | None = None,
+    free_bytes: float | None = None,
+) -> tuple[str, list[int]]:
+    """The model and batch sizes of the live sweep (``None`` = the device
+    type's :data:`LIVE_DEFAULTS`). On a GPU with under 40 GB free, the default model is
+    llama-1b instead of llama-8b (16 GB of weights plus the bandwidth probe's buffers)."""
+    kind = "cuda" if device_type == "cuda" else "cpu"
+    name, bs = LIVE_DEFAULTS[kind]
+    if model is None and kind == "cuda" and free_bytes is not None and free_bytes < 40e9:
+        name = "llama-1b"
+    out = [int(b) for b in (bs if batches is None else batches)]
+    if not out or out[0] != 1 or any(b2 <= b1 for b1, b2 in zip(out, out[1:])):
+        raise ValueError(f"batches={out}: must start at 1 and increase")
+    return (name if model is None else model), out
+
+
+def decode_paths(graphs: bool = False) -> dict[str, dict[str, bool]]:
+    """The decode paths the live sweep times, as ``StepTimer.decode`` options.
+
+    * ``uniform``: equal contexts, slots 0..B-1 (the slabs are read as one view): the pure
+      weight-streaming step;
+    * ``mixed``: contexts spread over ctx/2 .. 3ctx/2, slots 0..B-1 (measure's default, the
+      schedulers' usual layout): attention reads every row's slab up to the longest
+      context and masks the rest;
+    * ``gathered``: the same mixed contexts in slots spread over twice the batch and more,
+      as a batch has them once requests have come and gone out of order: the runner
+      gathers (copies) the slabs in every layer before attention. Not with ``graphs``
+      (CUDA graphs, ``batching/graphs.py``): a replayed step gathers or reads every slab
+      by its own rule, whatever the slots, so a separate gathered timing would not differ
+      from the mixed one by the gather.
+    """
+    paths: dict[str, dict[str, bool]] = {"uniform": {"uniform": True}, "mixed": {}}
+    return paths if graphs else {**paths, "gathered": {"scattered": True}}
+
+
+def decode_sweep(
+    model: str | None = None,
+    device: str = "auto",
+    dtype: str | None = None,
+    batches: Sequence[int] | None = None,
+    ctx: int = 128,
+    reps: int = 5,
+    seed: int = 0,
+    peak_n: int | None = None,
+    bandwidth_bytes: int | None = None,
+) -> dict[str, Any]:
+    """Decode-step time against batch size, measured now on this device ("Why batching").
+
+    Builds ``model`` (random weights, :func:`live_defaults`) with a slab KV cache on ``device``
+    ("auto": CUDA if present, else the CPU; fp32 on CPU, bf16 on CUDA unless given), probes
+    the device's bandwidth (capped at 2 GiB on a GPU) and matmul peak in the same process
+    (:func:`~.measure.rig`, as a profile does), then times decode steps of every batch size
+    at ``ctx`` KV tokens per row along the :func:`decode_paths`.
+
+    Returns ``meta`` (what, where, when), ``batch``, ``ctx``, ``paths``, ``<path>_ms``
+    (medians) with ``<path>_p25_ms``/``<path>_p75_ms``, and ``matvec_gbs``, ``copy_gbs``,
+    ``read_gbs`` (best of each probe; copy counts read + write), ``peak_tflops``.
+    """
+    dev, entry, tdt = target(device, dtype, "the live sweep runs in")
+    free = float(available_bytes(dev) or 0) if dev.type == "cuda" else None
+    name, bs = live_defaults(dev.type, model, batches, free)
+    shape = get_model(name).with_dtype(REGISTRY_DTYPE[tdt])
+    if not (isinstance(ctx, int) and ctx >= 2 and ctx * 3 // 2 + 2 <= shape.max_context):
+        raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
+    # The gathered path spreads the rows over more than SPAN_PER_ROW slots each, which is
+    # what makes the eager runner copy their slabs (StepTimer.decode, scattered=True).
+    paths = decode_paths(graphs=dev.type == "cuda")
+    slots = SPAN_PER_ROW * max(bs) + 1 if "gathered" in paths else max(bs)
+    nbytes = bandwidth_bytes or (
+        shape.weight_read_bytes if dev.type == "cpu" else min(shape.weight_read_bytes, 2 << 30)
+    )
+    r = rig(
+        dev,
+        entry,
+        tdt,
+        get_model(name),
+        slots,
+        ctx * 3 // 2 + 2,
+        bandwidth_bytes=nbytes,
+        peak_n=peak_n,
+        seed=seed,
+    )
+    # Round-robin: each of the ``reps`` rounds times every (batch, path) once, right after
+    # one untimed step of the same shape; a slow spell of a shared machine then spreads
+    # over all points instead of bending one stretch of the curve.
+    timer = StepTimer(r.runner, 1, warmup=1)
+    samples: dict[tuple[str, int], list[float]] = {(p, b): [] for p in paths for b in bs}
+    for _ in range(reps):
+        for b in bs:
+            for path, kwargs in paths.items():
+                samples[(path, b)].append(timer.decode(b, ctx, **kwargs)["median_ms"] / 1e3)
+    st = {key: stats(v) for key, v in samples.items()}
+    acc = {
+        f"{p}_{k}": [st[(p, b)][s] for b in bs]
+        for p in paths
+        for k, s in {"ms": "median_ms", "p25_ms": "p25_ms", "p75_ms": "p75_ms"}.items()
+    }
+    meta = {
+        **r.where(),
+        "device_type": dev.type,
+        "model": name,
+        "dtype": shape.dtype,
+        "params": float(shape.params),
+        "weight_read_bytes": float(shape.weight_read_bytes),
+        "kv_bytes_per_token": float(shape.kv_bytes_per_token),
+        "reps": reps,
+        "seed": seed,
+        "bandwidth_bytes": float(nbytes),
+        "peak_n": peak_n or (2048 if dev.type == "cpu" else 8192),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "loadavg_before": r.load0,
+        "loadavg_after": load_average(),
+        "wall_s": time.perf_counter() - r.t0,
+        "linear": r.runner.model.linear_form,
+        "linear_split": r.runner.model.linear_form == LINEAR_CPU,
+        "matvec_layout": r.bw["matvec"]["layout"],
+    }
+    if (spec := r.spec(shape.dtype)) is not None:  # a GPU the registry lacks: its figures, measured here
+        meta["device_spec"] = spec
+    out = {
+        "meta": meta,
+        "batch": np.asarray(bs, dtype=float),
+        "ctx": int(ctx),
+        "paths": list(paths),
+        **{k: np.asarray(v) for k, v in acc.items()},
+        "matvec_gbs": r.bw["matvec"]["GBps_best"],
+        "copy_gbs": r.bw["copy"]["GBps_best"],
+        "read_gbs": r.bw["read"]["GBps_best"],
+        "peak_tflops": r.peak["TFLOPs_best"],
+    }
+    del r, timer
+    return out

@@ -48,16 +48,13 @@ def real_runner(
     """7.1, 7.3: one model with its slab KV cache on ``device`` ("auto": the GPU if there is one),
     built once and served by several real runs in turn (``run_real(runner=...)``).
     ``model`` None takes :data:`REAL_MODELS` for the device."""
-    import torch
-
     from ..models import get_model
-    from ..real.executor import resolve_device
+    from ..real.hardware import resolve_device, set_threads
     from ..real.runner import ModelRunner
 
     dev = resolve_device(device)
     name = real_model(model, device)
-    if threads is not None:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     return ModelRunner.from_shape(get_model(name), slots, device=dev, max_len=max_len)
 
 

@@ -22,7 +22,7 @@ from ..request import Request, RequestError
 from ..schedulers.base import Scheduler
 from ..workload import Workload
 from .checkpoint import load_hf_checkpoint, read_config
-from .hardware import device_entry, device_name, resolve_device, synchronize
+from .hardware import device_entry, device_name, resolve_device, set_threads, synchronize
 from .model import default_dtype
 from .runner import ModelRunner, check_model_fits
 
@@ -198,8 +198,7 @@ def run_real(
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         limit = shape.max_context if max_len is None else max_len
-    if threads is not None:
-        torch.set_num_threads(threads)
+    set_threads(threads)
     for r in reqs:
         if r.prompt_len + r.output_len > limit:
             raise RequestError(

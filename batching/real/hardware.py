@@ -34,6 +34,12 @@ class DeviceMemoryError(MemoryError):
     """The weights or the KV slabs would not fit the device's free memory."""
 
 
+def set_threads(threads: int | None) -> None:
+    """torch's intra-op threads for this process (None: leave them as they are)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """Where real runs of 7.1-7.3 execute; ``"auto"``: CUDA when present, else the CPU.
 

@@ -134,6 +134,29 @@ def glue_values(values: Mapping[str, Any]) -> None:
         glue(key, v, display=False)
 
 
+def box(pad: float = 0.15, alpha: float | None = 0.8) -> dict[str, Any]:
+    """A white, borderless box behind a label that sits on lines (``bbox=``)."""
+    b: dict[str, Any] = {"boxstyle": f"round,pad={pad}", "fc": "white", "ec": "none"}
+    return b if alpha is None else {**b, "alpha": alpha}
+
+
+#: :func:`note`'s coordinates: data, or a line's (data x, axes y; axes x, data y).
+_COORDS: dict[str, Any] = {"data": "data", "x": ("data", "axes fraction"), "y": ("axes fraction", "data")}
+
+
+def note(
+    ax: Any,
+    text: str,
+    xy: tuple[float, float],
+    offset: tuple[float, float] = (0, 0),
+    on: str = "data",
+    **kw: Any,
+) -> Any:
+    """``text`` at ``xy`` shifted by ``offset`` points; ``on="x"``: xy is (data x, axes-fraction
+    y), a label on a vertical line; ``on="y"``: (axes-fraction x, data y), on a horizontal one."""
+    return ax.annotate(text, xy, xycoords=_COORDS[on], xytext=offset, textcoords="offset points", **kw)
+
+
 def legend_patches(kinds: Sequence[str]) -> list[Patch]:
     return [Patch(facecolor=PHASE_COLORS[k], edgecolor="none", label=PHASE_LABELS[k]) for k in kinds]
 

@@ -1,15 +1,6 @@
-"""What every figure of the book shares, and the helpers that put numbers, tables and figures
-on a page.
-
-One palette for the whole book: what a batch row does in a step (:data:`PHASE_COLORS`:
-prefill, decode, padding, dead rows of a static batch, idle), which scheduler ran
-(:data:`SCHEDULER_COLORS`) and which KV reservation policy (:data:`POLICY_COLORS`).
-Figures are sized for the book's text column (:data:`WIDTH` inches) and saved as PNG and
-SVG under ``_build/figures/`` by :func:`publish`, which also glues them for the page. The
-figures themselves are drawn by :mod:`batching.book.figures`, one module per page: they
-take the tidy dicts of the page's module, draw and return the figure, and compute nothing
-beyond unit conversions.
-"""
+"""What every figure of the book shares (one palette, sized for the text column) and the
+helpers that put numbers, tables and figures on a page. The figures themselves are drawn by
+:mod:`batching.book.figures`, one module per page, from the page module's tidy dicts."""
 
 from __future__ import annotations
 
@@ -100,10 +91,8 @@ def save(fig: Figure, name: str, directory: str | Path = FIGURE_DIR) -> list[Pat
 
 
 def publish(fig: Figure, name: str, smoke: bool = False) -> None:
-    """Save ``fig`` (PNG + SVG, see :func:`save`) under ``_build/figures`` (``.../smoke`` in
-    smoke runs, so that the tests never overwrite the book's full-size figures), glue it as
-    ``fig-<name>`` for a ``{glue:figure}`` directive, and close it (so the notebook shows it
-    only where glued)."""
+    """Save ``fig`` under ``_build/figures`` (``.../smoke`` in smoke runs, so tests never
+    overwrite the book's figures), glue it as ``fig-<name>`` and close it (shown only where glued)."""
     from myst_nb import glue
 
     save(fig, name, FIGURE_DIR / "smoke" if smoke else FIGURE_DIR)
@@ -264,10 +253,8 @@ table = Table
 
 
 def glue_markdown(values: Mapping[str, str]) -> None:
-    """Glue each string as Markdown (not displayed): the prose pastes it with
-    ``{glue:md}`key``` as MyST, so a generated sentence or paragraph (which device a
-    measurement ran on, which profiles exist) reads as plain text, code spans included,
-    where ``{glue:text}`` would paste it verbatim in bold."""
+    """Glue each string as Markdown (not displayed), for ``{glue:md}`key```: a generated
+    phrase reads as plain text, code spans included, where ``{glue:text}`` pastes it verbatim."""
     from myst_nb import glue
 
     for key, v in values.items():
@@ -277,9 +264,8 @@ def glue_markdown(values: Mapping[str, str]) -> None:
 
 
 def markdown(text: str) -> Any:
-    """An IPython ``Markdown`` object holding ``text`` itself. ``Markdown(text)`` reads a
-    string that names an existing path as that file ("." raised IsADirectoryError, a phrase
-    equal to a file name would paste the file), so the text is set after construction."""
+    """An IPython ``Markdown`` holding ``text`` itself (``Markdown(text)`` reads a string that
+    names an existing path as that file)."""
     from IPython.display import Markdown
 
     md = Markdown("")

@@ -103,7 +103,7 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
         "continuous": dict(scheduler="continuous", slots=2),
     }
     rs = checks.real_schedulers(w, configs, model="tiny", device="cpu", threads=1, profile=None)
-    assert "sim" not in rs and rs["model"] == "tiny" and rs["requests"] == 6
+    assert "sim" not in rs and rs["model"] == "tiny"
     assert rs["cpus"] >= 1 and rs["busy"] == (rs["load"] > rs["cpus"])  # the machine, recorded
     assert (rs["real"]["static"]["steps"], rs["real"]["continuous"]["steps"]) == (40, 30)
     assert rs["real"]["static"]["slot_util"] == pytest.approx(55 / 80)
@@ -133,5 +133,4 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
     )
     assert {n: m["steps"] for n, m in rs["sim"].items()} == {"static": 40, "continuous": 30}
     assert rs["sim"]["static"]["busy_s"] == pytest.approx(0.400)
-    assert set(rs["steps_pred_over_real"]["static"]) == {"prefill", "decode"}
     assert checks.real_schedulers_rows(rs)[1][0] == "measured (simulated)"

@@ -81,7 +81,7 @@ def test_every_figure_draws_and_saves(tmp_path):
         ),
         "kv_time": figures.kv.kv_time_figure(kv["series"], H100_8B.kv_capacity()),
         "kv_fit": figures.kv.kv_fit_figure(
-            w.prompt_lens + w.output_lens, kvbook.kv_fit(H100_8B, w), {"slab": 10}
+            w.prompt_lens + w.output_lens, kvbook.kv_fit(H100_8B, w), bstar=10.0
         ),
         "kv_budget": figures.kv.kv_budget_figure(
             kvbook.kv_budget_sweep(w, H100_8B, [16384, 32768], slots=32)

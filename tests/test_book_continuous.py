@@ -166,7 +166,6 @@ def test_real_engine_crosscheck_agrees_with_the_simulator_on_steps_and_iteration
     for name, p in cc["per"].items():
         assert p["steps_real"] == p["steps_sim"], name
         assert p["iters_real"] == p["iters_sim"] == [5.0] * 5, name
-        assert p["tokens_real"] == 30 + 25
     assert cc["per"]["continuous"]["steps_real"] < cc["per"]["static"]["steps_real"]
     assert checks.crosscheck_agrees(cc)
     rows, header = checks.crosscheck_rows(cc)

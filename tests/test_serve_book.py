@@ -52,8 +52,7 @@ def test_numbers_by_hand():
     r = n["server_over_ours"]
     assert r["ttft_p50"] == pytest.approx(3.0) and r["e2e_p50"] == pytest.approx(3.0)
     assert r["output_throughput"] == pytest.approx(0.5)
-    assert n["server_slower_e2e"] and n["server_slower_ttft"] and n["server_lower_throughput"]
-    assert n["chunked_lower_itl_p99"]  # 0.045 < 0.06
+    assert n["server_slower_e2e"]
     assert not n["same_throughput"]  # 100 vs 200 tok/s
     assert n["requests"] == 12 and n["rounds"] == 3 and n["max_loadavg"] == 4.0 and n["live"] is None
     assert n["cpus"] == 1.0 and n["busy"]  # no cpu_count in the file: one core, under a load of 4
@@ -62,7 +61,6 @@ def test_numbers_by_hand():
     sim = n["rows"]["simulated"]
     assert all(sim[c] is not None and sim[c] > 0 for c in COLS)
     assert sim["ttft_p50"] <= sim["e2e_p50"] and sim["ttft_p99"] >= sim["ttft_p50"]
-    assert n["sim_error_e2e_p50"] == pytest.approx(sim["e2e_p50"] / 0.5 - 1)
     rows = serve.table_rows(n)
     assert [x[0] for x in rows] == ["simulated", "ours-continuous", "ours-chunked", "hf-serve"]
     assert rows[1][1:] == pytest.approx([100.0, 200.0, 20.0, 60.0, 500.0, 1000.0, 200.0])
@@ -73,8 +71,7 @@ def test_verdicts_flip_with_the_numbers():
     doc["median"]["hf-serve"] = row(0.05, 0.01, 0.4, 300.0)
     doc["median"]["ours-chunked"] = row(0.12, 0.03, 0.55, 190.0)
     n = serve.numbers(doc)
-    assert not (n["server_slower_e2e"] or n["server_slower_ttft"] or n["server_lower_throughput"])
-    assert not n["chunked_lower_itl_p99"]
+    assert not n["server_slower_e2e"]
     doc["median"]["hf-serve"] = row(0.3, 0.04, 1.5, 209.0)  # within 5% of 200: the same
     assert serve.numbers(doc)["same_throughput"]
 

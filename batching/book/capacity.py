@@ -1,19 +1,11 @@
 """Capacity at a latency target (7.2 and 7.3): the highest request rate a scheduler sustains.
 
-This is Sarathi-Serve's measure (Agrawal et al., OSDI 2024, section 5.1): the capacity of a
-configuration is the largest request rate at which it keeps the 99th-percentile time between
-tokens (here: inter-token latency, ITL) under an SLO *and* the median scheduling delay (here:
-queueing delay, arrival to admission) under 2 s. The SLOs derive from the time of one decode
-step with no prefill in it: strict = 5x and relaxed = 25x that step, which the paper takes at
-a batch of 32 requests of 4,096 tokens of context each.
-
-The rate is swept by replaying the same requests faster (:meth:`Workload.scale`), so the trace's
-burstiness and length mix are kept and only its rate changes. A run whose queue grows over the
-replay is *unstable*: its latency percentiles depend on how long the replay is, so they are
-not values to tabulate; :func:`run_point` flags it and :func:`meets` never accepts it.
-
-Numbers only (no sentences): rates in requests per second, latencies in seconds unless the
-name says ``_ms``.
+Sarathi-Serve's measure (Agrawal et al., OSDI 2024, section 5.1): the largest request rate at
+which a configuration keeps its p99 inter-token latency under an SLO and its median queueing
+delay under 2 s; strict = 5x and relaxed = 25x one decode step of 32 rows at 4,096 tokens of
+context. The rate is swept by replaying the same requests faster (:meth:`Workload.scale`),
+keeping the trace's burstiness and length mix. A run whose queue grows over the replay is
+*unstable*: its percentiles depend on the replay's length, so :func:`meets` never accepts it.
 """
 
 from __future__ import annotations
@@ -40,15 +32,11 @@ GROWTH_S = 2.0
 #: ...and at least this many times as long as the first fifth.
 GROWTH_X = 2.0
 
-#: The six configurations of the capacity figure. Continuous and chunked batching run with up
-#: to 256 sequences (vLLM's default ``max_num_seqs``) and reserve KV exactly (as a paged cache
-#: does), so the device's KV memory, not a slot cap, limits them; static and dynamic batching
-#: keep their usual batch of 32 (more rows would only add padding and dead rows) and wait up
-#: to 2 s (static) or not at all (dynamic) to fill it. Static batching's capacity is set by its
-#: queue either way: on the Azure conversation trace with llama-8b on an H100 a 2 s timeout
-#: sustained 1.6 req/s, 1 s 0.95 and 0.25 s 0.64 (fewer requests per batch, each batch still
-#: held until its longest request ends). Chunked prefill at Sarathi-Serve's two token
-#: budgets, 512 and 2,048.
+#: The six configurations of the capacity figure. Continuous and chunked batching run up to 256
+#: sequences (vLLM's default) with exact KV, so memory, not a slot cap, limits them; static and
+#: dynamic keep a batch of 32 and wait up to 2 s or not at all. Static's queue sets its capacity
+#: either way (Azure conversations, llama-8b on an H100: a 2 s timeout sustained 1.6 req/s, 1 s
+#: 0.95, 0.25 s 0.64). Chunked prefill at Sarathi-Serve's two token budgets, 512 and 2,048.
 CONFIGS: dict[str, dict[str, Any]] = {
     "static": {"scheduler": "static", "slots": 32, "timeout": 2.0, "kv_policy": "exact"},
     "dynamic": {"scheduler": "dynamic", "slots": 32, "timeout": 0.0, "kv_policy": "exact"},
@@ -95,22 +83,18 @@ def queue_growth(result: Any) -> dict[str, float]:
 
 
 def run_point(workload: Workload, cost: Any, config: Mapping[str, Any], time_scale: float) -> dict[str, Any]:
-    """One run of ``config`` on ``workload`` replayed ``time_scale`` times faster: every key of
-    :func:`~batching.book.common.metrics`, plus ``time_scale``, ``offered_rate`` (req/s),
-    ``stable`` (the queue did not grow over the replay) and the two fifths' queueing medians."""
+    """One run of ``config`` on ``workload`` replayed ``time_scale`` times faster: its
+    :func:`~batching.book.common.metrics`, ``time_scale``, ``offered_rate`` and ``stable``."""
     if not (isinstance(time_scale, (int, float)) and math.isfinite(time_scale) and time_scale > 0):
         raise ValueError(f"time_scale={time_scale!r}: must be a positive number")
     w = workload.scale(time=float(time_scale))
     cfg = dict(config)
     result = simulate(w, cost, cfg.pop("scheduler"), **cfg)
-    growth = queue_growth(result)
     return {
         **metrics(result),
         "time_scale": float(time_scale),
         "offered_rate": offered_rate(w),
-        "stable": not growth["growing"],
-        "queue_first_p50": growth["queue_first_p50"],
-        "queue_last_p50": growth["queue_last_p50"],
+        "stable": not queue_growth(result)["growing"],
     }
 
 
@@ -139,15 +123,11 @@ def capacity(
 ) -> dict[str, Any]:
     """The highest replay speed (and so request rate) at which ``config`` meets the SLO.
 
-    Brackets the boundary by doubling or halving the replay speed from ``start`` (between
-    ``lo`` and ``hi``), then bisects ``iters`` times in log space, so the answer is within a
-    factor ``2 ** (1 / 2 ** iters)`` of the boundary (6 iterations: 1.1%). Assumes that a
-    configuration that meets the SLO at some rate also meets it at every lower rate, as
-    queueing does on average; ``cache`` (time scale -> point) lets callers share runs between
-    SLOs. Returns ``rate`` (req/s; 0.0 if even ``lo`` fails), ``time_scale``, ``point`` (the
-    run at that speed, None if none met) and ``bracket`` (last speed that met, first that
-    failed; ``math.inf`` if ``hi`` still met).
-    """
+    Brackets the boundary by doubling or halving from ``start`` (within ``lo``..``hi``), then
+    bisects ``iters`` times in log space (6: within 1.1%). Assumes a configuration that meets
+    the SLO at some rate meets it at every lower one, as queueing does on average; ``cache``
+    (time scale -> point) shares runs between SLOs. ``rate`` is 0.0 and ``point`` None if
+    even ``lo`` fails; ``bracket``'s upper end is ``math.inf`` if ``hi`` still met."""
     if not (lo <= start <= hi):
         raise ValueError(f"start={start}: must lie between lo={lo} and hi={hi}")
     runs = cache if cache is not None else {}
@@ -198,10 +178,9 @@ def capacity_table(
     slo_ms: Mapping[str, float] | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
-    """Capacity of every configuration under every SLO (default :func:`slos`' strict and
-    relaxed), one row each: ``config``, ``slo``, ``slo_ms``, ``rate`` (req/s), ``time_scale``,
-    ``itl_p99_ms``, ``queue_p50_s``, ``throughput_tok`` (output tokens/s) at capacity (NaN
-    where no rate met the SLO). ``options`` go to :func:`capacity`."""
+    """Capacity of every configuration under every SLO (default: :func:`slos`' strict and
+    relaxed), one row each, with the p99 ITL and median queueing delay at capacity (NaN where
+    no rate met the SLO). ``options`` go to :func:`capacity`."""
     if slo_ms is None:
         s = slos(cost)
         slo_ms = {"strict": s["strict_ms"], "relaxed": s["relaxed_ms"]}
@@ -210,7 +189,7 @@ def capacity_table(
         cache: dict[float, dict[str, Any]] = {}
         for slo, ms in slo_ms.items():
             c = capacity(workload, cost, cfg, ms, cache=cache, **options)
-            p = c["point"] or {"itl_p99": math.nan, "queue_p50": math.nan, "throughput_tok": math.nan}
+            p = c["point"] or {"itl_p99": math.nan, "queue_p50": math.nan}
             rows.append(
                 {
                     "config": name,
@@ -220,7 +199,6 @@ def capacity_table(
                     "time_scale": c["time_scale"],
                     "itl_p99_ms": p["itl_p99"] * 1e3,
                     "queue_p50_s": p["queue_p50"],
-                    "throughput_tok": p["throughput_tok"],
                 }
             )
     return rows

@@ -1,6 +1,5 @@
-"""The real-engine checks of chapter 7: the schedulers' cross-check on the torch model, and the
-simulator's measured error against it (every simulated figure's caption).
-"""
+"""The real-engine checks of chapter 7: the schedulers on the torch model against the
+simulator, and the simulator's measured error (every simulated figure's caption)."""
 
 from __future__ import annotations
 
@@ -26,15 +25,14 @@ REAL_MODELS: dict[str, str] = {"cpu": "cpu-s", "cuda": "llama-1b"}
 
 def real_kind(device: str = "auto") -> str:
     """``"cuda"`` or ``"cpu"``: the kind of device a real run on ``device`` uses ("auto": the
-    GPU if there is one), the key of each measured section's per-device sizes."""
+    GPU if there is one)."""
     from ..real.executor import resolve_device
 
     return "cuda" if resolve_device(device).type == "cuda" else "cpu"
 
 
 def real_model(model: str | None, device: str = "auto") -> str:
-    """The model a real run on ``device`` builds: ``model``, or :data:`REAL_MODELS` for the
-    device's kind when None (7.1-7.3, the KV page)."""
+    """``model``, or :data:`REAL_MODELS`' model for the device's kind when None."""
     return REAL_MODELS[real_kind(device)] if model is None else model
 
 
@@ -45,9 +43,8 @@ def real_runner(
     max_len: int | None = None,
     threads: int | None = None,
 ) -> Any:
-    """7.1, 7.3: one model with its slab KV cache on ``device`` ("auto": the GPU if there is one),
-    built once and served by several real runs in turn (``run_real(runner=...)``).
-    ``model`` None takes :data:`REAL_MODELS` for the device."""
+    """7.1, 7.3: one model (``None``: :func:`real_model`) with its slab KV cache on ``device``,
+    built once and served by several real runs in turn."""
     from ..models import get_model
     from ..real.hardware import resolve_device, set_threads
     from ..real.runner import ModelRunner
@@ -59,8 +56,7 @@ def real_runner(
 
 
 def serve_real(runner: Any, workload: Workload, scheduler: str, **options: Any) -> Any:
-    """7.1, 7.3: one real run of ``workload`` on ``runner`` under ``scheduler`` with
-    :func:`~batching.schedulers.make_scheduler`'s ``options``; returns the engine's RunResult."""
+    """7.1, 7.3: one real run of ``workload`` on ``runner`` under ``scheduler``; the RunResult."""
     from ..real.executor import run_real
 
     sched = make_scheduler(scheduler, max_context=runner.max_len, **options)
@@ -73,8 +69,7 @@ STALL_GLOB = "benchmarks/results/stall-*.json"
 
 
 def committed_real_runs(root: str | None = None) -> list[dict[str, Any]]:
-    """7.1, 7.3: every committed ``bench_stall.py`` result, CPU ones first, then by name:
-    measurements from devices the book's build machine may not have (a lent H200)."""
+    """7.1, 7.3: every committed ``bench_stall.py`` result (a lent GPU's among them), CPU first."""
     base = Path(root) if root else ROOT
     docs = []
     for f in sorted(base.glob(STALL_GLOB)):
@@ -94,20 +89,15 @@ def real_crosscheck(
     threads: int | None = None,
     probe_output: int | None = None,
 ) -> dict[str, Any]:
-    """7.2: run a small workload on the real engine and in the simulator, same schedulers.
+    """7.2: ``workload`` on the real engine and in the simulator under each scheduler.
 
-    The scheduler decides which rows each step computes, so step counts and per-request
-    iterations must agree exactly; durations differ (measured vs the CPU roofline). Returns
-    ``available`` (False, with ``reason``, if the real engine does not import or fails) and,
-    per scheduler: ``steps_sim``, ``steps_real``, ``slot_util_sim``, ``slot_util_real``,
-    ``iters_sim``/``iters_real`` (from admission, for requests wanting ``probe_output``
-    tokens, default: the shortest output), ``busy_sim_s``, ``busy_real_s``,
-    ``tokens_real`` (output tokens the model actually produced), and the real executor's
-    description under ``executor``.
-    """
+    The scheduler decides which rows each step computes, so step counts and the iterations
+    of requests wanting ``probe_output`` tokens (default: the shortest output) must agree
+    exactly; durations differ (measured vs the CPU roofline). ``available`` is False, with
+    ``reason``, if the real engine does not import or fails."""
     from ..costs import get_cost_model
 
-    out: dict[str, Any] = {"available": False, "model": model, "slots": slots, "workload": workload.name}
+    out: dict[str, Any] = {"available": False, "model": model}
     try:
         from ..real.executor import run_real
     except Exception as e:  # the real engine is optional (torch, work in progress)
@@ -139,24 +129,20 @@ def real_crosscheck(
                 "slot_util_real": mr["slot_util"],
                 "iters_sim": its_sim["from_admission"].tolist(),
                 "iters_real": its_real["from_admission"].tolist(),
-                "arrival_iters_sim": its_sim["from_arrival"].tolist(),
                 "arrival_iters_real": its_real["from_arrival"].tolist(),
                 "busy_sim_s": ms["busy_s"],
                 "busy_real_s": mr["busy_s"],
-                "tokens_real": int(sum(len(r.token_ids) for r in real.requests)),
             }
-            out["executor"] = real.executor
     except Exception as e:
         out["reason"] = f"the real engine failed: {type(e).__name__}: {e}"
         return out
-    out.update(available=True, probe_output=probe, per=per)
+    out.update(available=True, per=per)
     return out
 
 
 def predicted_steps(result: Any, cost: Any) -> np.ndarray:
-    """The cost model's time for each logged step of a run (a real one: its measured
-    durations are ``result.log``'s ``dur``), from the step's logged work alone: the cost
-    model's own error, free of the schedule divergence that per-request comparisons add."""
+    """The cost model's time for each logged step of a (real) run, from the step's logged work
+    alone: the cost model's own error, free of any schedule divergence."""
     from ..plan import StepWork
 
     L = result.log.arrays()
@@ -169,9 +155,7 @@ def predicted_steps(result: Any, cost: Any) -> np.ndarray:
 
 
 def profile_measured_here(model: str, name: str, directory: str | None = None) -> str | None:
-    """7.2: the committed profile of ``model`` measured on a device called ``name`` (the
-    CPU's model name, the GPU's), or None: a simulation is compared with real runs only on
-    the kind of machine its profile was measured on."""
+    """7.2: the committed profile of ``model`` measured on a device called ``name``, or None."""
     for f in sorted(Path(directory or PROFILE_DIR).glob("*.json")):
         meta = json.loads(f.read_text()).get("meta", {})
         if meta.get("model") == model and meta.get("device_name") == name:
@@ -187,30 +171,17 @@ def real_schedulers(
     threads: int | None = None,
     profile: str | None = "auto",
 ) -> dict[str, Any]:
-    """7.2, measured: ``workload`` served on the real model under each ``{name: options}``
-    (:func:`~batching.schedulers.make_scheduler`'s, ``scheduler`` among them), one model for
-    all runs. Its slabs hold the model's whole context, the limit the simulator's schedulers
-    see too: a static batch pads its prompts to the longest, and with slabs cut to the
-    longest request a long prompt could share a batch with no one (measured: batches of one
-    where the simulator formed batches of 16).
-
-    Returns ``real`` ({name: :func:`metrics` of the run}), ``executor``, ``model`` and, with a
-    ``profile`` measured for this model (``"auto"``: :func:`profile_measured_here`), ``sim``
-    (the same runs through the simulator on that profile), ``profile`` and
-    ``steps_pred_over_real`` ({name: {"prefill", "decode": the profile's time for the real
-    run's steps with a prefill, and for its decode-only steps, over their measured time}}).
-    ``load``, ``cpus`` and ``busy``: :func:`~batching.results.machine_load` around the runs
-    (busy: other work shared the cores, so every measured second is inflated)."""
+    """7.2, measured: ``workload`` on the real model under each ``{name: options}`` (``scheduler``
+    among them), one model for all runs: ``real`` ({name: :func:`metrics`}), ``executor``,
+    ``model``, the machine's load and, with a ``profile`` measured for this model ("auto":
+    :func:`profile_measured_here`), ``sim`` (the same runs simulated on it) and ``profile``.
+    The slabs hold the model's whole context, the limit the simulator's schedulers see too:
+    slabs cut to the longest request left a long prompt batched alone."""
     from ..profile import ProfileCost
 
     slots = max(int(o.get("slots", 32)) for o in configs.values())
     runner = real_runner(model, device, slots=slots, threads=threads)
-    out: dict[str, Any] = {
-        "real": {},
-        "model": runner.cfg.name,
-        "workload": workload.name,
-        "requests": len(workload),
-    }
+    out: dict[str, Any] = {"real": {}, "model": runner.cfg.name}
     if profile == "auto":
         from ..real.executor import device_name
 
@@ -232,14 +203,6 @@ def real_schedulers(
             sim_opts = dict(opts)
             kv = sim_opts.pop("kv_capacity", None)
             out["sim"][name] = metrics(simulate(workload, cost, sched, kv_tokens=kv, **sim_opts))
-            L, pred = res.log.arrays(), predicted_steps(res, cost)
-            pre = L["prefill"] > 0
-            out.setdefault("steps_pred_over_real", {})[name] = {
-                kind: float((pred[m] * L["n"][m]).sum() / (L["dur"][m] * L["n"][m]).sum())
-                if m.any()
-                else None
-                for kind, m in (("prefill", pre), ("decode", ~pre))
-            }
     out.update(machine_load(load0, load_average()))
     return out
 
@@ -259,9 +222,8 @@ REAL_SCHEDULER_ROWS: tuple[tuple[str, str, str], ...] = (
 def real_schedulers_rows(
     rs: Mapping[str, Any], rows_def: Sequence[tuple[str, str, str]] = REAL_SCHEDULER_ROWS
 ) -> tuple[list[list[Any]], list[str]]:
-    """7.2 (and the closing section's KV budget): rows and header of a measured comparison
-    (:func:`real_schedulers`), one row per ``(label, metrics key, format)`` of ``rows_def``;
-    with a profile, each cell reads "measured (simulated)"."""
+    """Rows and header of a measured comparison (:func:`real_schedulers`), one row per
+    ``(label, metrics key, format)``; with a profile, each cell reads "measured (simulated)"."""
     names = list(rs["real"])
     sim = rs.get("sim")
     rows = []
@@ -277,8 +239,7 @@ def real_schedulers_rows(
 
 
 def crosscheck_agrees(cc: Mapping[str, Any]) -> bool:
-    """7.2: whether :func:`real_crosscheck` ran and every scheduler's step count and every
-    probe's iteration count came out the same on the real engine as in the simulator."""
+    """Whether :func:`real_crosscheck` ran and every step and probe iteration count agreed."""
     if not cc.get("available"):
         return False
     return all(
@@ -287,8 +248,7 @@ def crosscheck_agrees(cc: Mapping[str, Any]) -> bool:
 
 
 def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[list[Any]], list[str]]:
-    """7.2: rows and header of the real-vs-simulated table (no rows if it did not run).
-    Pairs are "simulated / real"; iterations are the probes' (see :func:`real_crosscheck`)."""
+    """7.2: rows and header of the real-vs-simulated table ("simulated / real" pairs)."""
     header = [
         "scheduler",
         "steps sim/real",
@@ -315,10 +275,7 @@ def crosscheck_rows(cc: Mapping[str, Any]) -> tuple[list[list[Any]], list[str]]:
 
 # ------------------------------------------------------------------ fidelity
 #: The simulator-vs-real-engine runs (``benchmarks/bench_fidelity.py``), relative to the
-#: repository root: ``fidelity.json`` and its variants. A GPU session files
-#: ``fidelity-h200-llama-1b.json`` (``benchmarks/gpu_session.py``); CPU variants share the
-#: prefix, so the device field decides. The measured page states them once; the simulated
-#: figures link there.
+#: repository root; a GPU session files ``fidelity-h200-llama-1b.json``, so the device decides.
 FIDELITY_GLOBS = ("benchmarks/results/fidelity.json", "benchmarks/results/fidelity-*.json")
 
 
@@ -327,8 +284,7 @@ def _on_cpu(doc: Mapping[str, Any]) -> bool:
 
 
 def _fidelity_docs(root: str | None = None) -> list[tuple[Path, dict[str, Any]]]:
-    """Every committed fidelity run with its file: CPU ones first, then by device, workload
-    size and replay speed."""
+    """Every committed fidelity run with its file: CPU first, then by device, size and speed."""
     base = Path(root) if root else ROOT
     files = sorted({f for g in FIDELITY_GLOBS for f in base.glob(g)})
     docs = [(f, json.loads(f.read_text())) for f in files]
@@ -341,21 +297,17 @@ def _fidelity_docs(root: str | None = None) -> list[tuple[Path, dict[str, Any]]]
 
 
 def gpu_fidelity_files(root: str | None = None) -> list[Path]:
-    """The committed fidelity runs made on a GPU (device not ``cpu*``), by name. The CPU runs
-    drive the simulator with a profile measured on the same CPU: they validate the engine loop,
-    the schedulers and a profile-driven cost model there, not the datasheet roofline the GPU
-    figures use, which none of them checks."""
+    """The committed fidelity runs made on a GPU. The CPU runs drive the simulator with a
+    profile of the same CPU: they check the engine loop and schedulers, not the datasheet
+    roofline the GPU figures use."""
     return sorted(f for f, doc in _fidelity_docs(root) if not _on_cpu(doc))
 
 
 def fidelity_records(root: str | None = None) -> list[dict[str, Any]]:
-    """One record per committed fidelity run and scheduler (:func:`_fidelity_docs`' order):
-    ``file``, ``device``, ``model``, ``requests``, ``time_scale`` (the replay's speed-up),
-    ``real_runs``, ``scheduler``, ``e2e_err`` (median absolute per-request E2E error against
-    the first real run), ``e2e_vs_median`` (against each request's median over the real
-    runs), ``noise`` (the same median between two real runs: the floor no simulator can beat
-    here), ``tput_err`` (output throughput), ``busy_ratio`` (summed predicted step times over
-    the measured busy time); None where an older file lacks the field."""
+    """One record per committed fidelity run and scheduler: median absolute E2E errors against
+    the first real run (``e2e_err``), the real runs' median (``e2e_vs_median``) and between two
+    real runs (``noise``, the floor), throughput error, predicted over measured busy time;
+    None where an older file lacks the field."""
     base = Path(root) if root else ROOT
     get = lambda r, k: None if r.get(k) is None else float(r[k])
     out = []
@@ -383,9 +335,7 @@ def fidelity_records(root: str | None = None) -> list[dict[str, Any]]:
 
 
 def fidelity_rows(root: str | None = None) -> tuple[list[list[str]], list[str]]:
-    """Rows and header of the measured page's fidelity table: one row per committed run and
-    scheduler (:func:`fidelity_records`), errors in percent, "-" where a file lacks one; a
-    run is named by its requests and replay speed-up (and, off the CPU, model and device)."""
+    """Rows and header of the measured page's fidelity table (:func:`fidelity_records`)."""
     pct = lambda x: "-" if x is None else f"{x:.0%}"
     header = ["run", "scheduler", "E2E vs first run", "vs median", "real vs real", "tok/s", "busy"]
     rows = []

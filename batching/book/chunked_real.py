@@ -1,7 +1,5 @@
-"""7.3 measured: the long prompt among running decodes on the real model (the page's one live
-figure, and the rest of that run on the measured page), and the committed profiles' mixed steps
-(how big a chunk must be on real kernels). Numbers, verdicts and table rows only.
-"""
+"""7.3, measured: the long prompt among running decodes on the real model, and the committed
+profiles' mixed steps (how big a chunk must be on real kernels)."""
 
 from __future__ import annotations
 
@@ -21,25 +19,17 @@ STALL_ATTEMPTS = 3
 
 
 def stall_overlaps(result: RunResult, running: Sequence[int], newcomer: int) -> bool:
-    """7.3, measured: whether every running request was still decoding when the newcomer's
-    first token came out, so that its prefill fell among their steps (the stall a run is
-    there to show). A real run places the long prompt's arrival by a calibrated step time;
-    on a machine that ran several times faster during the run than during calibration the
-    running requests can finish first, and :func:`spike_summary` would see no stall."""
+    """Whether every running request was still decoding at the newcomer's first token (a
+    machine much faster in the run than in calibration lets them finish first: no stall)."""
     first = next(r for r in result.requests if r.rid == newcomer).token_times[0]
     ids = set(running)
     return all(r.token_times[-1] > first for r in result.requests if r.rid in ids)
 
 
-#: The real stall experiment's sizes per device type (:func:`real_stall`). On the CPU, 8
-#: running requests and a 1,536-token prompt keep the runs to a few seconds. cpu-s turns
-#: compute-bound within a few dozen tokens (B* ~ 13), but a chunk's prefill reaches its best
-#: throughput only far above that (the committed profile: 59% of it at 64 tokens, 72% at
-#: 128, 80% first at 256). Measured here with 8 decodes, chunks of 64 took 45-75 ms and the
-#: whole prompt's first token came after 2.0 s against 0.7 s unchunked; chunks of 128 took
-#: 85-125 ms, 1.2 s. The CPU uses 128: a TTFT cost the page can show, with chunk steps that
-#: still stall the decodes several-fold (the page says so). On a GPU the page's own sizes
-#: (30 running, 4,000 tokens, chunks of 512).
+#: The real stall experiment's sizes per device type (:func:`real_stall`). The CPU's runs take
+#: a few seconds; its chunk is 128 because cpu-s's prefill reaches its best throughput only far
+#: above B* (~13): chunks of 64 stretched the newcomer's TTFT to 2.0 s (0.7 s whole), 128 to
+#: 1.2 s, while still stalling the decodes several-fold. A GPU runs the page's own sizes.
 REAL_STALL: dict[str, dict[str, int]] = {
     "cpu": {"running": 8, "prompt": 1536, "chunk": 128},
     "cuda": {"running": 30, "prompt": 4000, "chunk": 512},
@@ -57,22 +47,11 @@ def real_stall(
     running_prompt: int = 128,
     threads: int | None = None,
 ) -> dict[str, Any]:
-    """7.3, measured: the long prompt among running decodes on the real model.
-
-    ``running`` requests (``running_prompt``-token prompts) start at t = 0; a short
-    calibration run of the same requests (chunked, their slowest prefill) measures this
-    device's decode step, and the long prompt is set to arrive ``lead_steps`` decode steps
-    after their prefill ends. Each running request wants enough tokens to decode through twice
-    the lead, the slowest (chunked) prefill and ``tail_steps`` more. The workload then runs
-    under each of :func:`~batching.book.chunked.stall_configs` on one model.
-
-    Returns :func:`~batching.book.chunked.stall_summary` plus ``at_s`` (the arrival),
-    ``decode_ms`` (the calibration's median decode step), ``chunks`` (the long prompt's),
-    ``budget``, ``labels`` ({tag: label}), ``results`` ({tag: RunResult}), ``model``,
-    ``executor``, the sizes it ran with, and ``load``/``cpus``/``busy``
-    (:func:`~batching.results.machine_load` around the runs). None arguments take the
-    device's defaults (:data:`~batching.book.checks.REAL_MODELS`, :data:`REAL_STALL`).
-    """
+    """7.3, measured: ``running`` requests decode on the real model when a ``prompt``-token
+    prompt arrives ``lead_steps`` calibrated decode steps after their prefill; one run per
+    :func:`~batching.book.chunked.stall_configs`. Returns
+    :func:`~batching.book.chunked.stall_summary` plus the sizes, arrival, calibrated step,
+    runs, executor and machine load. None sizes take :data:`REAL_STALL`'s for the device."""
     from .checks import real_kind, real_runner, serve_real
 
     d = REAL_STALL[real_kind(device)]
@@ -153,7 +132,6 @@ def real_stall(
         budget=chunk + slots,
         labels={t: c[0] for t, c in configs.items()},
         results={t: r for t, (_, r) in runs.items()},
-        model=res.executor["model"],
         executor=res.executor,
         **machine_load(load0, load_average()),
     )
@@ -161,17 +139,9 @@ def real_stall(
 
 
 def profile_chunk_steps(profiles: Sequence[Mapping[str, Any]], decodes: int = 8) -> list[dict[str, Any]]:
-    """7.3, measured: how a step with ``decodes`` running decodes grows with the prefill chunk
-    it carries, read straight from each committed profile's measured mixed steps (no
-    interpolation; a profile without mixed steps at ``decodes`` rows is left out).
-    ``profiles``: :func:`~batching.book.profiles.load_profiles` entries.
-
-    Each entry: ``label``, ``short`` (model, dtype, device for a legend), ``device``, ``date``,
-    ``decodes``, ``ctx`` (KV tokens per decode row), ``bstar`` (the profile's), and over
-    ``chunk``: ``step_ms`` (measured), ``over_decode`` (over ``decode_ms``, the decode-only step
-    of the same rows and context from the profile's decode grid: the running requests' ITL
-    multiplier), ``prefill_tps`` (chunk tokens per second of step) and its ``share`` of the best.
-    """
+    """7.3, measured: per committed profile with mixed steps at ``decodes`` rows, the step
+    carrying one prefill chunk over the decode-only step (``over_decode``) and the chunk's share
+    of the best measured prefill throughput (``share``), over ``chunk``; no interpolation."""
     out = []
     for p in profiles:
         mixed = p["mixed"]
@@ -193,15 +163,10 @@ def profile_chunk_steps(profiles: Sequence[Mapping[str, Any]], decodes: int = 8)
         short = f"{p['meta']['model']} {p['shape'].dtype} on {p['meta'].get('device_name') or p['device']}"
         out.append(
             {
-                "label": p["label"],
                 "short": short,
                 "device": p["device"],
-                "ctx": ctx,
                 "chunk": chunk,
-                "step_ms": ms,
-                "decode_ms": dec,
                 "over_decode": ms / dec,
-                "prefill_tps": tps,
                 "share": tps / tps.max(),
                 "bstar": float(p["bstar"]),
                 "date": p["meta"]["date"][:10],
@@ -212,21 +177,17 @@ def profile_chunk_steps(profiles: Sequence[Mapping[str, Any]], decodes: int = 8)
 
 
 def chunk_efficiency(curve: Mapping[str, Any], share: float = 0.8) -> dict[str, float] | None:
-    """The smallest measured chunk of a :func:`profile_chunk_steps` curve whose prefill runs at
-    ``share`` or more of the best measured throughput: ``chunk`` (tokens), ``times_bstar`` (that
-    chunk over the profile's B*), ``over_decode`` (its step over the decode-only one) and
-    ``bstar``. None when no measured chunk reaches ``share``."""
+    """The smallest chunk of a :func:`profile_chunk_steps` curve at ``share`` or more of the
+    best prefill throughput: the chunk, over B*, and its step over decode-only; None if none."""
     ch, sh = np.asarray(curve["chunk"], dtype=float), np.asarray(curve["share"], dtype=float)
     ok = np.flatnonzero(sh >= share)
     if not ok.size:
         return None
     i = int(ok[0])
-    b = float(curve["bstar"])
     return {
         "chunk": float(ch[i]),
-        "times_bstar": float(ch[i] / b),
+        "times_bstar": float(ch[i] / float(curve["bstar"])),
         "over_decode": float(np.asarray(curve["over_decode"], dtype=float)[i]),
-        "bstar": b,
     }
 
 
@@ -234,52 +195,25 @@ def chunk_efficiency(curve: Mapping[str, Any], share: float = 0.8) -> dict[str, 
 StallVerdict = Literal["removed", "spread", "not cut"]
 
 
-def stall_verdict(numbers: Mapping[str, float], factor: float = 2.0, margin: float = 0.05) -> dict[str, Any]:
-    """7.3's claim tested on one stall run's ``numbers`` (:func:`~batching.book.chunked.stall_summary`,
-    tags ``mix`` and ``chk``): ``verdict`` is "removed" when chunks lowered the running requests'
-    worst inter-token latency and the median chunk step holds them at most ``factor`` x their
-    median ITL, "spread" when the worst ITL fell but the chunk steps still exceed that (the stall
-    cut into the prompt's chunks, not gone), "not cut" when chunks did not lower the worst ITL.
-    Also ``whole_stall`` (unchunked worst ITL over the median), ``chunk_step_stall`` (median chunk
-    step over the median ITL), ``worst_cut`` (unchunked worst ITL over chunked), ``ttft_ratio``
-    (chunked TTFT over unchunked) and ``ttft_delayed`` (that ratio above 1 + ``margin``: a shared
-    machine's run-to-run noise is about that)."""
-    mix_max, chk_max = float(numbers["mix_itl_max_ms"]), float(numbers["chk_itl_max_ms"])
+def stall_verdict(numbers: Mapping[str, float], factor: float = 2.0) -> StallVerdict:
+    """7.3's claim on one stall run's ``numbers`` (tags ``mix``, ``chk``): "not cut" when chunks
+    did not lower the worst ITL, else "removed" when the median chunk step is at most ``factor``
+    x the median ITL, else "spread" (the stall cut into the chunks, not gone)."""
+    if float(numbers["chk_itl_max_ms"]) >= float(numbers["mix_itl_max_ms"]):
+        return "not cut"
     step = float(numbers["chk_prefill_itl_p50_ms"]) / float(numbers["chk_itl_p50_ms"])
-    v: StallVerdict = "not cut" if chk_max >= mix_max else ("removed" if step <= factor else "spread")
-    ttft = float(numbers["chk_ttft_ms"]) / float(numbers["mix_ttft_ms"])
-    return {
-        "verdict": v,
-        "whole_stall": float(numbers["mix_stall"]),
-        "chunk_step_stall": step,
-        "worst_cut": mix_max / chk_max,
-        "ttft_ratio": ttft,
-        "ttft_delayed": ttft > 1 + margin,
-    }
+    return "removed" if step <= factor else "spread"
 
 
-def real_chunk_numbers(
-    curves: Sequence[Mapping[str, Any]], rs: Mapping[str, Any], share: float = 0.8
-) -> dict[str, float] | None:
-    """The real stall run's chunk (``rs``: :func:`real_stall`) on the device it ran on, read
-    from that device's :func:`profile_chunk_steps` curve: ``bstar`` (the profile's),
-    ``chunk_over_bstar``, ``chunk_share`` (the chunk's share of the best measured prefill
-    throughput; NaN when the profile did not measure that chunk) and ``chunk_good`` (the
-    smallest chunk reaching ``share``; NaN if none). None when no profile of that device has
-    mixed steps."""
+def real_chunk_numbers(curves: Sequence[Mapping[str, Any]], rs: Mapping[str, Any]) -> dict[str, float] | None:
+    """The real stall run's chunk (``rs``: :func:`real_stall`) against the B* of its device's
+    :func:`profile_chunk_steps` curve; None when no profile of that device has mixed steps."""
     hw = rs["executor"].get("hardware")
     curve = next((c for c in curves if c["device"] == hw), None)
     if curve is None:
         return None
-    chunk, b = float(rs["chunk"]), float(curve["bstar"])
-    ch, sh = np.asarray(curve["chunk"], dtype=float), np.asarray(curve["share"], dtype=float)
-    eff = chunk_efficiency(curve, share)
-    return {
-        "bstar": b,
-        "chunk_over_bstar": chunk / b,
-        "chunk_share": float(sh[ch == chunk][0]) if chunk in ch else math.nan,
-        "chunk_good": eff["chunk"] if eff else math.nan,
-    }
+    b = float(curve["bstar"])
+    return {"bstar": b, "chunk_over_bstar": float(rs["chunk"]) / b}
 
 
 #: Columns of the measured page's table of a live stall run (:func:`live_stall_rows`).
@@ -294,9 +228,8 @@ LIVE_STALL_HEADER = (
 
 
 def live_stall_rows(rs: Mapping[str, Any]) -> list[list[Any]]:
-    """One row per configuration of a :func:`real_stall` run for the measured page (columns
-    :data:`LIVE_STALL_HEADER`): the slow steps (over twice the median ITL) split by when they
-    came (before the long prompt arrived, during its prefill, after its first token)."""
+    """Rows of :data:`LIVE_STALL_HEADER` per configuration of a :func:`real_stall` run; slow
+    steps (over twice the median ITL) split before / during / after the long prompt's prefill."""
     n = rs["numbers"]
     rows = []
     for tag, label in rs["labels"].items():
@@ -326,9 +259,8 @@ COMMITTED_STALL_HEADER = (
 
 
 def committed_stall_rows(docs: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
-    """One row per committed ``bench_stall.py`` result
-    (:func:`~batching.book.checks.committed_real_runs`), columns :data:`COMMITTED_STALL_HEADER`.
-    The median ITL is the unchunked run's own (the stall's denominator), not the calibration's."""
+    """Rows of :data:`COMMITTED_STALL_HEADER` per committed ``bench_stall.py`` result; the
+    median ITL is the unchunked run's own (the stall's denominator), not the calibration's."""
     rows = []
     for d in docs:
         s, n = d["stall"], d["stall"]["numbers"]

@@ -1,15 +1,6 @@
-"""What every figure of the book shares, and the helpers that put numbers, tables and figures
-on a page.
-
-One palette for the whole book: what a batch row does in a step (:data:`PHASE_COLORS`:
-prefill, decode, padding, dead rows of a static batch, idle), which scheduler ran
-(:data:`SCHEDULER_COLORS`) and which KV reservation policy (:data:`POLICY_COLORS`).
-Figures are sized for the book's text column (:data:`WIDTH` inches) and saved as PNG and
-SVG under ``_build/figures/`` by :func:`publish`, which also glues them for the page. The
-figures themselves are drawn by :mod:`batching.book.figures`, one module per page: they
-take the tidy dicts of the page's module, draw and return the figure, and compute nothing
-beyond unit conversions.
-"""
+"""What every figure of the book shares (one palette, sized for the text column) and the
+helpers that put numbers, tables and figures on a page. The figures themselves are drawn by
+:mod:`batching.book.figures`, one module per page, from the page module's tidy dicts."""
 
 from __future__ import annotations
 
@@ -100,10 +91,8 @@ def save(fig: Figure, name: str, directory: str | Path = FIGURE_DIR) -> list[Pat
 
 
 def publish(fig: Figure, name: str, smoke: bool = False) -> None:
-    """Save ``fig`` (PNG + SVG, see :func:`save`) under ``_build/figures`` (``.../smoke`` in
-    smoke runs, so that the tests never overwrite the book's full-size figures), glue it as
-    ``fig-<name>`` for a ``{glue:figure}`` directive, and close it (so the notebook shows it
-    only where glued)."""
+    """Save ``fig`` under ``_build/figures`` (``.../smoke`` in smoke runs, so tests never
+    overwrite the book's figures), glue it as ``fig-<name>`` and close it (shown only where glued)."""
     from myst_nb import glue
 
     save(fig, name, FIGURE_DIR / "smoke" if smoke else FIGURE_DIR)
@@ -132,6 +121,29 @@ def glue_values(values: Mapping[str, Any]) -> None:
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"glue value {key!r} is {v}: the prose would show a non-number")
         glue(key, v, display=False)
+
+
+def box(pad: float = 0.15, alpha: float | None = 0.8) -> dict[str, Any]:
+    """A white, borderless box behind a label that sits on lines (``bbox=``)."""
+    b: dict[str, Any] = {"boxstyle": f"round,pad={pad}", "fc": "white", "ec": "none"}
+    return b if alpha is None else {**b, "alpha": alpha}
+
+
+#: :func:`note`'s coordinates: data, or a line's (data x, axes y; axes x, data y).
+_COORDS: dict[str, Any] = {"data": "data", "x": ("data", "axes fraction"), "y": ("axes fraction", "data")}
+
+
+def note(
+    ax: Any,
+    text: str,
+    xy: tuple[float, float],
+    offset: tuple[float, float] = (0, 0),
+    on: str = "data",
+    **kw: Any,
+) -> Any:
+    """``text`` at ``xy`` shifted by ``offset`` points; ``on="x"``: xy is (data x, axes-fraction
+    y), a label on a vertical line; ``on="y"``: (axes-fraction x, data y), on a horizontal one."""
+    return ax.annotate(text, xy, xycoords=_COORDS[on], xytext=offset, textcoords="offset points", **kw)
 
 
 def legend_patches(kinds: Sequence[str]) -> list[Patch]:
@@ -241,10 +253,8 @@ table = Table
 
 
 def glue_markdown(values: Mapping[str, str]) -> None:
-    """Glue each string as Markdown (not displayed): the prose pastes it with
-    ``{glue:md}`key``` as MyST, so a generated sentence or paragraph (which device a
-    measurement ran on, which profiles exist) reads as plain text, code spans included,
-    where ``{glue:text}`` would paste it verbatim in bold."""
+    """Glue each string as Markdown (not displayed), for ``{glue:md}`key```: a generated
+    phrase reads as plain text, code spans included, where ``{glue:text}`` pastes it verbatim."""
     from myst_nb import glue
 
     for key, v in values.items():
@@ -254,9 +264,8 @@ def glue_markdown(values: Mapping[str, str]) -> None:
 
 
 def markdown(text: str) -> Any:
-    """An IPython ``Markdown`` object holding ``text`` itself. ``Markdown(text)`` reads a
-    string that names an existing path as that file ("." raised IsADirectoryError, a phrase
-    equal to a file name would paste the file), so the text is set after construction."""
+    """An IPython ``Markdown`` holding ``text`` itself (``Markdown(text)`` reads a string that
+    names an existing path as that file)."""
     from IPython.display import Markdown
 
     md = Markdown("")

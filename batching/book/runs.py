@@ -1,16 +1,10 @@
 """One live measurement per book build, shown by its page and by "Measured on this machine".
 
-Each section page runs a short real-engine measurement (7.1's padded prefill, 7.2's static
-vs continuous runs, 7.3's stall, the KV page's reservations) and the measured page shows
-the same run in full. Run twice, the two pages would quote two different measurements of
-a noisy machine (a 7.3 stall of 491 ms on one, 61 ms on the other). :func:`shared` runs a
-measurement once and keeps its result under ``_build/runs/``: the second page to ask for
-the same call, with the same arguments and the same package source, gets the same result.
-
-The key is the function, its arguments (pickled) and a digest of every ``batching`` source
-file and committed profile, so a changed argument, code or profile measures again; a result older than
-:data:`MAX_AGE_S` is measured again too. ``tools/build_book.py`` empties the folder before
-it executes the notebooks, so every build measures each run exactly once.
+Measured twice, two pages would quote two measurements of a noisy machine (a 7.3 stall of
+491 ms on one, 61 ms on the other). :func:`shared` runs a measurement once and keeps it under
+``_build/runs/``, keyed by the function, its arguments and a digest of the package's source
+and committed profiles; a result older than :data:`MAX_AGE_S` is measured again, and
+``tools/build_book.py`` empties the folder before each build.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""7.2, "the same trace slice replayed against a production-style server": numbers and verdicts.
-
-The committed ``benchmarks/results/serve-cpu-here-cpu-s.json`` (``benchmarks/bench_serve.py``)
-holds one Azure slice run through this engine (continuous, chunked) and through
-``transformers serve --continuous-batching`` on the same CPU and checkpoint, median of
-interleaved rounds. :func:`numbers` reads it, adds the simulator's prediction of the same
-slice on this machine's measured profile, and, when asked, a live replay: against a reader's
-server (``server_url``, e.g. their ``vllm serve``) or, with no URL, against a
-``transformers serve`` this function starts on the CPU model. No sentences: the page words
-them.
-"""
+"""7.2's replay of one trace slice against a production-style server: numbers and verdicts
+from the committed ``bench_serve.py`` run, the simulator's prediction of the slice and,
+when asked, a live replay (a reader's server, or ``transformers serve`` started here)."""
 
 from __future__ import annotations
 
@@ -62,8 +54,8 @@ def slice_workload(doc: Mapping[str, Any]) -> Workload:
 
 
 def simulated_row(w: Workload, slots: int, cost: ProfileCost) -> dict[str, float | None]:
-    """The simulator's prediction of the slice: continuous batching on this machine's
-    measured cpu-s profile (``cost``), the slots of the real runs."""
+    """The simulator's prediction of the slice: continuous batching on ``cost`` (this
+    machine's cpu-s profile) with the real runs' slots."""
     res: RunResult = simulate(w, cost, "continuous", slots=slots, kv_tokens=None)
     return summary_row(summarize(res, request_records(res.requests)))
 
@@ -75,10 +67,9 @@ def live_row(
     model: str = "cpu-s",
     threads: int = 1,
 ) -> tuple[dict[str, float | None], dict[str, Any]]:
-    """Replay ``w`` live. With ``server_url`` (an OpenAI-compatible ``.../v1``), against that
-    server with token-id prompts (vLLM, SGLang) and its first listed model unless
-    ``served_model``; without, against ``transformers serve`` started here on ``model``.
-    Returns the row and what it ran against (server, model, completed requests)."""
+    """Replay ``w`` live against ``server_url`` (OpenAI-compatible ``.../v1``, token-id prompts,
+    its first listed model unless ``served_model``) or, without, a ``transformers serve`` of
+    ``model`` started here. Returns the row and the model and requests it completed."""
     from .. import hf_serve, served
     from ..replay import ReplayOptions, replay
 
@@ -98,13 +89,7 @@ def live_row(
             reqs, meta = replay(w, opts)
     doc = served.build(reqs, {}, meta)
     s = doc["summary"]
-    return summary_row(s), {
-        "server": meta["server"],
-        "model": served_model,
-        "completed": s["completed"],
-        "requests": s["num_requests"],
-        "dispatch_lateness_p99": s["dispatch_lateness"]["p99"],
-    }
+    return summary_row(s), {"model": served_model, "completed": s["completed"], "requests": s["num_requests"]}
 
 
 def numbers(
@@ -116,11 +101,9 @@ def numbers(
     smoke: bool = False,
     profile: str | Path | None = None,
 ) -> dict[str, Any]:
-    """The section's numbers: a row per mode (:data:`ROWS`), the server's ratios to this
-    engine, the verdicts the prose picks its words by, and the run's conditions.
-
-    ``live`` adds a replay now (``server_url`` None: ``transformers serve`` on the CPU model,
-    the tiny model and 8 requests when ``smoke``)."""
+    """A row per mode (:data:`ROWS`), the server's ratios to this engine, the verdicts the
+    prose words and the run's conditions; ``live`` adds a replay now (``smoke``: the tiny
+    model, 8 requests)."""
     doc = doc if doc is not None else committed()
     med = doc["median"]
     rows: dict[str, dict[str, float | None]] = {}
@@ -134,31 +117,22 @@ def numbers(
         lw = w if not smoke else Workload.from_arrays(w.arrivals[:8], w.prompt_lens[:8], w.output_lens[:8])
         model = "tiny" if smoke else "cpu-s"
         rows["live"], live_info = live_row(lw, server_url, served_model, model=model)
-    ours, hf, chk, sim = rows["ours-continuous"], rows["hf-serve"], rows["ours-chunked"], rows["simulated"]
-    e2e_ratio = _ratio(sim["e2e_p50"], ours["e2e_p50"])
+    ours, hf = rows["ours-continuous"], rows["hf-serve"]
     max_load = max(x["loadavg_1m"] for v in doc["rounds"].values() for x in v)
     return {
         "rows": rows,
         "server_over_ours": {k: _ratio(hf[k], ours[k]) for k in COLUMNS},
-        # Verdicts: which side each headline favours (the page words them).
         "server_slower_e2e": _less(ours["e2e_p50"], hf["e2e_p50"]),
-        "server_slower_ttft": _less(ours["ttft_p50"], hf["ttft_p50"]),
-        "server_lower_throughput": _less(hf["output_throughput"], ours["output_throughput"]),
-        "chunked_lower_itl_p99": _less(chk["itl_p99"], ours["itl_p99"]),
         # Both kept up with the arrivals: throughput is the offered load, not a capacity.
         "same_throughput": _near(hf["output_throughput"], ours["output_throughput"], SAME),
-        "sim_error_e2e_p50": None if e2e_ratio is None else e2e_ratio - 1,
         "requests": len(w),
         "scale_lengths": float(doc["workload"]["scale_lengths"]),
         "time_scale": float(doc["workload"]["time_scale"]),
         "rounds": len(doc["round_order"]),
-        "loadavg_before": doc["loadavg_before"][0],
-        "loadavg_after": doc["loadavg_after"][0],
         "max_loadavg": max_load,
         "cpus": float(doc.get("cpu_count") or 1),
         # Measured while other work shared the cores (the machine the file was measured on).
         "busy": machine_busy(max_load, doc.get("cpu_count")),
-        "date": doc["date"],
         # The simulator's row prices steps by a profile measured with its own thread count;
         # the benchmark's processes ran with doc["threads"] each (the page says when they differ).
         "threads": int(doc.get("threads") or 1),

@@ -21,6 +21,7 @@ from ..plots import (
     drop_overlapping,
     log2_x,
     log_ticks,
+    note,
 )
 
 
@@ -50,15 +51,8 @@ def itl_figure(
         ax.step(u, g[idx], where="pre", lw=1.5, label=name, **_config_style(name))
         top = max(top, float(g.max(initial=0.0)))
     ax.axvline(arrival, color="#999999", ls=":", lw=1)
-    note = ax.annotate(
-        "long prompt arrives",
-        (arrival, 0.93),
-        xycoords=("data", "axes fraction"),
-        xytext=(-4, 0),
-        textcoords="offset points",
-        ha="right",
-        fontsize=8,
-        color="#666666",
+    label = note(
+        ax, "long prompt arrives", (arrival, 0.93), (-4, 0), "x", ha="right", fontsize=8, color="#666666"
     )
     if first_tokens:
         # Stacked a little apart on the time axis: first tokens a few ms apart would otherwise
@@ -85,9 +79,9 @@ def itl_figure(
     # Left of the arrival line unless that runs out of the axes (an arrival near the window's
     # left edge, as in the measured run): then it would sit on the y tick labels, so right of it.
     fig.canvas.draw()
-    if note.get_window_extent().x0 < ax.get_window_extent().x0:
-        note.xyann = (4, 0)
-        note.set_horizontalalignment("left")
+    if label.get_window_extent().x0 < ax.get_window_extent().x0:
+        label.xyann = (4, 0)
+        label.set_horizontalalignment("left")
     return fig
 
 
@@ -100,15 +94,7 @@ def _chunk_x(ax: Any, ticks: Iterable[float] | None) -> None:
 
 def _bstar_label(ax: Any, bstar: float, color: str) -> None:
     """ "B*" beside a dotted B* line, near the top (the bottom holds the decode-only step)."""
-    ax.annotate(
-        "B*",
-        (bstar, 0.9),
-        xycoords=("data", "axes fraction"),
-        xytext=(3, 0),
-        textcoords="offset points",
-        fontsize=8,
-        color=color,
-    )
+    note(ax, "B*", (bstar, 0.9), (3, 0), "x", fontsize=8, color=color)
 
 
 def chunk_roofline_figure(chunks: np.ndarray, step_s: np.ndarray, decode_s: float, bstar: float) -> Figure:
@@ -118,12 +104,12 @@ def chunk_roofline_figure(chunks: np.ndarray, step_s: np.ndarray, decode_s: floa
     ax = axes[0]
     ax.plot(chunks, step_s * 1e3, "o-", color=SCHEDULER_COLORS["chunked"], ms=3.5)
     ax.axhline(decode_s * 1e3, color=PHASE_COLORS["decode"], ls="--", lw=1)
-    ax.annotate(
+    note(
+        ax,
         "decode-only step",
         (1.0, decode_s * 1e3),
-        xycoords=("axes fraction", "data"),
-        xytext=(0, 3),
-        textcoords="offset points",
+        (0, 3),
+        "y",
         ha="right",
         va="bottom",
         fontsize=8,

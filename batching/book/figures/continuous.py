@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ..plots import SCHEDULER_COLORS, WIDTH, log_ticks, percent_axis
+from ..plots import SCHEDULER_COLORS, WIDTH, box, log_ticks, note, percent_axis
 
 
 def _config_color(name: str) -> str:
@@ -107,14 +107,14 @@ def iterations_figure(its: Mapping[str, Mapping[str, np.ndarray]], probe: int) -
             y = np.arange(1, len(x) + 1) / len(x)
             ax.step(x, y, where="post", color=c, label=name)
     axes[0].axvline(probe, color="#999999", ls="--", lw=1)
-    axes[0].annotate(
+    note(
+        axes[0],
         f"{probe} iterations",
         (probe, 0.55),
-        xytext=(5, 0),
-        textcoords="offset points",
+        (5, 0),
         fontsize=8,
         color="#666666",
-        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none"},
+        bbox=box(0.2, None),
     )
     axes[0].set_xscale("log")
     axes[0].set_xlim(left=probe / 2)

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..plots import POLICY_COLORS, WIDTH
+from ..plots import POLICY_COLORS, WIDTH, note
 
 
 def kv_time_figure(series: Mapping[str, Mapping[str, np.ndarray]], capacity: float) -> Figure:
@@ -21,16 +21,7 @@ def kv_time_figure(series: Mapping[str, Mapping[str, np.ndarray]], capacity: flo
         axes[0].step(d["t"], d["used"] / 1e3, where="pre", color=c, lw=1.0, ls=":", label=f"{pol}: written")
         axes[1].step(d["t"], d["running"], where="pre", color=c, lw=1.2, label=pol)
     axes[0].axhline(capacity / 1e3, color="#999999", ls="--", lw=1)
-    axes[0].annotate(
-        "KV capacity",
-        (0.0, capacity / 1e3),
-        xycoords=("axes fraction", "data"),
-        xytext=(2, 2),
-        textcoords="offset points",
-        va="bottom",
-        fontsize=8,
-        color="#666666",
-    )
+    note(axes[0], "KV capacity", (0.0, capacity / 1e3), (2, 2), "y", va="bottom", fontsize=8, color="#666666")
     axes[0].set_ylim(0, capacity / 1e3 * 1.4)
     axes[0].set_ylabel("KV cache (k tokens)")
     axes[0].legend(loc="upper right", ncol=4, fontsize=7.5)
@@ -40,15 +31,8 @@ def kv_time_figure(series: Mapping[str, Mapping[str, np.ndarray]], capacity: flo
     return fig
 
 
-def kv_fit_figure(
-    lengths: np.ndarray,
-    fit: Mapping[str, float],
-    measured_peak: Mapping[str, float] | None = None,
-    bstar: float | None = None,
-) -> Figure:
-    """The KV page: request lengths against the slab, and sequences that fit (with ``bstar``:
-    a line at the batch where decode turns compute-bound; with ``measured_peak``: black bars
-    at the most requests a run held at once, per policy)."""
+def kv_fit_figure(lengths: np.ndarray, fit: Mapping[str, float], bstar: float) -> Figure:
+    """The KV page: request lengths against the slab, and sequences that fit beside B*."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.8))
     ax = axes[0]
     counts, _, _ = ax.hist(lengths, bins=60, color="#7f7f7f")
@@ -77,14 +61,9 @@ def kv_fit_figure(
     ax.bar(range(3), vals, color=cols, alpha=0.85)
     for i, v in enumerate(vals):
         ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=8.5)
-    for pol, v in (measured_peak or {}).items():
-        i = 0 if pol == "slab" else 1
-        ax.plot([i - 0.4, i + 0.4], [v, v], color="black", lw=1.5)
-        ax.text(i + 0.42, v, f"peak {v:.0f}", va="center", fontsize=7.5)
-    if bstar is not None:
-        ax.axhline(bstar, color="#444444", ls="--", lw=1)
-        ax.text(-0.45, bstar, f"B* = {bstar:.0f}", va="bottom", fontsize=8, color="#444444")
-        ax.set_ylim(0, max(max(vals), bstar) * 1.15)
+    ax.axhline(bstar, color="#444444", ls="--", lw=1)
+    ax.text(-0.45, bstar, f"B* = {bstar:.0f}", va="bottom", fontsize=8, color="#444444")
+    ax.set_ylim(0, max(max(vals), bstar) * 1.15)
     ax.set_xticks(range(3), names)
     ax.set_ylabel("sequences that fit")
     ax.grid(axis="x", visible=False)
@@ -105,9 +84,7 @@ def kv_budget_figure(sweep: Mapping[str, Mapping[str, np.ndarray]]) -> Figure:
         axes[1].plot(d["budget"] / 1e3, d["running_peak"], style, color=c, label=label)
         if d["preemptions"].max() > 0:
             for x, y, p in zip(d["budget"] / 1e3, d["throughput_tok"], d["preemptions"]):
-                axes[0].annotate(
-                    f"{int(p)}", (x, y), textcoords="offset points", xytext=(3, -11), fontsize=7.5, color=c
-                )
+                note(axes[0], f"{int(p)}", (x, y), (3, -11), fontsize=7.5, color=c)
     axes[0].set_ylabel("output throughput (tokens/s)")
     axes[1].set_ylabel("peak running requests")
     for ax in axes:

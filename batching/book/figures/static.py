@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from ..common import KINDS
-from ..plots import PHASE_COLORS, SCHEDULER_COLORS, WIDTH, legend_patches, log2_x, percent_axis
+from ..plots import PHASE_COLORS, SCHEDULER_COLORS, WIDTH, box, legend_patches, log2_x, note, percent_axis
 from ..static import Segment
 
 #: The padding figures' bar colours: unpadded prefills light blue, padded ones orange.
@@ -78,17 +78,13 @@ def real_padding_figure(rp: Mapping[str, Any]) -> Figure:
 
 def timeline_figure(
     panels: Sequence[tuple[str, Sequence[Segment]]],
-    kinds: Sequence[str] = KINDS,
     height_per_panel: float = 2.3,
-    time_unit: str = "s",
     marks: Sequence[Sequence[tuple[float, str]]] | None = None,
     sharex: bool = False,
 ) -> Figure:
-    """Per-slot timelines (7.1 (b), 7.2): one panel per (title, segments); rows are slots,
-    time runs left to right, colour is what the row does (:data:`PHASE_COLORS`).
-    ``marks[i]`` lists (time in s, label) pairs drawn as dotted lines on panel i.
-    ``sharex``: every panel spans the longest one's time, so panels compare by eye (7.2)."""
-    scale = {"s": 1.0, "ms": 1e3}[time_unit]
+    """Per-slot timelines (7.1 (b), 7.2): one panel per (title, segments), a row per slot,
+    coloured by what it does; ``marks[i]``: (time, label) dotted lines on panel i; ``sharex``:
+    every panel spans the longest one's time."""
     fig, axes = plt.subplots(
         len(panels), 1, figsize=(WIDTH, height_per_panel * len(panels) + 0.5), squeeze=False
     )
@@ -96,39 +92,27 @@ def timeline_figure(
     for pi, (ax, (title, segs)) in enumerate(zip(axes[:, 0], panels)):
         nslots = max(s.slot for s in segs) + 1
         for t, label in marks[pi] if marks else ():
-            ax.axvline(t * scale, color="black", ls=":", lw=1, zorder=5)
-            ax.annotate(
-                label,
-                (t * scale, 0.5),
-                xycoords=("data", "axes fraction"),
-                xytext=(4, 0),
-                textcoords="offset points",
-                fontsize=8,
-                zorder=6,
-                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85},
-            )
-        for kind in kinds:
+            ax.axvline(t, color="black", ls=":", lw=1, zorder=5)
+            note(ax, label, (t, 0.5), (4, 0), "x", fontsize=8, zorder=6, bbox=box(0.2, 0.85))
+        for kind in KINDS:
             bars: dict[int, list[tuple[float, float]]] = {}
             for s in segs:
                 if s.kind == kind and s.t1 > s.t0:
-                    bars.setdefault(s.slot, []).append((s.t0 * scale, (s.t1 - s.t0) * scale))
+                    bars.setdefault(s.slot, []).append((s.t0, s.t1 - s.t0))
             for slot, spans in bars.items():
                 ax.broken_barh(spans, (slot - 0.45, 0.9), facecolors=PHASE_COLORS[kind], edgecolor="none")
             if bars:
                 used.add(kind)
-        t_end = max(s.t1 for s in segs) * scale
-        if sharex:
-            t_end = max(max(s.t1 for s in sg) for _, sg in panels) * scale
-        ax.set_xlim(0, t_end)
+        ax.set_xlim(0, max(s.t1 for _, sg in (panels if sharex else [(title, segs)]) for s in sg))
         ax.set_ylim(nslots - 0.5, -0.5)
         ax.set_ylabel("slot")
         ax.set_title(title, loc="left")
         ax.grid(False)
         step = max(1, nslots // 4)
         ax.set_yticks(range(0, nslots, step))
-    axes[-1, 0].set_xlabel(f"time ({time_unit})")
+    axes[-1, 0].set_xlabel("time (s)")
     fig.legend(
-        handles=legend_patches([k for k in kinds if k in used]), loc="outside lower center", ncol=len(used)
+        handles=legend_patches([k for k in KINDS if k in used]), loc="outside lower center", ncol=len(used)
     )
     return fig
 
@@ -200,16 +184,7 @@ def wait_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], ceiling: float | 
             else:
                 off, ha, va = (-4, 5), "right", "baseline"
             labels.append(
-                ax.annotate(
-                    text,
-                    (x, y),
-                    textcoords="offset points",
-                    xytext=off,
-                    ha=ha,
-                    va=va,
-                    fontsize=7.5,
-                    color=SCHEDULER_COLORS[name],
-                )
+                note(ax, text, (x, y), off, ha=ha, va=va, fontsize=7.5, color=SCHEDULER_COLORS[name])
             )
     if ceiling is not None:
         ax.axhline(ceiling, color="#999999", ls="--", lw=1.2)

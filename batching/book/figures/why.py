@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ..plots import PHASE_COLORS, POLICY_COLORS, SOURCE_COLORS, WIDTH, log2_x, log_ticks, log_y
+from ..plots import PHASE_COLORS, POLICY_COLORS, SOURCE_COLORS, WIDTH, box, log2_x, log_ticks, log_y, note
 from ..why import KNEE_FACTOR
 
 #: The two measured decode paths (a uniform batch in contiguous slots; a
@@ -51,17 +51,17 @@ def _bstar_line(
     ax: Any, bstar: float, color: str = "#666666", label: str = "B*", y: float = 0.96, left: bool = False
 ) -> None:
     ax.axvline(bstar, color=color, ls="-.", lw=1)
-    ax.annotate(
+    note(
+        ax,
         f"{label} = {bstar:.0f}",
         (bstar, y),
-        xycoords=("data", "axes fraction"),
-        xytext=(-3 if left else 3, 0),
-        textcoords="offset points",
+        (-3 if left else 3, 0),
+        "x",
         va="top",
         ha="right" if left else "left",
         fontsize=7.5,
         color=color,
-        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+        bbox=box(),
     )
 
 
@@ -168,17 +168,17 @@ def live_decode_figure(
         )
     band = KNEE_FACTOR * float(np.asarray(sweep["uniform_ms"])[0])
     ax.axhline(band, color="#bbbbbb", lw=0.8, zorder=1)
-    ax.annotate(
+    note(
+        ax,
         f"{KNEE_FACTOR:g}x batch 1",
         (1.0, band),
-        xycoords=("axes fraction", "data"),
-        xytext=(-2, 1),
-        textcoords="offset points",
+        (-2, 1),
+        "y",
         ha="right",
         va="bottom",
         fontsize=7,
         color="#888888",
-        bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
+        bbox=box(0.1),
     )
     k = numbers["knee"]
     ky = float(np.asarray(sweep["uniform_ms"])[list(b).index(k)])
@@ -196,7 +196,7 @@ def live_decode_figure(
         va="top",
         fontsize=7.5,
         zorder=6,
-        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+        bbox=box(),
         arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.7, "shrinkB": 6},
     )
     _bstar_line(ax, numbers["bstar"], y=0.97)

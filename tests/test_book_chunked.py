@@ -88,6 +88,9 @@ def test_spike_summary_splits_the_slow_steps_around_the_long_prompt():
     st = chunked.stall_summary({"chk": ("chunked", res)}, [0, 1], 2)
     rows = chunked_real.live_stall_rows({**st, "labels": {"chk": "chunked"}})
     assert rows == [["chunked", "9000", "3000.0", "9000", "25,000", "1 / 3 / 0"]]
+    # No step inside the prefill (a short prompt on a fast device): a dash, not "nan".
+    st["numbers"]["chk_prefill_itl_p50_ms"] = float("nan")
+    assert chunked_real.live_stall_rows({**st, "labels": {"chk": "chunked"}})[0][3] == "-"
 
 
 def test_stall_verdict_removed_spread_or_not_cut():

@@ -227,6 +227,11 @@ LIVE_STALL_HEADER = (
 )
 
 
+def _ms(v: float) -> str:
+    # NaN: no step of this configuration fell inside the prefill (a short prompt on a fast device).
+    return f"{v:.0f}" if v == v else "-"
+
+
 def live_stall_rows(rs: Mapping[str, Any]) -> list[list[Any]]:
     """Rows of :data:`LIVE_STALL_HEADER` per configuration of a :func:`real_stall` run; slow
     steps (over twice the median ITL) split before / during / after the long prompt's prefill."""
@@ -239,7 +244,7 @@ def live_stall_rows(rs: Mapping[str, Any]) -> list[list[Any]]:
                 label,
                 f"{n[f'{tag}_itl_max_ms']:.0f}",
                 f"{n[f'{tag}_itl_p50_ms']:.1f}",
-                f"{n[f'{tag}_prefill_itl_p50_ms']:.0f}",
+                _ms(n[f"{tag}_prefill_itl_p50_ms"]),
                 f"{n[f'{tag}_ttft_ms']:,.0f}",
                 split,
             ]

@@ -297,7 +297,7 @@ def _pairs(text: str) -> list[tuple[int, int]]:
 
 def cmd_measure(a: argparse.Namespace) -> int:
     from .real.hardware import DeviceMemoryError, resolve_device
-    from .real.measure import measure, save_json  # torch is needed here only
+    from .real.measure import measure  # torch is needed here only
 
     # The device first: the GPU grid's lengths would otherwise be refused before "no GPU".
     gpu = resolve_device(a.device).type == "cuda"
@@ -349,7 +349,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
             graphs=False if a.no_graphs else None,
             progress=not a.no_progress and sys.stderr.isatty(),
             # A run cut short (a time limit, ^C) keeps what it measured: meta.partial says so.
-            partial=(lambda doc: save_json(a.out, doc)) if a.out else None,
+            partial=(lambda doc: results.write_json(doc, a.out, allow_nan=True)) if a.out else None,
         )
     except DeviceMemoryError as e:  # bad input (too big for this device): one line, exit 2
         raise ValueError(str(e)) from None
@@ -375,7 +375,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
         + "  ".join(f"{t}: {x:.1f}" for t, x in zip(doc["prefill"]["tokens"], doc["prefill"]["ms"]))
     )
     if a.out:
-        print(f"wrote {save_json(a.out, doc)}")
+        print(f"wrote {results.write_json(doc, a.out, allow_nan=True)}")
     return 0
 
 

@@ -96,11 +96,16 @@ def build(
     return doc
 
 
-def write_json(doc: dict[str, Any], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
-    return path
+def write_json(doc: dict[str, Any], path: str | os.PathLike[str], allow_nan: bool = False) -> Path:
+    """Write ``doc`` whole or not at all (a temporary file beside it, then renamed): a run
+    killed by its time limit while saving leaves the previous file, never a truncated one.
+    NaN is refused unless ``allow_nan`` (a profile marks unmeasured points and unknown load so)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, allow_nan=allow_nan) + "\n")
+    os.replace(tmp, out)
+    return out
 
 
 def write_requests_csv(doc: dict[str, Any], path: str | Path) -> Path:

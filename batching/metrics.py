@@ -173,11 +173,16 @@ def summarize(
         s["hw_compute_utilization"] = float(flops.sum() / (busy * result.cost.peak_flops))
         s["hw_bandwidth_utilization"] = float(bytes_.sum() / (busy * result.cost.bandwidth))
     if slo is not None:
-        good = sum(slo.met(rec) for rec in records)
-        s["goodput"] = {
-            "slo": {k: v for k, v in vars(slo).items() if v is not None},
-            "requests_ok": good,
-            "fraction": good / len(reqs),
-            "request_goodput": good / window if window > 0 else None,
-        }
+        s["goodput"] = goodput(slo, records, len(reqs), window)
     return s
+
+
+def goodput(slo: SLO, records: list[dict[str, Any]], n: int, window: float | None) -> dict[str, Any]:
+    """How many of ``n`` requests ``records`` meet ``slo``, and their rate over ``window`` seconds."""
+    good = sum(slo.met(rec) for rec in records)
+    return {
+        "slo": {k: v for k, v in vars(slo).items() if v is not None},
+        "requests_ok": good,
+        "fraction": good / n,
+        "request_goodput": good / window if window and window > 0 else None,
+    }

@@ -16,15 +16,13 @@ lower every latency). Nothing is dropped.
 
 from __future__ import annotations
 
-import datetime as _dt
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .metrics import SLO, _dist
-from .results import SCHEMA, _versions
+from .metrics import SLO, _dist, goodput
+from .results import SCHEMA, run_meta
 
 # Request outcomes; every one but "ok" is counted in the summary and printed.
 STATUSES = ("ok", "usage_mismatch", "stream_mismatch", "error", "timeout", "cancelled")
@@ -137,13 +135,7 @@ def summarize(
         },
     }
     if slo is not None:
-        good = sum(slo.met(x) for x in recs)
-        s["goodput"] = {
-            "slo": {k: v for k, v in vars(slo).items() if v is not None},
-            "requests_ok": good,
-            "fraction": good / len(reqs),
-            "request_goodput": good / window if window else None,
-        }
+        s["goodput"] = goodput(slo, recs, len(reqs), window)
     return s
 
 
@@ -159,13 +151,7 @@ def build(
     """The results document (schema of :func:`batching.results.build`, no ``steps``)."""
     return {
         "schema": SCHEMA,
-        "meta": {
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "host": socket.gethostname(),
-            "versions": _versions(),
-            "fast_steps": 0,
-            **meta,
-        },
+        "meta": {**run_meta(), "fast_steps": 0, **meta},
         "config": config,
         "summary": summarize(reqs, slo, duration_s),
         "requests": [r.record(include_token_times) for r in reqs],

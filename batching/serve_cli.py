@@ -1,8 +1,5 @@
-"""The server subcommands of ``python -m batching``: ``replay``, ``export``, ``import-vllm``.
-
-They take the workload and output options of ``simulate`` and ``run`` and print the same
-table; :mod:`batching.cli` registers them with :func:`add_parsers`.
-"""
+"""The server subcommands of ``python -m batching``: ``replay``, ``export``, ``import-vllm``,
+with ``simulate``'s workload and output options and table."""
 
 from __future__ import annotations
 

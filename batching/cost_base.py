@@ -23,13 +23,13 @@ class _VectorCost:
     device: DeviceSpec
     tp: int = 1
 
-    def usable_bytes(self, mem_fraction: float = 1 - MEM_RESERVE) -> float:
+    def usable_bytes(self) -> float:
         """Memory of the ``tp`` devices left after the reserve."""
-        return self.tp * self.device.mem_bytes * mem_fraction
+        return self.tp * self.device.mem_bytes * (1 - MEM_RESERVE)
 
-    def kv_capacity(self, mem_fraction: float = 1 - MEM_RESERVE) -> int:
-        """KV tokens that fit in ``mem_fraction`` of the devices' memory after the weights."""
-        free = self.usable_bytes(mem_fraction) - self.model.weight_bytes
+    def kv_capacity(self) -> int:
+        """KV tokens that fit in the devices' usable memory after the weights."""
+        free = self.usable_bytes() - self.model.weight_bytes
         return max(0, int(free // self.model.kv_bytes_per_token))
 
     def _times(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:

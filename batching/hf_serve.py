@@ -156,8 +156,9 @@ def transformers_serve(
         stop(proc)
 
 
-def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+def stop(proc: subprocess.Popen[bytes]) -> None:
     """End the server's process group (it was started in a session of its own)."""
+    grace_s = 10.0
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

@@ -146,9 +146,9 @@ def build(
     }
 
 
-def problems(doc: dict[str, Any], show: int = 5) -> list[str]:
+def problems(doc: dict[str, Any]) -> list[str]:
     """One line per kind of request that did not come back whole (for the CLI to print)."""
-    lines = []
+    lines, show = [], 5
     for status in STATUSES[1:]:
         bad = [r for r in doc["requests"] if r["status"] == status]
         if bad:

@@ -222,61 +222,46 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:,.1f}"
 
 
+def _num(x: float | None, f: str) -> str:
+    return "-" if x is None else format(x, f)
+
+
 def summary_table(doc: dict[str, Any]) -> str:
-    """The end-of-run table: throughput, utilization, latency percentiles."""
+    """The end-of-run table: throughput, utilization (a server's: dispatch lateness), latencies."""
     s, c = doc["summary"], doc["config"]
-    sch = c["scheduler"]
-    if s["steps"] is None:  # measured on a server (replay, import-vllm): no step log
-        return _served_table(doc)
+    served = s["steps"] is None  # measured on a server (replay, import-vllm): no step log
+    head = f"{c['scheduler']['scheduler']} | {c['workload']['name']} ({s['num_requests']} requests"
+    if served:
+        head += f", {s['completed']} complete) | {c.get('model')} at {c.get('url') or c.get('source')} | "
+    else:
+        head += f") | {c.get('model')} on {c.get('device')} | {s['steps']:,} steps, "
     lines = [
-        f"{sch['scheduler']} | {c['workload']['name']} ({s['num_requests']} requests) | "
-        f"{c.get('model')} on {c.get('device')} | {s['steps']:,} steps, "
-        f"wall {doc['meta']['wall_s']:.2f} s",
-        f"  duration {s['duration_s']:,.1f} s   throughput {s['request_throughput']:.2f} req/s, "
-        f"{s['output_throughput']:,.0f} out tok/s",
-        f"  slot utilization {s['slot_utilization']:.1%} (time-weighted {s['slot_utilization_time_weighted']:.1%})"
-        f"   padding {s['padding_fraction']:.1%}   preemptions {s['preemptions']}",
+        head + f"wall {doc['meta']['wall_s']:.2f} s",
+        f"  duration {_num(s['duration_s'], ',.1f')} s   throughput {_num(s['request_throughput'], '.2f')} "
+        f"req/s, {_num(s['output_throughput'], ',.0f')} out tok/s",
     ]
-    if "hw_compute_utilization" in s:
+    if served:
+        late = s["dispatch_lateness"]
+        lines.append(f"  client dispatch lateness p50 {_ms(late['p50'])} ms, p99 {_ms(late['p99'])} ms")
+    else:
         lines.append(
-            f"  hardware utilization: compute {s['hw_compute_utilization']:.1%}, "
-            f"bandwidth {s['hw_bandwidth_utilization']:.1%}"
+            f"  slot utilization {s['slot_utilization']:.1%} (time-weighted {s['slot_utilization_time_weighted']:.1%})"
+            f"   padding {s['padding_fraction']:.1%}   preemptions {s['preemptions']}"
         )
-    lines += _latency_lines(s)
-    if "goodput" in s:
-        g = s["goodput"]
-        lines.append(
-            f"  goodput {g['request_goodput']:.2f} req/s ({g['fraction']:.1%} of requests meet {g['slo']})"
-        )
-    return "\n".join(lines)
-
-
-def _latency_lines(s: dict[str, Any]) -> list[str]:
-    lines = [f"  {'ms':8}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}"]
+        if "hw_compute_utilization" in s:
+            lines.append(
+                f"  hardware utilization: compute {s['hw_compute_utilization']:.1%}, "
+                f"bandwidth {s['hw_bandwidth_utilization']:.1%}"
+            )
+    lines.append(f"  {'ms':8}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
     for k in ("queue", "ttft", "tpot", "itl", "e2e"):
-        d = s[k]
-        lines.append(f"  {k:8}" + "".join(f"{_ms(d[f]):>10}" for f in ("mean", "p50", "p90", "p99", "max")))
-    return lines
-
-
-def _served_table(doc: dict[str, Any]) -> str:
-    """The end-of-run table of a run measured on a server: what a client can see."""
-    s, c, m = doc["summary"], doc["config"], doc["meta"]
-    rate = lambda x, f: "-" if x is None else format(x, f)
-    late = s["dispatch_lateness"]
-    lines = [
-        f"{c['scheduler']['scheduler']} | {c['workload']['name']} ({s['num_requests']} requests, "
-        f"{s['completed']} complete) | {c.get('model')} at {c.get('url') or c.get('source')} | "
-        f"wall {m['wall_s']:.2f} s",
-        f"  duration {rate(s['duration_s'], ',.1f')} s   throughput {rate(s['request_throughput'], '.2f')} "
-        f"req/s, {rate(s['output_throughput'], ',.0f')} out tok/s",
-        f"  client dispatch lateness p50 {_ms(late['p50'])} ms, p99 {_ms(late['p99'])} ms",
-    ]
-    lines += _latency_lines(s)
+        lines.append(
+            f"  {k:8}" + "".join(f"{_ms(s[k][f]):>10}" for f in ("mean", "p50", "p90", "p99", "max"))
+        )
     if "goodput" in s:
         g = s["goodput"]
         lines.append(
-            f"  goodput {rate(g['request_goodput'], '.2f')} req/s ({g['fraction']:.1%} of requests meet {g['slo']})"
+            f"  goodput {_num(g['request_goodput'], '.2f')} req/s ({g['fraction']:.1%} of requests meet {g['slo']})"
         )
     return "\n".join(lines)
 
@@ -297,7 +282,7 @@ def _pairs(text: str) -> list[tuple[int, int]]:
 
 def cmd_measure(a: argparse.Namespace) -> int:
     from .real.hardware import DeviceMemoryError, resolve_device
-    from .real.measure import measure, save_json  # torch is needed here only
+    from .real.measure import measure  # torch is needed here only
 
     # The device first: the GPU grid's lengths would otherwise be refused before "no GPU".
     gpu = resolve_device(a.device).type == "cuda"
@@ -349,7 +334,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
             graphs=False if a.no_graphs else None,
             progress=not a.no_progress and sys.stderr.isatty(),
             # A run cut short (a time limit, ^C) keeps what it measured: meta.partial says so.
-            partial=(lambda doc: save_json(a.out, doc)) if a.out else None,
+            partial=(lambda doc: results.write_json(doc, a.out, allow_nan=True)) if a.out else None,
         )
     except DeviceMemoryError as e:  # bad input (too big for this device): one line, exit 2
         raise ValueError(str(e)) from None
@@ -375,7 +360,7 @@ def cmd_measure(a: argparse.Namespace) -> int:
         + "  ".join(f"{t}: {x:.1f}" for t, x in zip(doc["prefill"]["tokens"], doc["prefill"]["ms"]))
     )
     if a.out:
-        print(f"wrote {save_json(a.out, doc)}")
+        print(f"wrote {results.write_json(doc, a.out, allow_nan=True)}")
     return 0
 
 

@@ -1,7 +1,5 @@
-"""What both cost models share (:mod:`batching.costs`, :mod:`batching.profile`): the memory
-they keep in reserve and the vectorized plumbing that makes ``decode_run`` (k decode-only
-steps at once) return exactly the floats that k ``step_time`` calls would.
-"""
+"""What both cost models share: the memory reserve, and the plumbing that makes
+``decode_run`` (k decode-only steps at once) return exactly the floats k ``step_time`` would."""
 
 from __future__ import annotations
 
@@ -25,17 +23,16 @@ class _VectorCost:
     device: DeviceSpec
     tp: int = 1
 
-    def usable_bytes(self, mem_fraction: float = 1 - MEM_RESERVE) -> float:
+    def usable_bytes(self) -> float:
         """Memory of the ``tp`` devices left after the reserve."""
-        return self.tp * self.device.mem_bytes * mem_fraction
+        return self.tp * self.device.mem_bytes * (1 - MEM_RESERVE)
 
-    def kv_capacity(self, mem_fraction: float = 1 - MEM_RESERVE) -> int:
-        """KV tokens that fit in ``mem_fraction`` of the devices' memory after the weights."""
-        free = self.usable_bytes(mem_fraction) - self.model.weight_bytes
+    def kv_capacity(self) -> int:
+        """KV tokens that fit in the devices' usable memory after the weights."""
+        free = self.usable_bytes() - self.model.weight_bytes
         return max(0, int(free // self.model.kv_bytes_per_token))
 
     def _times(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
-        # float64 arrays (decode_run) or Python floats (step_time): the same expressions
         raise NotImplementedError
 
     def step_time(self, work: StepWork) -> float:
@@ -52,11 +49,9 @@ class _VectorCost:
         )
 
     def decode_run(self, rows: int, ctx0: int, growth: int, k: int) -> np.ndarray:
-        """Durations of ``k`` decode-only steps of ``rows`` rows, summed context ``ctx0 + j*growth``.
-
-        ``growth`` is the number of live rows (dead rows of a static batch do not grow).
-        Bit-identical to ``step_time(StepWork(decode_rows=rows, decode_ctx=ctx0 + j*growth))``.
-        """
+        """Durations of ``k`` decode-only steps of ``rows`` rows, summed context ``ctx0 + j*growth``
+        (``growth``: the live rows; a static batch's dead rows do not grow), bit-identical to
+        ``step_time`` of each."""
         if k < 0 or rows < 0 or ctx0 < 0 or growth < 0:
             raise ValueError(
                 f"decode_run(rows={rows}, ctx0={ctx0}, growth={growth}, k={k}): arguments must be >= 0"

@@ -1,17 +1,5 @@
-"""How long one engine step takes: the simulator's clock (7.2 simulator, "Why batching").
-
-Two cost models share one interface (:class:`CostModel`):
-
-* :class:`RooflineCost` -- step time = max(bytes / bandwidth, FLOPs / peak) + overhead, per
-  device under tensor parallelism, plus all-reduces. Used for the GPU figures (8B on H100,
-  70B on 2 x H200) and the "Why batching" roofline.
-* :class:`~batching.profile.ProfileCost` -- interpolation in a profile measured by the real
-  engine (``data/profiles/<device>-<model>.json``; :mod:`batching.profile`).
-
-Both compute every step time through one vectorized function (:mod:`batching.cost_base`),
-so that ``decode_run`` (k decode-only steps at once, the simulator's fast path) returns
-exactly the floats that k ``step_time`` calls would.
-"""
+"""How long one engine step takes, the simulator's clock: :class:`RooflineCost` or
+:class:`~batching.profile.ProfileCost` (a profile the real engine measured), one interface."""
 
 from __future__ import annotations
 
@@ -28,13 +16,8 @@ from .profile import ProfileCost
 
 @runtime_checkable
 class CostModel(Protocol):
-    """What the simulator asks of a cost model.
-
-    ``peak_flops`` and ``bandwidth`` are the aggregate over all devices the step runs on,
-    so that ``flops(work) / step_time(work) / peak_flops`` is the compute utilization and
-    ``bytes_moved(work) / step_time(work) / bandwidth`` the memory one (conventions,
-    "Measures").
-    """
+    """What the simulator asks of a cost model; ``peak_flops`` and ``bandwidth`` are summed
+    over the devices a step runs on (utilization = flops / step_time / peak_flops)."""
 
     peak_flops: float
     bandwidth: float
@@ -49,21 +32,15 @@ class CostModel(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
-    def kv_capacity(self, mem_fraction: float = ...) -> int: ...
+    def kv_capacity(self) -> int: ...
 
 
-# ---------------------------------------------------------------------------- roofline
 class RooflineCost(_VectorCost):
-    """Roofline step time, tensor-parallel over ``tp`` identical devices.
-
-    Per device, bytes and FLOPs divide by ``tp``; time = max(bytes / bandwidth, FLOPs /
-    peak) + step overhead, plus for ``tp > 1`` two ring all-reduces per layer (after
-    attention and after the MLP) of the step's bf16 activations (fp32 for fp32 models),
-    each 2(tp-1)/tp x bytes / link bandwidth + latency, not overlapped with compute.
-
-    Construction refuses a configuration whose weights plus ``kv_capacity_tokens`` of KV do
-    not fit ``tp`` devices less :data:`MEM_RESERVE`. ``dtype`` re-stores the model's weights
-    (``'fp8'`` for 70B on one H200).
+    """Roofline step time, tensor-parallel over ``tp`` identical devices: per device
+    max(bytes / bandwidth, FLOPs / peak) + step overhead, plus for ``tp > 1`` two ring
+    all-reduces per layer of the step's activations (2(tp-1)/tp x bytes / link + latency,
+    not overlapped). Refuses weights + ``kv_capacity_tokens`` of KV that do not fit.
+    ``dtype`` re-stores the weights (``'fp8'`` for 70B on one H200).
     """
 
     def __init__(
@@ -191,12 +168,11 @@ class RooflineCost(_VectorCost):
         }
 
 
-# ----------------------------------------------------------------------------- factory
 def get_cost_model(
     model: str, device: str, tp: int = 1, profile: str | None = None, dtype: str | None = None
 ) -> RooflineCost | ProfileCost:
-    """The CLI's cost model: a roofline, or the profile at path ``profile`` (which must
-    have been measured for this model and device, single device)."""
+    """The CLI's cost model: a roofline, or the profile at path ``profile`` (measured for this
+    model on one such device)."""
     shape, dev = get_model(model), get_device(device)
     if profile is None:
         return RooflineCost(shape, dev, tp=tp, dtype=dtype)

@@ -1,9 +1,6 @@
-"""Named devices for the roofline cost model ("Why batching", 7.2 simulator on 70B).
-
-Every constant names its source: a datasheet, or a measurement on this project's CPU
-machine (``shared/notes/cpu-decode-measurements.md``), or, for the per-step overheads and
-all-reduce latency, an assumption stated as one.
-"""
+"""Named devices for the roofline cost model. Every constant names its source: a datasheet,
+a measurement on this project's CPU, or, for step overheads and all-reduce latency, an
+assumption stated as one."""
 
 from __future__ import annotations
 
@@ -70,43 +67,22 @@ _CPU_SRC = (
     "AVX2+FMA, torch 2.13.0+cpu, 2 threads, state 2026-11; memory from /proc/meminfo"
 )
 
+
+def _sxm(name: str, mem: float, bw: float, peaks: dict[str, float], nvlink: float, src: str) -> DeviceSpec:
+    # NVLink figures are bidirectional totals per GPU; a ring all-reduce is limited by one
+    # direction, so link_bandwidth is half of them.
+    return DeviceSpec(name, mem, bw, dict(peaks), _GPU_STEP_OVERHEAD_S, nvlink / 2, _NVLINK_ALLREDUCE_S, src)
+
+
+_HOPPER = {"bf16": 989e12, "fp8": 1979e12, "fp32": 67e12}
 DEVICES: dict[str, DeviceSpec] = {
     d.name: d
     for d in (
-        # Datasheet "GB" is decimal here; nvidia-smi reports ~81.5 GiB on an 80 GB part, so
-        # memory checks err on the safe side by a few percent.
-        # NVLink figures are bidirectional totals per GPU; a ring all-reduce is limited by one
-        # direction, so link_bandwidth is half of them.
-        DeviceSpec(
-            "A100-SXM",
-            mem_bytes=80e9,
-            bandwidth=2.039e12,
-            peak_flops={"bf16": 312e12, "fp32": 19.5e12},
-            step_overhead_s=_GPU_STEP_OVERHEAD_S,
-            link_bandwidth=600e9 / 2,
-            allreduce_latency_s=_NVLINK_ALLREDUCE_S,
-            source=_A100_SRC,
-        ),
-        DeviceSpec(
-            "H100-SXM",
-            mem_bytes=80e9,
-            bandwidth=3.35e12,
-            peak_flops={"bf16": 989e12, "fp8": 1979e12, "fp32": 67e12},
-            step_overhead_s=_GPU_STEP_OVERHEAD_S,
-            link_bandwidth=900e9 / 2,
-            allreduce_latency_s=_NVLINK_ALLREDUCE_S,
-            source=_H100_SRC,
-        ),
-        DeviceSpec(
-            "H200-SXM",
-            mem_bytes=141e9,
-            bandwidth=4.8e12,
-            peak_flops={"bf16": 989e12, "fp8": 1979e12, "fp32": 67e12},
-            step_overhead_s=_GPU_STEP_OVERHEAD_S,
-            link_bandwidth=900e9 / 2,
-            allreduce_latency_s=_NVLINK_ALLREDUCE_S,
-            source=_H200_SRC,
-        ),
+        # Datasheet "GB" is decimal; nvidia-smi reports ~81.5 GiB on an 80 GB part, so memory
+        # checks err on the safe side by a few percent.
+        _sxm("A100-SXM", 80e9, 2.039e12, {"bf16": 312e12, "fp32": 19.5e12}, 600e9, _A100_SRC),
+        _sxm("H100-SXM", 80e9, 3.35e12, _HOPPER, 900e9, _H100_SRC),
+        _sxm("H200-SXM", 141e9, 4.8e12, _HOPPER, 900e9, _H200_SRC),
         # bandwidth: MKL fp32 matrix-vector, the best rate a decode step's weight reads reach
         # (copy 32 GB/s read+write and sum 35 GB/s are kept in notes as the other references).
         # peak ~110 GFLOP/s fp32, so B* = 2 x 110 / 18.5 ~ 12 (the note: 7-12, knee observed ~4).

@@ -1,14 +1,10 @@
-"""One engine loop for every scheduler and every executor (all sections of chapter 7).
+"""One engine loop for every scheduler and executor: plan, execute, advance the virtual clock
+by the step's duration, commit. With nothing to run the clock jumps to the next arrival or
+the scheduler's wake-up; it never sleeps.
 
-Ask the scheduler for a plan, have the executor run it, advance the virtual clock by the
-step's duration, commit the result. When nothing can run, the clock jumps to the next
-arrival (or the scheduler's wake-up, e.g. a static batch's timeout): neither the simulator
-nor the real engine ever sleeps through idle time.
-
-Fast path: between two events (an arrival that could be admitted, a finish, a KV limit)
-every step is a decode step of the same batch whose cost changes only with context
-length. If the executor can predict such a run (``decode_run``), the loop advances it in
-one go, with the same per-token timestamps, bit for bit, as stepping one at a time.
+Fast path: between two events (an admissible arrival, a finish, a KV limit) every step is a
+decode step of the same batch. If the executor can predict such a run (``decode_run``), the
+loop advances it in one go, with the same timestamps, bit for bit, as stepping one at a time.
 """
 
 from __future__ import annotations
@@ -35,21 +31,16 @@ class StepResult:
 
 
 class Accounting(Protocol):
-    """What hardware utilization is computed with (``metrics.summarize``): the peak FLOP/s and
-    the bandwidth a run's steps are judged against; an object that also has ``model`` (a
-    ``ModelShape``) gives each step's FLOPs and bytes (``StepLog.hardware``)."""
+    """The peak FLOP/s and bandwidth hardware utilization is judged against; with a ``model``
+    (a ``ModelShape``) also each step's FLOPs and bytes."""
 
     peak_flops: float
     bandwidth: float
 
 
 class Executor(Protocol):
-    """What the engine loop reads from an executor: each step's duration and tokens
-    (``execute``), runs of decode steps it can predict (``decode_run``), its description for
-    the results file (``describe``), and ``hardware``, the accounting of FLOPs and bytes that
-    hardware utilization is reported with (None: not reported). The simulator's cost model
-    is both its durations and its accounting; the real executor measures durations and
-    accounts with the roofline of the registry device it runs on, if there is one."""
+    """What the engine loop reads from an executor; ``hardware`` is the accounting hardware
+    utilization is reported with (None: not reported)."""
 
     @property
     def hardware(self) -> Accounting | None: ...
@@ -71,7 +62,6 @@ class SimExecutor:
 
     @property
     def hardware(self) -> Any:
-        """The cost model: it predicts the durations and accounts for the FLOPs and bytes."""
         return self.cost
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -88,10 +78,9 @@ class SimExecutor:
 class StepLog:
     """Per-step log, one row per step or per run of identical decode steps (``n``).
 
-    ``kv_reserved``, ``kv_used``, ``waiting`` and ``running`` are the state during the
-    row's first step (after its reservations and KV writes, before finished requests
-    leave); in a run, KV used grows by ``decode`` tokens per step, and so does KV
-    reserved under the ``exact`` policy (see ``kv_series``).
+    ``kv_*``, ``waiting`` and ``running`` are the state during the row's first step (after its
+    reservations and writes, before finished requests leave); in a run KV used grows by
+    ``decode`` per step, and so does KV reserved under ``exact``.
     """
 
     COLUMNS = (
@@ -139,11 +128,8 @@ class StepLog:
         )
 
     def hardware(self, model: Any) -> tuple[np.ndarray, np.ndarray]:
-        """FLOPs and bytes of each row (a run of ``n`` steps: its total) from a model shape.
-
-        ``ctx`` is the decode context of a row's first step; it grows by ``decode`` per
-        step, and both quantities are affine in it, so a run's total is n x the mean.
-        """
+        """FLOPs and bytes of each row (a run: its total; both are affine in the context,
+        which grows by ``decode`` per step, so n x the mean of first and last)."""
         L = self.arrays()
         pt, pa, rows = L["prefill"] + L["pad"], L["attn"], L["decode"] + L["dead"]
         first, last = L["ctx"], L["ctx"] + (L["n"] - 1) * L["decode"]

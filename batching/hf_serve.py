@@ -1,18 +1,10 @@
-"""A production-style OpenAI-compatible server on this CPU: ``transformers serve`` with
-continuous batching, on the project's seeded checkpoint (the 7.2 section, the serve tests
-and ``benchmarks/bench_serve.py``).
+"""``transformers serve`` with continuous batching on this CPU, on the seeded checkpoint
+(:func:`batching.real.checkpoint.save_hf_checkpoint`).
 
-The checkpoint is the peer benchmark's: the registry shape's random weights written as a
-Hugging Face ``LlamaForCausalLM`` (:func:`batching.real.checkpoint.save_hf_checkpoint`).
-A server needs a tokenizer, so :func:`write_tokenizer` adds one built with the
-``tokenizers`` library: a word-level vocabulary ``t0 .. t{V-1}`` (one token per
-whitespace-separated word, so a prompt of exactly N tokens is N words) and an EOS with id
-``V``, outside the model's ``V`` logits, which greedy decoding therefore cannot emit: every
-request runs to its ``max_tokens`` and the usage check holds. ``transformers serve``
-refuses ``ignore_eos`` (422), so the replay sends text prompts (``--prompt text``).
-
-Needs the ``serve`` extra (``transformers[serving]``) to run the server and torch to write
-the checkpoint; nothing here is imported by the library at import time.
+:func:`write_tokenizer` adds a word-level tokenizer ``t0 .. t{V-1}`` (a prompt of N tokens
+is N words) and an EOS with id ``V``, outside the model's logits, so greedy decoding runs
+every request to its ``max_tokens``. The server refuses ``ignore_eos`` (422), hence text
+prompts. Needs the ``serve`` extra.
 """
 
 from __future__ import annotations
@@ -113,20 +105,13 @@ def _cli() -> list[str]:
 
 @contextlib.contextmanager
 def transformers_serve(
-    checkpoint: str | Path,
-    *,
-    port: int | None = None,
-    threads: int | None = None,
-    cb_flags: tuple[str, ...] = CPU_CB_FLAGS,
-    startup_timeout_s: float = 120.0,
-    log: str | Path | None = None,
+    checkpoint: str | Path, *, threads: int | None = None, log: str | Path | None = None
 ) -> Iterator[Server]:
-    """Start ``transformers serve CHECKPOINT --continuous-batching --device cpu`` on a free
-    loopback port, wait until ``/v1/models`` answers, and stop it (its whole process group,
-    SIGTERM then SIGKILL) on exit, so that no process is left behind."""
+    """Start ``transformers serve CHECKPOINT --continuous-batching`` on a free loopback port,
+    wait until ``/v1/models`` answers, and stop its process group on exit."""
     import httpx
 
-    port = port or free_port()
+    port, startup_timeout_s = free_port(), 120.0
     ckpt = str(Path(checkpoint).resolve())
     cmd = [
         *_cli(),
@@ -143,7 +128,7 @@ def transformers_serve(
         str(port),
         "--log-level",
         "warning",
-        *cb_flags,
+        *CPU_CB_FLAGS,
     ]
     env = dict(os.environ)
     if threads:
@@ -171,8 +156,9 @@ def transformers_serve(
         stop(proc)
 
 
-def stop(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+def stop(proc: subprocess.Popen[bytes]) -> None:
     """End the server's process group (it was started in a session of its own)."""
+    grace_s = 10.0
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

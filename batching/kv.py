@@ -1,13 +1,6 @@
-"""KV-cache capacity accounting, in tokens (7.2's admission limit; the closing section's slab vs exact).
-
-Two reservation policies (``shared/notes/conventions.md``):
-
-- ``slab``: an admitted request reserves the model's whole context (``max_context``
-  tokens) up front, the naive one-slab-per-slot layout the chapter ends on;
-- ``exact``: a request reserves only the tokens it actually holds, growing step by step.
-
-Check-then-act, as nano-vllm's block manager: ``can_reserve`` before ``reserve``.
-This class only counts; the real engine's tensors live in the model runner.
+"""KV-cache capacity accounting in tokens: ``slab`` reserves the model's whole context per
+admitted request, ``exact`` only the tokens it holds, growing step by step. Check-then-act:
+``can_reserve`` before ``reserve``. Only counts; the real engine's tensors live elsewhere.
 """
 
 from __future__ import annotations
@@ -42,7 +35,6 @@ class KVCache:
         self._held: dict[int, int] = {}  # rid -> tokens reserved
         self._reqs: dict[int, Request] = {}
 
-    # ------------------------------------------------------------ queries
     @property
     def free(self) -> float:
         return self.capacity - self.reserved
@@ -66,7 +58,6 @@ class KVCache:
         """Whether a request needing ``total_tokens`` could ever run (empty cache)."""
         return (self.max_context if self.policy == "slab" else total_tokens) <= self.capacity
 
-    # ------------------------------------------------------------ actions
     def can_reserve(self, req: Request, new_tokens: int) -> bool:
         return self.need(req, new_tokens) <= self.free
 

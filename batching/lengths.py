@@ -181,7 +181,7 @@ def quantile_table(name: str, column: Literal["prompt", "output"]) -> Empirical:
     return Empirical.from_csv(path, column)
 
 
-def as_length_dist(spec: int | LengthDist, field: str = "length") -> LengthDist:
+def as_length_dist(spec: int | LengthDist, field: str) -> LengthDist:
     """An int means :class:`Fixed`; anything with ``sample(n, rng)`` passes through."""
     if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
         return Fixed(int(spec))

@@ -1,15 +1,8 @@
-"""Serving metrics: per request and per run (every chapter's figures read these).
+"""Serving metrics per request and per run (definitions: ``shared/notes/conventions.md``).
 
-Definitions follow ``shared/notes/conventions.md``: TTFT = first token - arrival; E2E =
-last token - arrival; TPOT = (E2E - TTFT) / (N - 1), None when N = 1; ITL = gaps between
-consecutive tokens; percentiles by linear interpolation; throughput over the window from
-the first arrival to the last finish.
-
-Slot utilization = output tokens emitted / (slots x steps executed): the fraction of the
-batch's token slots that produced a token the user keeps. The prefill step counts, since it
-emits each request's first token, so a static batch of 20- and 2,000-token outputs scores
-(20 + 2000) / (2 x 2000). Hardware utilization (achieved FLOP/s or bytes/s over the
-device's peak) is a different quantity; both are reported.
+Slot utilization = output tokens emitted / (slots x steps executed), the prefill step
+included (it emits the first token): a static batch of 20- and 2,000-token outputs scores
+(20 + 2000) / (2 x 2000). Hardware utilization is a different quantity; both are reported.
 """
 
 from __future__ import annotations
@@ -63,9 +56,8 @@ class SLO:
 
 
 def token_times(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """All requests' token times at once: first and last per request, every ITL, and the
-    largest ITL per request (-inf for one-token requests). One pass over a flat array,
-    since a trace run holds millions of tokens."""
+    """First and last token time per request, every ITL, and the largest ITL per request
+    (-inf for one token): one pass over a flat array (a trace run holds millions)."""
     lens = np.fromiter((len(r.token_times) for r in reqs), dtype=np.int64, count=len(reqs))
     assert (lens > 0).all(), "every request must have emitted its tokens"
     flat = np.fromiter(
@@ -80,10 +72,7 @@ def token_times(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 
 def request_records(reqs: list[Request], times: tuple | None = None) -> list[dict[str, Any]]:
-    """The per-request table: queueing, TTFT, E2E, TPOT (None for one token), largest ITL.
-
-    ``times`` is ``token_times(reqs)`` if the caller has it already (a trace run's
-    millions of timestamps are worth reading once)."""
+    """The per-request table; ``times``: ``token_times(reqs)`` if the caller has it."""
     for r in reqs:
         assert r.done and r.admit_time is not None, f"request {r.rid} has not finished"
     first, last, _, itl_max = times or token_times(reqs)
@@ -173,11 +162,16 @@ def summarize(
         s["hw_compute_utilization"] = float(flops.sum() / (busy * result.cost.peak_flops))
         s["hw_bandwidth_utilization"] = float(bytes_.sum() / (busy * result.cost.bandwidth))
     if slo is not None:
-        good = sum(slo.met(rec) for rec in records)
-        s["goodput"] = {
-            "slo": {k: v for k, v in vars(slo).items() if v is not None},
-            "requests_ok": good,
-            "fraction": good / len(reqs),
-            "request_goodput": good / window if window > 0 else None,
-        }
+        s["goodput"] = goodput(slo, records, len(reqs), window)
     return s
+
+
+def goodput(slo: SLO, records: list[dict[str, Any]], n: int, window: float | None) -> dict[str, Any]:
+    """How many of ``n`` requests ``records`` meet ``slo``, and their rate over ``window`` seconds."""
+    good = sum(slo.met(rec) for rec in records)
+    return {
+        "slo": {k: v for k, v in vars(slo).items() if v is not None},
+        "requests_ok": good,
+        "fraction": good / n,
+        "request_goodput": good / window if window and window > 0 else None,
+    }

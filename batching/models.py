@@ -1,11 +1,5 @@
-"""Named model shapes: the one registry that ``simulate``, ``run`` and ``measure`` share.
-
-A :class:`ModelShape` is everything the cost model needs to know about a Llama-style
-decoder (RMSNorm, RoPE, GQA attention, SwiGLU MLP): its parameter count, how many bytes a
-step streams and how many FLOPs it does. Used by the "Why batching" roofline, by the
-simulator (7.2, 70B on 2 x H200) and by the CPU demos (sizes measured in
-``shared/notes/cpu-decode-measurements.md``). Nothing here touches torch.
-"""
+"""Named model shapes, the one registry of ``simulate``, ``run`` and ``measure``: what a cost
+model needs of a Llama-style decoder (parameters, bytes a step streams, FLOPs it does)."""
 
 from __future__ import annotations
 
@@ -84,18 +78,19 @@ class ModelShape:
     def kv_dtype(self) -> str:
         return _BYTES_DTYPE[self.kv_bytes]
 
-    @cached_property  # the simulator asks for these on every step
+    # cached: the simulator asks for these on every step
+    @cached_property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
-    @cached_property  # the simulator asks for these on every step
+    @cached_property
     def layer_matmul_params(self) -> int:
         """q, k, v, o projections + gate, up, down of one layer."""
         q_o = 2 * self.hidden * self.heads * self.head_dim
         k_v = 2 * self.hidden * self.kv_heads * self.head_dim
         return q_o + k_v + 3 * self.hidden * self.ffn
 
-    @cached_property  # the simulator asks for these on every step
+    @cached_property
     def params(self) -> int:
         """Exact parameter count: embeddings, layers (+2 RMSNorm weights each), final norm, lm head unless tied."""
         emb = self.vocab * self.hidden
@@ -103,39 +98,32 @@ class ModelShape:
         head = 0 if self.tied_embeddings else emb
         return emb + self.layers * per_layer + self.hidden + head
 
-    @cached_property  # the simulator asks for these on every step
+    @cached_property
     def weight_bytes(self) -> int:
         """Bytes the weights occupy in memory."""
         return self.params * self.bytes_per_param
 
-    @cached_property  # the simulator asks for these on every step
+    @cached_property
     def weight_read_bytes(self) -> int:
-        """Bytes of weights one forward pass streams.
-
-        Every matrix is read in full (the lm head included) except an *untied* input
-        embedding table, of which a step gathers only its tokens' rows (ignored, like the
-        other activations). For llama-8b that is 15.0 GB, not the 16.1 GB it stores.
-        """
+        """Bytes of weights one forward pass streams: all but an *untied* input embedding,
+        of which a step gathers only its tokens' rows (llama-8b: 15.0 GB of its 16.1 GB)."""
         unread = 0 if self.tied_embeddings else self.vocab * self.hidden
         return (self.params - unread) * self.bytes_per_param
 
-    @cached_property  # the simulator asks for these on every step
+    @cached_property
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer for one token."""
         return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes
 
-    @cached_property  # the simulator asks for these on every step
+    @cached_property
     def attn_flops_per_pair(self) -> int:
         """FLOPs per (query, key) pair: QK^T and PV, 2 each per head dimension."""
         return 4 * self.layers * self.heads * self.head_dim
 
     # ------------------------------------------------------- per-step totals
     def flops_arrays(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
-        """FLOPs of steps given as float64 arrays (see :meth:`flops`); elementwise, no reductions.
-
-        Logits are computed for decode rows only: an engine samples at most one position per
-        prefill chunk, and those few rows of the lm head are ignored.
-        """
+        """FLOPs of steps as float64 arrays (see :meth:`flops`), elementwise; logits for decode
+        rows only (a prefill chunk samples at most one position: ignored)."""
         body = 2.0 * float(self.layers * self.layer_matmul_params)
         head = 2.0 * float(self.vocab * self.hidden)
         return body * (pt + rows) + head * rows + float(self.attn_flops_per_pair) * (pa + ctx)
@@ -150,33 +138,22 @@ class ModelShape:
         return weights + kv * (ctx + earlier) + kv * (pt + rows)
 
     def flops(self, work: StepWork) -> float:
-        """Model FLOPs of one step, all devices together.
-
-        Dense part: 2 x matmul params per token (lm head for decode rows only); attention:
-        :attr:`attn_flops_per_pair` per (query, key) pair, prefill and decode.
-        """
+        """Model FLOPs of one step, all devices together: 2 x matmul params per token, plus
+        :attr:`attn_flops_per_pair` per (query, key) pair."""
         return float(self.flops_arrays(*_as_f64(work)))
 
     def bytes_moved(self, work: StepWork) -> float:
-        """Bytes one step moves to and from memory, all devices together.
-
-        Weights read once per step (:attr:`weight_read_bytes`, only if the step computes
-        anything); KV read by decode rows (``decode_ctx`` tokens); KV of the context before
-        each prefill chunk read once (approximate, see :meth:`bytes_arrays`); KV written for
-        every computed token. Activations are ignored: at these sizes they are a few MB
-        against GBs of weights. A prefill chunk's own keys are not counted as read: they
-        are produced in the step and stay on chip in a fused attention kernel.
-        """
+        """Bytes one step moves, all devices together: the weights once (if it computes
+        anything), the KV decode rows read, the KV before each prefill chunk once, the KV
+        written for every token. Activations (MBs against GBs) are ignored, and so are a
+        chunk's own keys (they stay on chip in a fused attention kernel)."""
         return float(self.bytes_arrays(*_as_f64(work)))
 
-    def with_dtype(self, weights: str, kv: str | None = None) -> ModelShape:
-        """The same shape stored in another dtype (``'fp8'``, ``'bf16'``, ``'fp32'``).
-
-        ``kv`` defaults to the weight dtype, except for fp8 weights, where the KV cache keeps
-        its dtype (vLLM keeps KV in the activation dtype unless told otherwise).
-        """
+    def with_dtype(self, weights: str) -> ModelShape:
+        """The same shape stored in another dtype, KV too, except that fp8 weights keep the KV
+        dtype (as vLLM does unless told otherwise)."""
         w = canonical_dtype(weights)
-        k = canonical_dtype(kv) if kv is not None else (self.kv_dtype if w == "fp8" else w)
+        k = self.kv_dtype if w == "fp8" else w
         return replace(self, bytes_per_param=DTYPE_BYTES[w], kv_bytes=DTYPE_BYTES[k])
 
 
@@ -196,101 +173,32 @@ def _as_f64(work: StepWork) -> tuple[np.float64, np.float64, np.float64, np.floa
 
 
 _LLAMA_VOCAB = 128256  # Llama 3 tokenizer (config.json of every Llama 3.x checkpoint)
+# CPU shapes run fp32 (bf16 is 6x slower on this CPU) with tied embeddings; max_context 2048
+# is the longest prefill measured there, enough for traces divided 8-16x.
+_CPU: dict[str, Any] = {
+    "vocab": 8192,
+    "max_context": 2048,
+    "bytes_per_param": 4,
+    "kv_bytes": 4,
+    "tied_embeddings": True,
+}
+# Llama 3.x is trained to 131072 tokens; served at 8192, a common limit, so that slab
+# reservations stay comparable across models.
+_LLAMA: dict[str, Any] = {"vocab": _LLAMA_VOCAB, "max_context": 8192}
 
 MODELS: dict[str, ModelShape] = {
     m.name: m
     for m in (
-        # Unit tests: small enough to reason about by hand; fp32 like the CPU runs.
-        ModelShape(
-            "tiny",
-            layers=2,
-            hidden=64,
-            heads=4,
-            kv_heads=2,
-            ffn=176,
-            vocab=256,
-            max_context=512,
-            bytes_per_param=4,
-            kv_bytes=4,
-            tied_embeddings=True,
-        ),
-        # CPU demo sizes S / M / L of shared/notes/cpu-decode-measurements.md (26.4M / 117.2M /
-        # 392.2M params there: tied embeddings). fp32 because bf16 is 6x slower on that CPU.
-        # max_context 2048: the longest prefill measured there, and enough for real traces
-        # divided 8-16x as the conventions prescribe for CPU runs.
-        ModelShape(
-            "cpu-s",
-            layers=8,
-            hidden=512,
-            heads=8,
-            kv_heads=2,
-            ffn=1376,
-            vocab=8192,
-            max_context=2048,
-            bytes_per_param=4,
-            kv_bytes=4,
-            tied_embeddings=True,
-        ),
-        ModelShape(
-            "cpu-m",
-            layers=12,
-            hidden=768,
-            heads=12,
-            kv_heads=4,
-            ffn=3328,
-            vocab=8192,
-            max_context=2048,
-            bytes_per_param=4,
-            kv_bytes=4,
-            tied_embeddings=True,
-        ),
-        ModelShape(
-            "cpu-l",
-            layers=24,
-            hidden=1024,
-            heads=16,
-            kv_heads=4,
-            ffn=4352,
-            vocab=8192,
-            max_context=2048,
-            bytes_per_param=4,
-            kv_bytes=4,
-            tied_embeddings=True,
-        ),
-        # Llama 3.2 1B (meta-llama/Llama-3.2-1B config.json): trained to 131072 tokens; we serve
-        # 8192, a common serving limit, so that slab reservations stay comparable across models.
-        ModelShape(
-            "llama-1b",
-            layers=16,
-            hidden=2048,
-            heads=32,
-            kv_heads=8,
-            ffn=8192,
-            vocab=_LLAMA_VOCAB,
-            max_context=8192,
-            tied_embeddings=True,
-        ),
-        # Llama 3.1 8B / 70B (meta-llama/Llama-3.1-{8B,70B} config.json): 131072 trained, 8192 served.
-        ModelShape(
-            "llama-8b",
-            layers=32,
-            hidden=4096,
-            heads=32,
-            kv_heads=8,
-            ffn=14336,
-            vocab=_LLAMA_VOCAB,
-            max_context=8192,
-        ),
-        ModelShape(
-            "llama-70b",
-            layers=80,
-            hidden=8192,
-            heads=64,
-            kv_heads=8,
-            ffn=28672,
-            vocab=_LLAMA_VOCAB,
-            max_context=8192,
-        ),
+        # name, layers, hidden, heads, kv_heads, ffn
+        ModelShape("tiny", 2, 64, 4, 2, 176, **{**_CPU, "vocab": 256, "max_context": 512}),  # unit tests
+        # S / M / L of shared/notes/cpu-decode-measurements.md (26.4M / 117.2M / 392.2M params)
+        ModelShape("cpu-s", 8, 512, 8, 2, 1376, **_CPU),
+        ModelShape("cpu-m", 12, 768, 12, 4, 3328, **_CPU),
+        ModelShape("cpu-l", 24, 1024, 16, 4, 4352, **_CPU),
+        # meta-llama/Llama-3.2-1B and Llama-3.1-{8B,70B} config.json
+        ModelShape("llama-1b", 16, 2048, 32, 8, 8192, **_LLAMA, tied_embeddings=True),
+        ModelShape("llama-8b", 32, 4096, 32, 8, 14336, **_LLAMA),
+        ModelShape("llama-70b", 80, 8192, 64, 8, 28672, **_LLAMA),
     )
 }
 

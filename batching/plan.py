@@ -1,9 +1,5 @@
-"""What one engine step does: the contract between a scheduler and an executor.
-
-A scheduler returns a :class:`StepPlan`; an executor (simulated clock or real model)
-carries it out as *one* forward pass and reports how long it took. Nothing here touches
-torch. :class:`StepWork` is the plan reduced to the numbers a cost model needs.
-"""
+"""What one engine step does: a scheduler's :class:`StepPlan`, which an executor runs as one
+forward pass; :class:`StepWork` is the plan reduced to what a cost model needs."""
 
 from __future__ import annotations
 
@@ -14,11 +10,8 @@ from .request import Request
 
 @dataclass(frozen=True)
 class PrefillChunk:
-    """``n`` prompt tokens of ``req`` at positions ``req.num_computed .. +n-1``.
-
-    ``pad`` padding tokens are computed beside them (static batching pads every prompt
-    to the batch's longest): real work, thrown away.
-    """
+    """``n`` prompt tokens of ``req`` from position ``req.num_computed``, and ``pad`` padding
+    tokens computed beside them (static batching): real work, thrown away."""
 
     req: Request
     n: int
@@ -34,14 +27,10 @@ class PrefillChunk:
 
 @dataclass
 class StepPlan:
-    """One forward pass.
-
-    ``decodes`` each process their newest token and emit one more. ``dead`` are rows of a
-    static batch whose request has already finished: the dense batch still computes them
-    and the tokens are discarded. ``slots`` is the batch capacity the step is measured
-    against (slot utilization). ``steady`` is how many identical decode-only steps the
-    scheduler could run back to back before its own state changes (a member finishes);
-    ``arrival_sensitive`` says whether a new arrival could change the next plan.
+    """One forward pass. ``decodes`` each emit one token; ``dead`` are a static batch's
+    finished rows, still computed, tokens discarded; ``slots`` is the capacity slot
+    utilization counts against; ``steady`` how many identical decode-only steps could run
+    before the scheduler's state changes; ``arrival_sensitive``: an arrival could change it.
     """
 
     prefills: list[PrefillChunk] = field(default_factory=list)
@@ -75,12 +64,9 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class StepWork:
-    """A step reduced to what its cost depends on (see ``costs.py``).
-
-    ``prefill_attn`` counts (query, key) pairs of causal attention over the prefill
-    chunks; ``decode_ctx`` is the number of cached KV tokens the decode rows read
-    (including the token each writes).
-    """
+    """A step reduced to what its cost depends on: ``prefill_attn`` (query, key) pairs of the
+    prefill chunks' causal attention; ``decode_ctx`` KV tokens the decode rows read (each
+    including the one it writes)."""
 
     prefill_tokens: int = 0
     prefill_attn: int = 0

@@ -1,11 +1,4 @@
-"""Step times interpolated in a profile the real engine measured (7.2 simulator).
-
-:class:`ProfileCost` reads ``data/profiles/<device>-<model>.json`` (schema 1, in its
-docstring), validating every field (:class:`ProfileError` names the one that breaks the
-schema), and prices a step by interpolating the measured points. It shares the
-vectorized plumbing of the roofline (:mod:`batching.cost_base`), and
-:func:`batching.costs.get_cost_model` builds it for the CLI.
-"""
+"""Step times interpolated in a profile the real engine measured (schema in :class:`ProfileCost`)."""
 
 from __future__ import annotations
 
@@ -31,37 +24,41 @@ def _need(cond: bool, field: str, msg: str) -> None:
         raise ProfileError(f"profile field {field!r}: {msg}")
 
 
-def _get(d: Any, key: str, field: str) -> Any:
-    _need(isinstance(d, dict), field.rsplit(".", 1)[0] if "." in field else "<root>", "must be an object")
+def _get(d: Any, field: str) -> Any:
+    """``d[key]`` where ``field`` is the dotted path that ends in ``key``."""
+    parent, _, key = field.rpartition(".")
+    _need(isinstance(d, dict), parent or "<root>", "must be an object")
     _need(key in d, field, "missing")
     return d[key]
 
 
-def _grid(v: Any, field: str, lo: float) -> np.ndarray:
-    _need(isinstance(v, list) and len(v) >= 2, field, "must be a list of at least 2 numbers")
+def _numbers(v: Any, field: str, lo: float = 0.0, n: int | None = None) -> np.ndarray:
+    """A grid (``n`` None: at least 2 numbers >= ``lo``, strictly increasing) or ``n``
+    times in milliseconds (each > 0), returned in seconds."""
+    grid = n is None
+    _need(
+        isinstance(v, list) and (len(v) >= 2 if grid else len(v) == n),
+        field,
+        f"must be a list of {'at least 2' if grid else n} numbers",
+    )
     _need(
         all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= lo
+            isinstance(x, (int, float))
+            and not isinstance(x, bool)
+            and math.isfinite(x)
+            and (x >= lo if grid else x > 0)
             for x in v
         ),
         field,
-        f"values must be finite numbers >= {lo}",
+        f"values must be finite numbers >= {lo}"
+        if grid
+        else "values must be finite numbers > 0 (milliseconds)",
     )
     a = np.asarray(v, dtype=np.float64)
+    if not grid:
+        return a / 1000.0
     _need(bool(np.all(np.diff(a) > 0)), field, "must be strictly increasing")
     return a
-
-
-def _times_ms(v: Any, n: int, field: str) -> np.ndarray:
-    _need(isinstance(v, list) and len(v) == n, field, f"must be a list of {n} numbers")
-    _need(
-        all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in v
-        ),
-        field,
-        "values must be finite numbers > 0 (milliseconds)",
-    )
-    return np.asarray(v, dtype=np.float64) / 1000.0
 
 
 def _mixed_grid(
@@ -86,11 +83,11 @@ def _points(data: dict, section: str, fields: dict[str, int]) -> dict[str, np.nd
     if data.get(section) is None:
         return None
     sec = data[section]
-    ms = _get(sec, "ms", f"{section}.ms")
+    ms = _get(sec, f"{section}.ms")
     _need(isinstance(ms, list) and len(ms) >= 1, f"{section}.ms", "must be a non-empty list")
-    out = {"ms": _times_ms(ms, len(ms), f"{section}.ms")}
+    out = {"ms": _numbers(ms, f"{section}.ms", n=len(ms))}
     for k, lo in fields.items():
-        v = _get(sec, k, f"{section}.{k}")
+        v = _get(sec, f"{section}.{k}")
         _need(
             isinstance(v, list)
             and len(v) == len(ms)
@@ -119,8 +116,7 @@ def _fit_attention(tokens: np.ndarray, seconds: np.ndarray, rows: dict[str, np.n
     if not inside.any():
         return 0.0
     total = total[inside]
-    i, w = _segment(tokens, total)
-    single = (1 - w) * seconds[i] + w * seconds[i + 1]
+    single = _linear(tokens, seconds, total)
     saved_s = single - rows["ms"][inside]
     saved_pairs = _pairs(total) - rows["rows"][inside] * _pairs(rows["tokens"][inside])
     return max(float((saved_s * saved_pairs).sum() / (saved_pairs**2).sum()), 0.0)
@@ -130,6 +126,18 @@ def _segment(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Index of the grid segment for ``x`` (edge segments beyond the grid) and the weight in it."""
     i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
     return i, (x - grid[i]) / (grid[i + 1] - grid[i])
+
+
+def _linear(grid: np.ndarray, values: np.ndarray, x: np.ndarray) -> np.ndarray:
+    i, w = _segment(grid, x)
+    return (1 - w) * values[i] + w * values[i + 1]
+
+
+def _bilinear(g: np.ndarray, gx: np.ndarray, x: np.ndarray, gy: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``g[i, j]`` (measured at ``gx[i]``, ``gy[j]``) interpolated at (``x``, ``y``)."""
+    i, u = _segment(gx, x)
+    j, v = _segment(gy, y)
+    return (1 - u) * ((1 - v) * g[i, j] + v * g[i, j + 1]) + u * ((1 - v) * g[i + 1, j] + v * g[i + 1, j + 1])
 
 
 def _profile_device(meta: Mapping[str, Any]) -> DeviceSpec:
@@ -168,37 +176,23 @@ class ProfileCost(_VectorCost):
 
     Estimates:
 
-    * decode: bilinear in (rows, mean KV per row = ``decode_ctx / decode_rows``);
-    * prefill: linear in tokens, plus attention. A single prompt's points include the
-      attention of one sequence of that length; a step's attention differs (a padded static
-      batch: many short sequences; a chunk after cached context: more pairs), and the
-      difference, ``attn_s`` seconds per (query, key) pair times the step's pairs minus one
-      sequence's, is added. ``attn_s`` is fitted to the ``prefill_rows`` points against the
-      single prompt of the same total (least squares, >= 0); a profile without them gets 0,
-      and its estimates are the single prompt's. ``prefill_rows`` points whose total is
-      beyond the longest single prompt extend the curve without attention (a padded batch
-      can hold more positions than a model's context); beyond those, that curve is
-      extrapolated and the attention added back;
-    * ``meta.token_buckets`` (optional, increasing): the runner pads a step's token count
-      up to the next bucket (CPU: model.padded_tokens), so decode rows and prefill tokens
-      are read at their bucket;
-    * mixed step: where the ``mixed`` points form a grid (every prefill size with every
-      row count, one context), bilinear in (prefill tokens, decode rows) over that grid
-      less its chunks' attention, plus the step's own attention and the decode grid's
-      change from the grid's context to the step's; beyond the grid's largest chunk, the
-      prefill curve's cost of the extra positions (see :meth:`_mixed`); otherwise
-      prefill(tokens) + decode(rows, ctx) - decode(batch[0], ctx[0]): the step streams
-      the weights and pays the launch overhead once, and the cheapest measured step
-      stands for that shared cost. On a CPU the additive form overcharges small mixed
-      steps (its matmuls cost by total tokens: 16 decodes beside a 16-token chunk cost
-      about a 32-token prefill, not a 16-token prefill plus a batch-16 decode), hence
-      the grid.
+    * decode: bilinear in (rows, mean KV per row);
+    * prefill: linear in tokens, plus ``attn_s`` seconds per (query, key) pair for the
+      step's pairs beyond one fresh prompt's (a padded static batch has fewer, a chunk after
+      cached context more). ``attn_s`` is fitted to ``prefill_rows`` against the single
+      prompt of the same total (least squares, >= 0; 0 without them); their points beyond
+      the longest single prompt extend the curve (a padded batch can outgrow the context);
+    * ``meta.token_buckets`` (optional): the runner pads a step's tokens up to the next
+      bucket (CPU), so decode rows and prefill tokens are read at their bucket;
+    * mixed step: bilinear over the ``mixed`` points where they form a grid (prefill tokens x
+      decode rows, one context), see :meth:`_mixed`; otherwise prefill + decode -
+      decode(batch[0], ctx[0]) (weights and launches paid once). On a CPU the additive form
+      overcharges small mixed steps (16 decodes beside a 16-token chunk cost about a
+      32-token prefill), hence the grid.
 
-    Beyond the decode and prefill grids, the edge segment's line; each such query adds one to
-    ``extrapolated``, every query to ``queries``. No step is estimated below the cheapest
-    step the profile measured (``floor_s``): a noisy edge segment that slopes down would
-    otherwise extrapolate to zero or less. A ``mixed`` section, if present,
-    that is not a grid is used only to report the mixed estimate's error in :meth:`describe`.
+    Beyond the grids, the edge segment's line (counted in ``extrapolated``; every query in
+    ``queries``), never below the cheapest measured step (``floor_s``). A ``mixed`` section
+    that is not a grid only reports the mixed estimate's error (:meth:`describe`).
     """
 
     def __init__(
@@ -253,71 +247,58 @@ class ProfileCost(_VectorCost):
         )
 
     @classmethod
-    def from_json(
-        cls, path: str | Path, model: ModelShape | None = None, device: DeviceSpec | None = None
-    ) -> ProfileCost:
+    def from_json(cls, path: str | Path) -> ProfileCost:
         """Load a profile file; ProfileError naming the field if it breaks the schema."""
         try:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as e:
             raise ProfileError(f"{path}: not JSON ({e})") from e
-        return cls.from_dict(data, model=model, device=device, source=str(path))
+        return cls.from_dict(data, source=str(path))
 
     @classmethod
-    def from_dict(
-        cls,
-        data: Any,
-        model: ModelShape | None = None,
-        device: DeviceSpec | None = None,
-        source: str | None = None,
-    ) -> ProfileCost:
-        """Validate a profile dict (schema in the class docstring) and build the cost model.
-
-        ``model``/``device`` override the registry lookups of ``meta.model``/``meta.device``.
-        """
+    def from_dict(cls, data: Any, device: DeviceSpec | None = None, source: str | None = None) -> ProfileCost:
+        """Validate a profile dict (schema in the class docstring) and build the cost model;
+        ``device`` overrides the lookup of ``meta.device``."""
         _need(isinstance(data, dict), "<root>", "must be an object")
-        _need(_get(data, "schema", "schema") == 1, "schema", f"must be 1, got {data['schema']!r}")
-        meta = _get(data, "meta", "meta")
+        _need(_get(data, "schema") == 1, "schema", f"must be 1, got {data['schema']!r}")
+        meta = _get(data, "meta")
         for k in ("device", "model", "dtype", "date"):
             _need(
-                isinstance(_get(meta, k, f"meta.{k}"), str) and meta[k],
+                isinstance(_get(meta, f"meta.{k}"), str) and meta[k],
                 f"meta.{k}",
                 "must be a non-empty string",
             )
         if meta.get("token_buckets") is not None:
-            _grid(meta["token_buckets"], "meta.token_buckets", 1)
+            _numbers(meta["token_buckets"], "meta.token_buckets", 1)
         try:
             dtype = canonical_dtype(meta["dtype"])
         except ValueError as e:
             raise ProfileError(f"profile field 'meta.dtype': {e}") from None
         try:
-            if model is None:
-                key = "model"
-                model = get_model(meta[key])
+            key = "model"
+            model = get_model(meta[key]).with_dtype(dtype)
             if device is None:
                 key = "device"
                 device = _profile_device(meta)
         except (ValueError, TypeError) as e:
             raise ProfileError(f"profile field 'meta.{key}': {e}") from None
-        assert model is not None and device is not None
-        model = model.with_dtype(dtype)
         if dtype not in device.peak_flops:
             raise ProfileError(f"profile field 'meta.dtype': {device.name} has no {dtype} peak")
 
-        dec = _get(data, "decode", "decode")
-        batch = _grid(_get(dec, "batch", "decode.batch"), "decode.batch", 1)
-        ctx = _grid(_get(dec, "ctx", "decode.ctx"), "decode.ctx", 0)
-        ms = _get(dec, "ms", "decode.ms")
+        dec = _get(data, "decode")
+        batch = _numbers(_get(dec, "decode.batch"), "decode.batch", 1)
+        ctx = _numbers(_get(dec, "decode.ctx"), "decode.ctx", 0)
+        ms = _get(dec, "decode.ms")
         _need(
             isinstance(ms, list) and len(ms) == len(batch),
             "decode.ms",
             f"must be a list of {len(batch)} rows (one per decode.batch)",
         )
-        decode_s = np.stack([_times_ms(row, len(ctx), f"decode.ms[{i}]") for i, row in enumerate(ms)])
+        decode_s = np.stack([_numbers(row, f"decode.ms[{i}]", n=len(ctx)) for i, row in enumerate(ms)])
 
-        pre = _get(data, "prefill", "prefill")
-        tokens = _grid(_get(pre, "tokens", "prefill.tokens"), "prefill.tokens", 1)
-        prefill_s = _times_ms(_get(pre, "ms", "prefill.ms"), len(tokens), "prefill.ms")
+        pre = _get(data, "prefill")
+        tokens = _numbers(_get(pre, "prefill.tokens"), "prefill.tokens", 1)
+        prefill_s = _numbers(_get(pre, "prefill.ms"), "prefill.ms", n=len(tokens))
 
         mixed = _points(data, "mixed", {"prefill_tokens": 0, "decode_rows": 0, "decode_ctx": 0})
         prows = _points(data, "prefill_rows", {"rows": 2, "tokens": 1})
@@ -325,12 +306,7 @@ class ProfileCost(_VectorCost):
 
     # ------------------------------------------------------------- estimates
     def _decode(self, rows: np.ndarray, ctx_per_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        i, u = _segment(self.db, rows)
-        j, v = _segment(self.dc, ctx_per_row)
-        g = self.ds
-        t = (1 - u) * ((1 - v) * g[i, j] + v * g[i, j + 1]) + u * (
-            (1 - v) * g[i + 1, j] + v * g[i + 1, j + 1]
-        )
+        t = _bilinear(self.ds, self.db, rows, self.dc, ctx_per_row)
         out = (
             (rows < self.db[0])
             | (rows > self.db[-1])
@@ -339,12 +315,9 @@ class ProfileCost(_VectorCost):
         )
         return np.maximum(t, 0.0), out
 
-    def _prefill(self, tokens: np.ndarray, pairs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Prefill of ``tokens`` positions whose attention spans ``pairs`` (query, key)
-        pairs (None: one fresh prompt's)."""
-        i, w = _segment(self.pt_lin, tokens)
-        t = (1 - w) * self.ps_lin[i] + w * self.ps_lin[i + 1]
-        t = t + self.attn_s * (_pairs(tokens) if pairs is None else pairs)
+    def _prefill(self, tokens: np.ndarray, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Prefill of ``tokens`` positions whose attention spans ``pairs`` (query, key) pairs."""
+        t = _linear(self.pt_lin, self.ps_lin, tokens) + self.attn_s * pairs
         return np.maximum(t, 0.0), (tokens < self.pt_lin[0]) | (tokens > self.pt_lin[-1])
 
     def _mixed(
@@ -364,11 +337,7 @@ class ProfileCost(_VectorCost):
         P, R, ms, c = self.mixed_grid
         lin = ms - self.attn_s * _pairs(P)[:, None]
         at = np.minimum(pt, P[-1])
-        i, u = _segment(P, at)
-        j, v = _segment(R, rows)
-        t = (1 - u) * ((1 - v) * lin[i, j] + v * lin[i, j + 1]) + u * (
-            (1 - v) * lin[i + 1, j] + v * lin[i + 1, j + 1]
-        )
+        t = _bilinear(lin, P, at, R, rows)
         zero = np.zeros_like(pt)
         extra = self._prefill(pt, zero)[0] - self._prefill(at, zero)[0]  # 0 inside the grid
         t = t + extra + self.attn_s * pa

@@ -1,13 +1,7 @@
-"""A request that owns its serving state (used by every section of chapter 7).
-
-Token accounting follows ``shared/notes/conventions.md``: the step that completes a
-request's prefill emits its first output token; every later token comes from one decode
-step. The KV cache therefore holds ``prompt + generated - 1`` tokens while the request
-decodes, and a decode step writes one more.
-
-A request preempted under ``exact`` KV (vLLM's recompute policy) loses its cache and is
-prefilled again over its prompt *and* the tokens it has already generated; completing that
-recompute emits its next token. ``prefill_target`` is the length of that (re)prefill.
+"""A request that owns its serving state. The step completing its prefill emits its first
+token, each decode step one more, so while it decodes the cache holds ``prompt + generated -
+1`` tokens. Preempted (vLLM's recompute), it is prefilled again over prompt and generated
+tokens (``prefill_target``), and completing that emits its next token.
 """
 
 from __future__ import annotations
@@ -37,12 +31,8 @@ def check_length(name: str, value: object, rid: object = None) -> int:
 
 @dataclass(eq=False)
 class Request:
-    """One inference request: what it asks for, and where it is in its life.
-
-    ``rid`` ids are unique within a workload; ``arrival`` is in seconds on the workload's
-    clock. State fields change only through the ``on_*`` methods, which re-check the
-    invariants.
-    """
+    """One request; ``arrival`` in seconds on the workload's clock. State changes only through
+    the ``on_*`` methods, which re-check the invariants."""
 
     rid: int
     arrival: float
@@ -75,7 +65,6 @@ class Request:
         self.prefill_target = self.prompt_len
         self._check()
 
-    # ------------------------------------------------------------------ derived
     @property
     def remaining_prefill(self) -> int:
         return self.prefill_target - self.num_computed
@@ -97,7 +86,6 @@ class Request:
         """KV entries this request holds now (padding included)."""
         return self.num_computed + self.padding
 
-    # ------------------------------------------------------------ transitions
     def on_admit(self, slot: int, now: float) -> None:
         assert self.slot is None, f"request {self.rid} admitted twice"
         assert now >= self.arrival, f"request {self.rid} admitted at {now} before arrival {self.arrival}"

@@ -53,7 +53,8 @@ def machine_load(*loads: float | None) -> dict[str, Any]:
     return {"load": math.nan if load is None else load, "cpus": cpus, "busy": machine_busy(load, cpus)}
 
 
-def _versions() -> dict[str, str]:
+def run_meta() -> dict[str, Any]:
+    """What every results file's ``meta`` starts with: date, host, versions."""
     v = {"python": platform.python_version(), "numpy": np.__version__}
     try:
         from importlib.metadata import version
@@ -61,7 +62,8 @@ def _versions() -> dict[str, str]:
         v["batching"] = version("batching")
     except Exception:  # not installed as a distribution (running from a checkout)
         pass
-    return v
+    date = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return {"date": date, "host": socket.gethostname(), "versions": v}
 
 
 def build(
@@ -80,13 +82,7 @@ def build(
             rec["token_times"] = list(r.token_times)
     doc: dict[str, Any] = {
         "schema": SCHEMA,
-        "meta": {
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "host": socket.gethostname(),
-            "versions": _versions(),
-            "wall_s": result.wall_s,
-            "fast_steps": result.fast_steps,
-        },
+        "meta": {**run_meta(), "wall_s": result.wall_s, "fast_steps": result.fast_steps},
         "config": {**config, "scheduler": result.scheduler, "executor": result.executor},
         "summary": summarize(result, records, slo, times),
         "requests": records,
@@ -96,11 +92,16 @@ def build(
     return doc
 
 
-def write_json(doc: dict[str, Any], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
-    return path
+def write_json(doc: dict[str, Any], path: str | os.PathLike[str], allow_nan: bool = False) -> Path:
+    """Write ``doc`` whole or not at all (a temporary file beside it, then renamed): a run
+    killed by its time limit while saving leaves the previous file, never a truncated one.
+    NaN is refused unless ``allow_nan`` (a profile marks unmeasured points and unknown load so)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, allow_nan=allow_nan) + "\n")
+    os.replace(tmp, out)
+    return out
 
 
 def write_requests_csv(doc: dict[str, Any], path: str | Path) -> Path:

@@ -1,18 +1,14 @@
-"""The server subcommands of ``python -m batching``: ``replay``, ``export``, ``import-vllm``.
-
-They take the workload and output options of ``simulate`` and ``run`` and print the same
-table; :mod:`batching.cli` registers them with :func:`add_parsers`.
-"""
+"""The server subcommands of ``python -m batching``: ``replay``, ``export``, ``import-vllm``,
+with ``simulate``'s workload and output options and table."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from . import served
+from . import results, served
 from .cli import add_output_args, add_workload_args, load_workload, workload_config, write_outputs
 from .metrics import SLO
 
@@ -95,7 +91,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     )
     print("vllm bench serve " + " ".join(info["vllm_bench_flags"]))
     if a.info:
-        Path(a.info).write_text(json.dumps(info, indent=1, allow_nan=False) + "\n")
+        results.write_json(info, a.info)
         print(f"wrote {a.info}")
     return 0
 

@@ -1,30 +1,21 @@
-"""Results files of runs measured on a server: replayed traces and imported ``vllm bench serve`` runs.
+"""Results files of runs measured on a server (replayed traces, imported ``vllm bench serve``).
 
-A server shows a client only what comes back over HTTP: when each streamed token arrived,
-and the ``usage`` it reports. There is no step log, no slot occupancy and no KV count, so
-those summary fields are ``None`` (never 0: nothing was measured). Everything else has the
-schema of :mod:`batching.results` (``shared/notes/conventions.md``, "Results files"):
-the same request records (``queue`` is ``None``: admission happens inside the server),
-the same latency distributions, so :mod:`batching.metrics`' definitions and the figures
-apply unchanged.
-
-A request whose tokens do not match the workload, that failed or timed out, keeps its
-record with a ``status`` other than ``"ok"`` and an ``error``; the summary counts it and
-leaves it out of the latency distributions and the throughput (a shorter output would
-lower every latency). Nothing is dropped.
+A client sees only when each streamed token arrived and the reported ``usage``: the step-log
+fields are ``None`` (never 0: not measured), ``queue`` too; the rest is
+:mod:`batching.results`' schema. A request that failed, timed out or does not match the
+workload keeps its record with its ``status`` and ``error``; the summary counts it and leaves
+it out of latencies and throughput (a shorter output would lower every latency).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import socket
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .metrics import SLO, _dist
-from .results import SCHEMA, _versions
+from .metrics import SLO, _dist, goodput
+from .results import SCHEMA, run_meta
 
 # Request outcomes; every one but "ok" is counted in the summary and printed.
 STATUSES = ("ok", "usage_mismatch", "stream_mismatch", "error", "timeout", "cancelled")
@@ -48,8 +39,7 @@ _STEP_FIELDS = (
 
 @dataclass
 class ServedRequest:
-    """One request as a client saw it. Times in seconds on the workload's clock (the first
-    arrival of the replayed slice is the trace's first arrival)."""
+    """One request as a client saw it; times in seconds on the workload's clock."""
 
     rid: int
     arrival: float  # scheduled arrival
@@ -63,8 +53,7 @@ class ServedRequest:
     error: str | None = None
 
     def record(self, include_token_times: bool) -> dict[str, Any]:
-        """The request's row: :func:`batching.metrics.request_records`' fields, plus the
-        client's view (send time, reported usage, status)."""
+        """:func:`batching.metrics.request_records`' fields, plus send time, usage, status."""
         t = self.token_times
         ok = self.status == "ok" and len(t) == self.output_len
         ttft = t[0] - self.arrival if ok else None
@@ -98,11 +87,8 @@ class ServedRequest:
 def summarize(
     reqs: list[ServedRequest], slo: SLO | None = None, duration_s: float | None = None
 ) -> dict[str, Any]:
-    """The summary of :func:`batching.metrics.summarize`, over the requests that came back
-    whole (``status == "ok"``), with the others counted; step-log fields are ``None``.
-
-    ``duration_s`` overrides the window (first arrival to last finish) where the source
-    measured its own (``vllm bench serve``'s ``duration``)."""
+    """:func:`batching.metrics.summarize`'s fields over the requests that came back whole,
+    the others counted; ``duration_s`` overrides the window (vLLM measures its own)."""
     ok = [r for r in reqs if r.status == "ok"]
     recs = [r.record(False) for r in ok]
     col = lambda k: np.array([x[k] for x in recs if x[k] is not None], dtype=float)
@@ -137,13 +123,7 @@ def summarize(
         },
     }
     if slo is not None:
-        good = sum(slo.met(x) for x in recs)
-        s["goodput"] = {
-            "slo": {k: v for k, v in vars(slo).items() if v is not None},
-            "requests_ok": good,
-            "fraction": good / len(reqs),
-            "request_goodput": good / window if window else None,
-        }
+        s["goodput"] = goodput(slo, recs, len(reqs), window)
     return s
 
 
@@ -159,22 +139,16 @@ def build(
     """The results document (schema of :func:`batching.results.build`, no ``steps``)."""
     return {
         "schema": SCHEMA,
-        "meta": {
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "host": socket.gethostname(),
-            "versions": _versions(),
-            "fast_steps": 0,
-            **meta,
-        },
+        "meta": {**run_meta(), "fast_steps": 0, **meta},
         "config": config,
         "summary": summarize(reqs, slo, duration_s),
         "requests": [r.record(include_token_times) for r in reqs],
     }
 
 
-def problems(doc: dict[str, Any], show: int = 5) -> list[str]:
+def problems(doc: dict[str, Any]) -> list[str]:
     """One line per kind of request that did not come back whole (for the CLI to print)."""
-    lines = []
+    lines, show = [], 5
     for status in STATUSES[1:]:
         bad = [r for r in doc["requests"] if r["status"] == status]
         if bad:

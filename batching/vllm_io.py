@@ -1,24 +1,13 @@
-"""Exchange workloads and results with vLLM's own benchmark, ``vllm bench serve``.
+"""Exchange workloads and results with ``vllm bench serve``.
 
-Export (``python -m batching export --format vllm-custom``)
-    The JSONL that ``vllm bench serve --dataset-name custom`` reads: one object per line
-    with ``prompt`` (text) and ``output_tokens`` (used when ``--custom-output-len -1``), as
-    ``CustomDataset`` in ``vllm/benchmarks/datasets.py`` documents. vLLM re-tokenizes the
-    prompt and draws arrival times itself (``--request-rate R --burstiness B``: Gamma gaps
-    of shape B and mean 1/R, ``get_request`` in ``vllm/benchmarks/serve.py``); it cannot
-    replay a trace's timestamps. :func:`fit_gamma` fits R and B to the trace's gaps so that
-    the closest vLLM arrival model is stated beside the file; ``replay`` sends the real
-    timestamps instead.
+Export: the JSONL of ``--dataset-name custom`` (``prompt``, ``output_tokens``; vLLM's
+``CustomDataset``). vLLM draws its own arrivals (Gamma gaps: ``--request-rate R --burstiness
+B``) and cannot replay a trace's timestamps, so :func:`fit_gamma` states the closest R and B.
 
-Import (``python -m batching import-vllm RESULT.json``)
-    ``vllm bench serve --save-result --save-detailed`` writes one JSON object with the run's
-    ``duration``, ``request_rate``, ``burstiness``, ``model_id`` and per request, in send
-    order, ``input_lens``, ``output_lens``, ``ttfts`` (s), ``itls`` (lists of s) and
-    ``errors`` (``""`` when the request succeeded); see ``benchmark`` and ``main_async`` in
-    ``vllm/benchmarks/serve.py``. Token times are rebuilt as ``ttft, ttft + itl[0], ...``
-    from each request's send time. The file holds no send times: requests are placed at the
-    nominal schedule ``i / request_rate`` (all at 0 for ``inf``), which TTFT, TPOT, ITL and
-    E2E do not depend on; the throughput uses vLLM's own measured ``duration``.
+Import: ``--save-result --save-detailed``'s per-request ``input_lens``, ``output_lens``,
+``ttfts``, ``itls`` and ``errors`` (vLLM's ``benchmarks/serve.py``). Token times are rebuilt
+as ``ttft, ttft + itl[0], ...`` from nominal send times ``i / request_rate`` (the file has
+none; latencies do not depend on them); throughput uses vLLM's own ``duration``.
 """
 
 from __future__ import annotations
@@ -38,14 +27,10 @@ class VllmFormatError(ValueError):
     """A file that is not what ``vllm bench serve`` writes or reads."""
 
 
-# ------------------------------------------------------------------ arrivals
 def fit_gamma(arrivals: np.ndarray) -> dict[str, float | int | None]:
-    """Rate and Gamma burstiness of a trace's inter-arrival gaps, as vLLM would draw them.
-
-    vLLM draws gaps from Gamma(shape=B, scale=1/(R*B)): mean 1/R, coefficient of variation
-    1/sqrt(B). The fit is by moments: R = 1/mean gap, B = mean^2 / variance (B = 1 is
-    Poisson, B < 1 burstier). Also the maximum-likelihood shape (Minka's fixed point), which
-    weighs the many small gaps more; both are stated, vLLM takes one number."""
+    """Rate and Gamma burstiness of a trace's gaps (vLLM: Gamma(shape=B, scale=1/(R*B))): by
+    moments R = 1/mean, B = mean^2 / variance (1: Poisson, < 1 burstier), and the
+    maximum-likelihood shape (Minka's fixed point), which weighs small gaps more."""
     a = np.sort(np.asarray(arrivals, dtype=float))
     gaps = np.diff(a)
     out: dict[str, float | int | None] = {"gaps": int(gaps.size), "rate": None, "burstiness": None}
@@ -95,17 +80,12 @@ def _trigamma(x: float) -> float:
     return r + 1 / x + f / 2 + f / x * (1 / 6 - f * (1 / 30 - f / 42))
 
 
-# ------------------------------------------------------------------ export
 def export_custom(
     w: Workload, path: str | Path, tokenizer: str | None = None, seed: int = 0
 ) -> dict[str, Any]:
     """Write ``w`` as vLLM custom-dataset JSONL; returns what to tell ``vllm bench serve``.
-
-    Prompts: with ``tokenizer`` (the served model's ``tokenizer.json``), a text of exactly
-    the prompt length for that tokenizer, special tokens (a BOS) included, as vLLM counts
-    them; without, ``prompt_len`` words ``hi``, which common BPE vocabularies encode one token
-    each but beside which a tokenizer may add a BOS. The import checks vLLM's reported
-    ``input_lens`` against the workload either way, so a mismatch is marked, not hidden."""
+    Prompts: with ``tokenizer``, texts of exactly the prompt length (BOS included); without,
+    ``prompt_len`` words ``hi`` (a BOS may be added; the import marks such a mismatch)."""
     if tokenizer:
         from .replay import text_prompts
 
@@ -136,7 +116,6 @@ def export_custom(
     return {"path": str(path), "requests": len(w), "arrival_fit": fit, "vllm_bench_flags": flags}
 
 
-# ------------------------------------------------------------------ import
 _LISTS = ("input_lens", "output_lens", "ttfts", "itls")
 
 
@@ -167,10 +146,8 @@ def read_result(path: str | Path) -> dict[str, Any]:
 def import_result(
     doc: dict[str, Any], w: Workload | None = None
 ) -> tuple[list[ServedRequest], dict[str, Any], float | None]:
-    """vLLM's per-request lists as :class:`ServedRequest`; with ``w`` (the exported
-    workload, in order), each request is checked against its lengths and takes its rid.
-
-    Returns the requests, vLLM's run parameters, and its measured duration."""
+    """vLLM's per-request lists as :class:`ServedRequest` (with ``w``, the exported workload,
+    checked against its lengths and given its rids), vLLM's parameters, its duration."""
     n = len(doc["input_lens"])
     if w is not None and len(w) != n:
         raise VllmFormatError(f"the result holds {n} requests, the workload {len(w)}")

@@ -32,9 +32,9 @@ from batching.models import get_model
 from batching.profile import ProfileCost
 from batching.real.executor import resolve_device, run_real
 from batching.real.hardware import device_entry
-from batching.real.measure import StepTimer, save_json
+from batching.real.measure import StepTimer
 from batching.real.runner import ModelRunner
-from batching.results import load_average
+from batching.results import load_average, write_json
 from batching.schedulers import make_scheduler
 from batching.traces import load_trace
 
@@ -297,11 +297,11 @@ def main() -> None:
                 "sim_vs_real_median_e2e_median_abs_rel_err": sim_vs_real_median(sim, reals),
             }
         print(name, json.dumps(out["results"][name], indent=1))
-        save_json(a.out, out)  # each scheduler's result as soon as it exists
+        write_json(out, a.out, allow_nan=True)  # each scheduler's result as soon as it exists
     out["loadavg_after"] = load_average()
     out["decode_graphs_info"] = runner.graphs_info()
     out["partial"] = False
-    save_json(a.out, out)
+    write_json(out, a.out, allow_nan=True)
 
 
 if __name__ == "__main__":

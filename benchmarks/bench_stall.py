@@ -35,8 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from batching.book import chunked_real, static  # noqa: E402
 from batching.real.hardware import device_entry, resolve_device  # noqa: E402
-from batching.real.measure import save_json  # noqa: E402
-from batching.results import load_average  # noqa: E402
+from batching.results import load_average, write_json  # noqa: E402
 
 
 def series_near(series: dict, t0: float, t1: float) -> dict:
@@ -75,8 +74,10 @@ def main() -> int:
     )
     # The padding result first: a stage cut by its time limit during the stall keeps it.
     floats = {k: v for k, v in pad.items() if isinstance(v, float)}
-    save_json(
-        a.out, {"benchmark": "7.1 padding (7.3 stall not finished)", "partial": True, "padding": floats}
+    write_json(
+        {"benchmark": "7.1 padding (7.3 stall not finished)", "partial": True, "padding": floats},
+        a.out,
+        allow_nan=True,
     )
     st = chunked_real.real_stall(
         model=a.model, device=a.device, running=a.running, prompt=a.prompt, chunk=a.chunk, threads=a.threads
@@ -113,7 +114,7 @@ def main() -> int:
         "loadavg_after": load_average(),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-    save_json(a.out, out)
+    write_json(out, a.out, allow_nan=True)
     n = st["numbers"]
     print(
         json.dumps(

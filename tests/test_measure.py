@@ -83,15 +83,15 @@ def test_rounds_pool_every_repetition_of_each_point():
 def test_a_measurement_hands_out_what_it_has_as_it_goes(tmp_path):
     """A GPU stage cut by its time limit keeps its points: after each round (and every
     ``partial_every_s``) the profile so far, marked partial, unmeasured points null; the
-    file written last is always whole JSON (save_json)."""
-    from batching.real.measure import save_json
+    file written last is always whole JSON (results.write_json)."""
+    from batching.results import write_json
 
     seen: list[dict] = []
     out = tmp_path / "p.json"
 
     def keep(doc: dict) -> None:
         seen.append(json.loads(json.dumps(doc)))
-        save_json(out, doc)
+        write_json(doc, out, allow_nan=True)
 
     doc = measure("tiny", "cpu", **{**GRID, "reps": 1, "rounds": 2}, partial=keep, partial_every_s=1e9)
     points = 3 * 2 + 2 + 1

@@ -1,12 +1,7 @@
-"""The slab KV cache of the real engine (7.2, the naive layout the chapter ends on).
-
-One slab of ``max_len`` positions per slot, ``k, v: [layers, slabs, kv_heads, max_len,
-head_dim]``, allocated up front whether a slot's request uses 10 positions or 2,000 (the
-``slab`` policy of ``kv.py`` counts exactly this reservation). With decode graphs one more
-slab, the scratch slab no request owns, takes the writes of a graph's padding rows.
-
-The cache is its own object so that the step runner (``runner.py``) and the decode graphs
-(``graphs.py``) each hold the model and the cache, never each other.
+"""The real engine's slab KV cache: one slab of ``max_len`` positions per slot,
+``k, v: [layers, slabs, kv_heads, max_len, head_dim]``, allocated up front (what the ``slab``
+policy of ``kv.py`` counts). With decode graphs one more slab, the scratch slab no request
+owns, takes the writes of a graph's padding rows.
 """
 
 from __future__ import annotations
@@ -19,9 +14,8 @@ from .model import ModelConfig
 
 
 def kv_cache_bytes(cfg: ModelConfig, slots: int, max_len: int, dtype: torch.dtype) -> int:
-    """Bytes of the K and V slabs (7.2, the slab layout): 2 x layers x slots x kv_heads x max_len x head_dim x elem."""
-    elem = dtype.itemsize
-    return 2 * cfg.layers * slots * cfg.kv_heads * max_len * cfg.head_dim * elem
+    """Bytes of the K and V slabs."""
+    return 2 * cfg.layers * slots * cfg.kv_heads * max_len * cfg.head_dim * dtype.itemsize
 
 
 class SlabCache:

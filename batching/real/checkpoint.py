@@ -1,19 +1,10 @@
-"""Hugging Face ``LlamaForCausalLM`` checkpoints of this engine's model (the peer benchmark).
+"""Hugging Face ``LlamaForCausalLM`` checkpoints (``config.json`` + ``model.safetensors``) of
+this engine's :class:`~batching.real.model.Llama`, both ways, so that the same weights run in
+both engines and their greedy tokens must agree.
 
-:func:`save_hf_checkpoint` writes a :class:`~batching.model.Llama` as a directory that
-``transformers.LlamaForCausalLM.from_pretrained`` loads (``config.json`` plus
-``model.safetensors``); :func:`load_hf_checkpoint` reads such a directory back into a
-:class:`~batching.model.Llama`. The same weights then run through both engines, so their
-speed can be compared and their greedy tokens must agree (``benchmarks/bench_peer.py``).
-
-Only the layout differs between the two: this engine keeps q, k, v in one matrix
-(``wqkv``, rows q then k then v) and gate, up in another (``w_gate_up``), Hugging Face keeps
-one matrix each. Both apply RoPE in the rotate-half convention to q and k laid out as
-``[heads, head_dim]``, so no row permutation is needed (``tests/test_checkpoint.py`` checks
-logits against transformers).
-
-Importing this module needs torch only; ``safetensors`` is imported when a function runs
-(the ``bench`` extra: ``pip install -e .[bench]``).
+Only the layout differs: this engine keeps q, k, v in one matrix (``wqkv``) and gate, up in
+another (``w_gate_up``). Both apply RoPE rotate-half to ``[heads, head_dim]``, so no row
+permutation is needed. ``safetensors`` (the ``bench`` extra) is imported when a function runs.
 """
 
 from __future__ import annotations
@@ -47,12 +38,8 @@ def _safetensors_torch() -> Any:
 
 
 def hf_config(model: Llama) -> dict[str, Any]:
-    """The ``config.json`` of ``model`` as a Hugging Face ``LlamaConfig`` (peer benchmark).
-
-    EOS, BOS and padding ids are null: the random model has no tokenizer, and runs stop at
-    each request's length (EOS disabled, as vLLM's benchmark does). ``batching_model`` records
-    the registry shape's name, which transformers keeps as an extra attribute.
-    """
+    """The ``config.json`` of ``model``: no EOS, BOS or padding ids (runs stop at each
+    request's length); ``batching_model`` records the registry shape's name."""
     cfg = model.cfg
     dtype = str(model.dtype).removeprefix("torch.")  # float32, bfloat16, ...
     return {
@@ -86,8 +73,7 @@ def hf_config(model: Llama) -> dict[str, Any]:
 
 def _hf_layout(model: Llama) -> list[tuple[Tensor, dict[str, int]]]:
     """Each of ``model``'s tensors with the Hugging Face tensors stacked in it, top to bottom,
-    and their rows (``wqkv`` is q, k, v; ``w_gate_up`` is gate, up): the one naming table
-    that saving, loading and a load's checks share."""
+    and their rows: the naming table that saving and loading share."""
     cfg = model.cfg
     q, kv, d, f = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.hidden, cfg.ffn
     out: list[tuple[Tensor, dict[str, int]]] = [
@@ -110,8 +96,8 @@ def _hf_layout(model: Llama) -> list[tuple[Tensor, dict[str, int]]]:
 
 
 def hf_state_dict(model: Llama) -> dict[str, Tensor]:
-    """``model``'s weights under Hugging Face Llama names (q/k/v and gate/up split apart),
-    each a contiguous tensor of its own (safetensors refuses tensors sharing memory)."""
+    """``model``'s weights under Hugging Face names, each a contiguous tensor of its own
+    (safetensors refuses tensors sharing memory)."""
     return {
         name: piece.detach().to("cpu").clone().contiguous()
         for t, parts in _hf_layout(model)
@@ -120,8 +106,7 @@ def hf_state_dict(model: Llama) -> dict[str, Tensor]:
 
 
 def save_hf_checkpoint(model: Llama, path: str | Path) -> Path:
-    """Write ``model`` as a Hugging Face ``LlamaForCausalLM`` directory (``config.json``,
-    ``model.safetensors``) in its own dtype; returns the directory."""
+    """Write ``model`` as a checkpoint directory in its own dtype; returns the directory."""
     st = _safetensors_torch()
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
@@ -135,13 +120,10 @@ def _require(cond: bool, msg: str) -> None:
         raise CheckpointError(msg)
 
 
-def config_from_hf(hf: dict[str, Any], name: str | None = None) -> ModelConfig:
-    """The :class:`~batching.model.ModelConfig` of a Hugging Face Llama ``config.json``.
-
-    Refuses what this engine's model does not implement (biases, another activation, a
-    head_dim other than hidden / heads, RoPE scaling). ``name`` defaults to the config's
-    ``batching_model`` (written by :func:`save_hf_checkpoint`), else ``"hf-llama"``.
-    """
+def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+    """The model config of a Hugging Face Llama ``config.json``; refuses what this engine does
+    not implement (biases, another activation, a head_dim other than hidden / heads, RoPE
+    scaling). Named by ``batching_model``, else ``"hf-llama"``."""
     _require(
         hf.get("model_type", "llama") == "llama", f"model_type={hf.get('model_type')!r}: only 'llama' loads"
     )
@@ -167,7 +149,7 @@ def config_from_hf(hf: dict[str, Any], name: str | None = None) -> ModelConfig:
     dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
     bytes_per = 2 if dtype in ("bfloat16", "float16") else 4  # the registry knows 1, 2 and 4 bytes
     return ModelConfig(
-        name=name or hf.get("batching_model") or "hf-llama",
+        name=hf.get("batching_model") or "hf-llama",
         layers=int(hf["num_hidden_layers"]),
         hidden=hidden,
         heads=heads,
@@ -193,18 +175,11 @@ def read_config(path: str | Path) -> ModelConfig:
 
 @torch.no_grad()
 def load_hf_checkpoint(
-    path: str | Path,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None,
-    wx: bool | None = None,
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> Llama:
-    """A :class:`~batching.model.Llama` holding the weights of a Hugging Face Llama checkpoint
-    directory (one ``model.safetensors``; sharded checkpoints are not supported).
-
-    ``dtype`` defaults to the model's default for ``device`` (fp32 on CPU, bf16 on CUDA);
-    weights are cast to it. A tensor the model has no place for, or a missing one, raises
-    :class:`CheckpointError` naming it; so does a tensor of the wrong shape.
-    """
+    """A :class:`~batching.real.model.Llama` holding a checkpoint's weights (one
+    ``model.safetensors``, not sharded), cast to ``dtype`` (default: fp32 on CPU, bf16 on
+    CUDA). An unknown, missing or misshapen tensor raises :class:`CheckpointError` naming it."""
     st = _safetensors_torch()
     cfg = read_config(path)
     f = Path(path) / WEIGHTS_FILE
@@ -218,7 +193,7 @@ def load_hf_checkpoint(
             raise CheckpointError(
                 "lm_head.weight differs from model.embed_tokens.weight but tie_word_embeddings is true"
             )
-    model = Llama(cfg, device, dtype, seed=0, wx=wx)  # random init, overwritten below
+    model = Llama(cfg, device, dtype, seed=0)  # random init, overwritten below
     layout = _hf_layout(model)
     want = {name: (rows, *t.shape[1:]) for t, parts in layout for name, rows in parts.items()}
     for what, names in (("unknown", set(tensors) - set(want)), ("missing", set(want) - set(tensors))):

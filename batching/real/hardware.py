@@ -1,9 +1,7 @@
 """Which device a real run uses, what the registry calls it, and how much of its memory is free.
 
-Every real path (``run``, ``measure``, the benchmarks, the live sweep of "Why batching")
-resolves its device here first, before it builds a model or measures anything. A GPU the
-registry lacks (an RTX 4090, an L4...) gets an entry of its own whose figures are the ones
-measured in the same run (:func:`measured_spec`), never an error at the end of a sweep.
+A GPU the registry lacks gets an entry whose figures are measured in the same run
+(:func:`measured_spec`), never an error at the end of a sweep.
 """
 
 from __future__ import annotations
@@ -41,11 +39,8 @@ def set_threads(threads: int | None) -> None:
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """Where real runs of 7.1-7.3 execute; ``"auto"``: CUDA when present, else the CPU.
-
-    A CUDA device this torch cannot use raises :class:`DeviceError` saying why (a CPU
-    build, no GPU visible, an index past the GPUs there are): one line at the command line,
-    not torch's ``AssertionError`` inside the first allocation."""
+    """``"auto"``: CUDA when present, else the CPU. A CUDA device this torch cannot use raises
+    :class:`DeviceError` saying why, not torch's ``AssertionError`` in the first allocation."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -69,13 +64,13 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for ``device``'s queued kernels (a no-op on the CPU, whose ops are synchronous)."""
+    """Wait for ``device``'s queued kernels (the CPU's ops are synchronous)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def device_name(device: torch.device) -> str:
-    """The GPU's name, or the CPU's model name from /proc/cpuinfo (recorded with every real run)."""
+    """The GPU's name, or the CPU's model name from /proc/cpuinfo."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     try:
@@ -90,11 +85,9 @@ def device_name(device: torch.device) -> str:
 
 @dataclass(frozen=True)
 class DeviceEntry:
-    """How the registry knows a device: ``name`` files its profiles and results
-    (``H200-SXM``, ``cpu-here``, or for a GPU the registry lacks a name made from its own,
-    ``nvidia-geforce-rtx-4090``); ``device_name`` is what torch calls it; ``datasheet``:
-    the registry holds this GPU's datasheet figures (False for the CPU, whose entry is
-    measured, and for any GPU the registry lacks, whose measured figures stand in)."""
+    """``name`` files a device's profiles and results (``H200-SXM``, ``cpu-here``, or for a GPU
+    the registry lacks a slug of its own name, ``nvidia-geforce-rtx-4090``); ``device_name``
+    is torch's; ``datasheet``: the registry holds this GPU's datasheet figures."""
 
     name: str
     device_name: str
@@ -119,18 +112,16 @@ def entry_for(device_type: str, name: str) -> DeviceEntry:
 
 
 def device_entry(device: torch.device) -> DeviceEntry:
-    """The registry entry of ``device`` (see :class:`DeviceEntry`); never raises for a GPU."""
+    """The registry entry of ``device``; never raises for a GPU."""
     return entry_for(device.type, device_name(device))
 
 
 def measured_spec(
     entry: DeviceEntry, bandwidth: dict[str, Any], peak: dict[str, Any], dtype: str, mem_bytes: float
 ) -> dict[str, Any]:
-    """A device-registry entry (``DeviceSpec``'s fields) for a device the registry lacks, from
-    the bandwidth and matmul peak measured in the same run (``measure.bandwidth``,
-    ``measure.matmul_peak``): recorded in its profile's and live sweep's metadata as
-    ``device_spec``, so that their readers have the device's figures without a registry
-    entry. Step overhead and interconnect are not measured: zero, no tensor parallelism."""
+    """``DeviceSpec``'s fields for a device the registry lacks, from the bandwidth and matmul
+    peak measured in the same run (a profile's ``meta.device_spec``). Step overhead and
+    interconnect are not measured: zero, no tensor parallelism."""
     spec = DeviceSpec(
         entry.name,
         mem_bytes=float(mem_bytes),
@@ -161,13 +152,10 @@ def device_memory(device: torch.device) -> float | None:
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Free memory of ``device`` now (7.2's slab sizing), or None if the platform does not
-    say (then nothing is checked).
+    """Free memory of ``device`` now, or None if the platform does not say (nothing is checked).
 
-    CUDA: the driver's free bytes plus what PyTorch's caching allocator holds without using
-    (``memory_reserved - memory_allocated``): ``mem_get_info`` counts the cache as taken, and
-    a bandwidth probe that just freed two weight-sized buffers leaves ~30 GB there for 8B.
-    CPU: MemAvailable from /proc/meminfo, else the free pages the OS reports."""
+    CUDA: the driver's free bytes plus what the caching allocator holds unused:
+    ``mem_get_info`` counts that cache as taken (~30 GB after an 8B bandwidth probe)."""
     if device.type == "cuda":
         free = int(torch.cuda.mem_get_info(device)[0])
         cached = int(torch.cuda.memory_reserved(device)) - int(torch.cuda.memory_allocated(device))
@@ -186,11 +174,8 @@ def available_bytes(device: torch.device) -> int | None:
 
 
 def check_fits(needed: int, available: int | None, what: str, device: torch.device) -> None:
-    """Raise :class:`DeviceMemoryError` with both numbers unless ``needed`` fits (7.2, slab KV).
-
-    Only ``1 - MEM_RESERVE`` of what is available counts, the headroom ``cost_base.py`` keeps
-    too (activations, allocator fragmentation, the rest of the process).
-    """
+    """Raise :class:`DeviceMemoryError` with both numbers unless ``needed`` fits in
+    ``1 - MEM_RESERVE`` of ``available`` (the cost models' headroom)."""
     if available is None:
         return
     usable = int(available * (1 - MEM_RESERVE))

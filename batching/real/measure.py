@@ -10,7 +10,6 @@ change a step's cost), with no real prefill.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import platform
 import socket
@@ -18,7 +17,6 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -292,18 +290,6 @@ def rig(
     )
     runner.warmup()
     return Rig(dev, entry, tdt, bw, peak, runner, load0, t0)
-
-
-def save_json(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
-    """Write ``doc`` to ``path`` whole or not at all (a temporary file beside it, then
-    renamed): a measurement killed by its time limit while saving leaves the previous
-    partial file, never a truncated one. Returns the path."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, out)
-    return out
 
 
 def _progress(items: list, desc: str, enabled: bool) -> Iterable:

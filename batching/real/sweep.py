@@ -1,8 +1,5 @@
-"""The live decode sweep of "Why batching": decode-step time against batch size, measured
-on the reader's device when the book is built, with the same device probes and setup a
-profile uses (:mod:`.measure`). The numbers and figures made from it are
-:mod:`batching.book.decode`'s and :mod:`batching.book.figures.why`'s.
-"""
+"""The live decode sweep: decode-step time against batch size on the reader's device, with
+the probes and setup a profile uses (:func:`.measure.rig`)."""
 
 from __future__ import annotations
 
@@ -21,10 +18,8 @@ from .measure import StepTimer, rig, stats, target
 from .model import LINEAR_CPU
 from .runner import SPAN_PER_ROW
 
-#: Live decode sweep defaults per device type: the model that tells the weight-streaming
-#: story there, and the batch sizes. On the CPU, cpu-m (117M parameters, 469 MB in fp32)
-#: is bandwidth-bound while cpu-s is dominated by per-step overhead
-#: (shared/notes/cpu-decode-measurements.md); on a GPU, the 8B shape the prose derives.
+#: Model and batch sizes per device type. On the CPU cpu-m is bandwidth-bound while cpu-s is
+#: dominated by per-step overhead (shared/notes/cpu-decode-measurements.md).
 LIVE_DEFAULTS: dict[str, tuple[str, tuple[int, ...]]] = {
     "cpu": ("cpu-m", (1, 2, 4, 8, 16, 32, 64, 128)),
     "cuda": ("llama-8b", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
@@ -37,9 +32,8 @@ def live_defaults(
     batches: Sequence[int] | None = None,
     free_bytes: float | None = None,
 ) -> tuple[str, list[int]]:
-    """The model and batch sizes of the live sweep (``None`` = the device
-    type's :data:`LIVE_DEFAULTS`). On a GPU with under 40 GB free, the default model is
-    llama-1b instead of llama-8b (16 GB of weights plus the bandwidth probe's buffers)."""
+    """The model and batch sizes (``None``: :data:`LIVE_DEFAULTS`); on a GPU with under 40 GB
+    free, llama-1b instead of llama-8b (16 GB of weights plus the probe's buffers)."""
     kind = "cuda" if device_type == "cuda" else "cpu"
     name, bs = LIVE_DEFAULTS[kind]
     if model is None and kind == "cuda" and free_bytes is not None and free_bytes < 40e9:
@@ -51,19 +45,14 @@ def live_defaults(
 
 
 def decode_paths(graphs: bool = False) -> dict[str, dict[str, bool]]:
-    """The decode paths the live sweep times, as ``StepTimer.decode`` options.
+    """The decode paths the sweep times, as ``StepTimer.decode`` options.
 
-    * ``uniform``: equal contexts, slots 0..B-1 (the slabs are read as one view): the pure
-      weight-streaming step;
-    * ``mixed``: contexts spread over ctx/2 .. 3ctx/2, slots 0..B-1 (measure's default, the
-      schedulers' usual layout): attention reads every row's slab up to the longest
-      context and masks the rest;
-    * ``gathered``: the same mixed contexts in slots spread over twice the batch and more,
-      as a batch has them once requests have come and gone out of order: the runner
-      gathers (copies) the slabs in every layer before attention. Not with ``graphs``
-      (CUDA graphs, ``batching/graphs.py``): a replayed step gathers or reads every slab
-      by its own rule, whatever the slots, so a separate gathered timing would not differ
-      from the mixed one by the gather.
+    * ``uniform``: equal contexts, slots 0..B-1 (the slabs read as one view);
+    * ``mixed``: contexts over ctx/2 .. 3ctx/2, slots 0..B-1: attention reads every row's
+      slab up to the longest context and masks the rest;
+    * ``gathered``: the mixed contexts in slots spread over more than twice the batch: the
+      runner copies the slabs in every layer. Not with CUDA ``graphs``, whose replay reads
+      the slabs by its own rule whatever the slots.
     """
     paths: dict[str, dict[str, bool]] = {"uniform": {"uniform": True}, "mixed": {}}
     return paths if graphs else {**paths, "gathered": {"scattered": True}}
@@ -80,17 +69,12 @@ def decode_sweep(
     peak_n: int | None = None,
     bandwidth_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Decode-step time against batch size, measured now on this device ("Why batching").
+    """Decode-step time against batch size at ``ctx`` KV tokens per row, along every
+    :func:`decode_paths`, after probing bandwidth (at most 2 GiB on a GPU) and matmul peak.
 
-    Builds ``model`` (random weights, :func:`live_defaults`) with a slab KV cache on ``device``
-    ("auto": CUDA if present, else the CPU; fp32 on CPU, bf16 on CUDA unless given), probes
-    the device's bandwidth (capped at 2 GiB on a GPU) and matmul peak in the same process
-    (:func:`~.measure.rig`, as a profile does), then times decode steps of every batch size
-    at ``ctx`` KV tokens per row along the :func:`decode_paths`.
-
-    Returns ``meta`` (what, where, when), ``batch``, ``ctx``, ``paths``, ``<path>_ms``
-    (medians) with ``<path>_p25_ms``/``<path>_p75_ms``, and ``matvec_gbs``, ``copy_gbs``,
-    ``read_gbs`` (best of each probe; copy counts read + write), ``peak_tflops``.
+    Returns ``meta``, ``batch``, ``ctx``, ``paths``, ``<path>_ms`` (medians) with
+    ``<path>_p25_ms``/``<path>_p75_ms``, and ``matvec_gbs``, ``copy_gbs``, ``read_gbs`` (best
+    of each probe; copy counts read + write), ``peak_tflops``.
     """
     dev, entry, tdt = target(device, dtype, "the live sweep runs in")
     free = float(available_bytes(dev) or 0) if dev.type == "cuda" else None
@@ -98,8 +82,8 @@ def decode_sweep(
     shape = get_model(name).with_dtype(REGISTRY_DTYPE[tdt])
     if not (isinstance(ctx, int) and ctx >= 2 and ctx * 3 // 2 + 2 <= shape.max_context):
         raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
-    # The gathered path spreads the rows over more than SPAN_PER_ROW slots each, which is
-    # what makes the eager runner copy their slabs (StepTimer.decode, scattered=True).
+    # The gathered path spreads the rows over more than SPAN_PER_ROW slots each, which makes
+    # the eager runner copy their slabs.
     paths = decode_paths(graphs=dev.type == "cuda")
     slots = SPAN_PER_ROW * max(bs) + 1 if "gathered" in paths else max(bs)
     nbytes = bandwidth_bytes or (
@@ -116,9 +100,8 @@ def decode_sweep(
         peak_n=peak_n,
         seed=seed,
     )
-    # Round-robin: each of the ``reps`` rounds times every (batch, path) once, right after
-    # one untimed step of the same shape; a slow spell of a shared machine then spreads
-    # over all points instead of bending one stretch of the curve.
+    # Round-robin over (batch, path), each after one untimed step: a slow spell of a shared
+    # machine spreads over all points instead of bending one stretch of the curve.
     timer = StepTimer(r.runner, 1, warmup=1)
     samples: dict[tuple[str, int], list[float]] = {(p, b): [] for p in paths for b in bs}
     for _ in range(reps):

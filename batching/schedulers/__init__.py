@@ -1,4 +1,4 @@
-"""The four schedulers of chapter 7, all torch-free (see ``base.py`` for the contract)."""
+"""The four schedulers, torch-free (the contract: ``base.py``)."""
 
 from typing import Any
 
@@ -38,8 +38,8 @@ def make_scheduler(
     kv_capacity: float = float("inf"),
     kv_policy: str = "slab",
 ) -> Scheduler:
-    """Build a scheduler by name with the CLI's option names (``slots`` is the batch size
-    for static and dynamic batching, ``timeout`` their collection timeout / max wait)."""
+    """A scheduler by name with the CLI's option names (``slots``: static and dynamic batch
+    size; ``timeout``: their timeout / max wait)."""
     kv: dict[str, Any] = {"kv_capacity": kv_capacity, "kv_policy": kv_policy}
     if name == "static":
         return StaticScheduler(slots, max_context, timeout=timeout, **kv)

@@ -1,10 +1,6 @@
 """What every scheduler shares: a waiting queue, slots, KV accounting, commit, preemption.
-
-A scheduler is torch-free: ``schedule(now)`` returns a :class:`~batching.plan.StepPlan`
-(or ``None`` when it has nothing to run until an arrival or ``wakeup()``), the engine's
-executor carries it out, and ``commit`` applies the step's result. One engine loop drives
-every scheduler (``batching/engine.py``).
-"""
+``schedule(now)`` returns a :class:`~batching.plan.StepPlan` (None: nothing until an arrival
+or ``wakeup()``); ``commit`` applies the executed step."""
 
 from __future__ import annotations
 
@@ -51,7 +47,6 @@ class Scheduler:
         self.preemptions = 0
         self.num_finished = 0
 
-    # ------------------------------------------------------------ config
     def config(self) -> dict:
         return {
             "scheduler": self.name,
@@ -74,7 +69,6 @@ class Scheduler:
                 f"request {req.rid}: needs {total} KV tokens, more than the kv capacity={self.kv.capacity}"
             )
 
-    # ------------------------------------------------------------ engine API
     def on_arrival(self, req: Request) -> None:
         self.waiting.append(req)
 
@@ -91,9 +85,8 @@ class Scheduler:
 
     @property
     def max_step_prompt_tokens(self) -> int:
-        """The most prompt positions one step can carry: a full-context prompt in every slot
-        (a static batch pads every row to its longest prompt); the real executor's warm-up
-        sizes itself by it (7.1-7.3)."""
+        """The most prompt positions one step can carry (the real executor's warm-up): a
+        full-context prompt in every slot."""
         return self.max_slots * self.kv.max_context
 
     def commit(self, plan: StepPlan, now: float, token_ids: dict[int, int] | None = None) -> None:
@@ -126,7 +119,6 @@ class Scheduler:
                 self._release(r)
                 self.num_finished += 1
 
-    # ------------------------------------------------------------ helpers
     def _admit(self, req: Request, now: float, new_tokens: int) -> None:
         assert self._free_slots, "no free slot"
         self.kv.reserve(req, new_tokens)
@@ -148,10 +140,8 @@ class Scheduler:
         self.preemptions += 1
 
     def _reserve_decodes(self, decodes: list[Request]) -> tuple[list[Request], bool]:
-        """Reserve one KV token per decode, oldest first, preempting the newest when full.
-
-        Returns the decodes that keep running and whether anything was preempted.
-        """
+        """Reserve one KV token per decode, oldest first, preempting the newest when full;
+        the decodes that keep running, and whether anything was preempted."""
         kept: list[Request] = []
         preempted = False
         queue = list(decodes)

@@ -1,10 +1,6 @@
-"""7.3 Chunked prefill (Sarathi-Serve's stall-free batching, DeepSpeed's Dynamic SplitFuse).
-
-Every step first takes each running decode (one token each), then fills what is left of
-the step's ``token_budget`` with prefill chunks of at most ``chunk_size`` tokens, first
-come first served: requests already part-way through their prefill, then new admissions.
-A chunk that completes a prefill emits the request's first token in that step, so a long
-new prompt no longer stalls everyone's next token.
+"""Chunked prefill (Sarathi-Serve, DeepSpeed's Dynamic SplitFuse): each step takes every
+running decode, then fills the rest of ``token_budget`` with prefill chunks of at most
+``chunk_size`` tokens, FCFS: part-way prefills first, then new admissions.
 """
 
 from __future__ import annotations
@@ -42,7 +38,7 @@ class ChunkedPrefillScheduler(Scheduler):
 
     @property
     def max_step_prompt_tokens(self) -> int:
-        """The token budget: decodes and chunks of one step share it (7.3)."""
+        """Decodes and chunks of one step share the token budget."""
         return self.token_budget
 
     def schedule(self, now: float) -> StepPlan | None:

@@ -1,12 +1,6 @@
-"""7.2 Continuous batching: the batch is re-formed at every iteration (Orca, vLLM, TGI).
-
-Each step, finished requests have already left (their slot and KV freed in ``commit``);
-waiting requests take the free slots first come, first served, within ``max_slots`` and
-the KV capacity. A newly admitted request's whole prompt is prefilled in one step:
-
-- ``prefill_mode="mixed"``: in the same forward pass as the running decodes;
-- ``prefill_mode="separate"``: in a prefill-only step that pauses every decode, as early
-  vLLM did (prefill first, whenever a request can be admitted).
+"""Continuous batching (Orca, vLLM, TGI): every step, waiting requests take the free slots
+FCFS within the KV capacity, and a new prompt is prefilled whole, ``mixed`` into the decodes'
+pass or ``separate`` in a prefill-only step that pauses them (early vLLM).
 """
 
 from __future__ import annotations
@@ -53,21 +47,14 @@ class ContinuousScheduler(Scheduler):
 
     def schedule(self, now: float) -> StepPlan | None:
         decodes = [r for r in self.running if not r.in_prefill]
-        if self.prefill_mode == "separate":
-            new = self._admit_waiting(now)
-            if new:
-                return StepPlan(prefills=new, slots=self.max_slots)
-            preempted = False
-            if self.kv.policy == "exact":
-                decodes, preempted = self._reserve_decodes(decodes)
-        else:
-            preempted = False
-            if self.kv.policy == "exact":
-                decodes, preempted = self._reserve_decodes(decodes)
-            # A request preempted in this step is not re-admitted in the same step.
-            new = [] if preempted else self._admit_waiting(now)
-            if new:
-                return StepPlan(prefills=new, decodes=decodes, slots=self.max_slots)
+        if self.prefill_mode == "separate" and (new := self._admit_waiting(now)):
+            return StepPlan(prefills=new, slots=self.max_slots)
+        preempted = False
+        if self.kv.policy == "exact":
+            decodes, preempted = self._reserve_decodes(decodes)
+        # A request preempted in this step is not re-admitted in the same step.
+        if self.prefill_mode == "mixed" and not preempted and (new := self._admit_waiting(now)):
+            return StepPlan(prefills=new, decodes=decodes, slots=self.max_slots)
         if not decodes:
             return None
         # After a preemption the freed KV may admit the queue head next step: not steady.

@@ -1,9 +1,5 @@
-"""7.1 Dynamic batching: the batch stays open until the executor takes it.
-
-The executor, when free, takes up to ``batch_size`` waiting requests as soon as that many
-wait or the oldest has waited ``max_wait``; requests that arrive while a batch forms (or
-while the previous batch runs) join it. Once decoding starts it is a static batch: same
-padding, same first-finisher problem.
+"""Dynamic batching: the free executor takes up to ``batch_size`` waiting requests once that
+many wait or the oldest has waited ``max_wait``; then it is a static batch.
 """
 
 from __future__ import annotations

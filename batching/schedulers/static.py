@@ -1,9 +1,5 @@
-"""7.1 Static batching: collect B requests or time out, pad to the longest, decode to the last.
-
-Once a batch is dispatched nothing joins it; every prompt is padded to the longest one and
-the dense batch keeps computing the rows of members that have already finished (their
-tokens are thrown away) until its longest member ends. That is the first-finisher problem,
-and those rows are real work in the plan (``StepPlan.dead``).
+"""Static batching: collect B requests or time out, pad to the longest prompt, and decode
+until the longest member ends, finished members' rows still computed (``StepPlan.dead``).
 """
 
 from __future__ import annotations
@@ -18,10 +14,8 @@ from .base import Scheduler, check_int, check_time
 
 
 class DenseBatchScheduler(Scheduler):
-    """A dense batch of up to ``batch_size`` rows, run from padded prefill to its longest member.
-
-    Subclasses decide when a batch is formed (``_next_batch``).
-    """
+    """A dense batch of up to ``batch_size`` rows, from padded prefill to its longest member;
+    subclasses decide when a batch is formed (``_next_batch``)."""
 
     def __init__(
         self, batch_size: int, max_context: int, kv_capacity: float = math.inf, kv_policy: str = "slab"
@@ -42,9 +36,8 @@ class DenseBatchScheduler(Scheduler):
         raise NotImplementedError
 
     def fits_beside(self, members: list[Request], req: Request) -> bool:
-        """Whether ``req`` can join ``members`` in one dense batch: every row holds the
-        longest prompt plus its own output (the trace's output length stands for the
-        request's ``max_tokens``), so the longest prompt plus the longest output must fit."""
+        """Whether ``req`` can join ``members`` in one dense batch: the longest prompt plus the
+        longest output must fit the context."""
         longest = max([m.prefill_target for m in members] + [req.prefill_target])
         most = max([m.output_len for m in members] + [req.output_len])
         return longest + most <= self.kv.max_context

@@ -78,11 +78,13 @@ def test_first_finisher_queue_static_makes_the_queue_wait_for_the_long_request()
 def test_kv_rows_by_hand():
     # llama-8b on one H100: (0.9 x 80 GB - 16.06 GB of weights) / 128 KiB per token = 426,784
     # tokens: 52 slabs of 8,192; at 1,000 tokens each 426 requests, capped at 256.
-    assert continuous.kv_rows(H100_8B, 1000.0) == {"capacity": 426784, "slabs": 52, "exact": 256}
+    assert H100_8B.kv_capacity() == 426784
+    assert continuous.kv_rows(H100_8B, 1000.0) == {"slabs": 52, "exact": 256}
     assert continuous.kv_rows(H100_8B, 4000.0)["exact"] == 106
     # llama-70b on 2 x H200: 343,910 tokens, 41 slabs (the seed section's limit for slabs).
     big = get_cost_model("llama-70b", "h200", tp=2)
-    assert continuous.kv_rows(big, 1370.0) == {"capacity": 343910, "slabs": 41, "exact": 251}
+    assert big.kv_capacity() == 343910
+    assert continuous.kv_rows(big, 1370.0) == {"slabs": 41, "exact": 251}
     with pytest.raises(ValueError):
         continuous.kv_rows(H100_8B, 0.0)
 

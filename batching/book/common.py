@@ -1,7 +1,6 @@
-"""What every section's experiments share (chapter 7): describing a cost model, fitting a trace
-to a model's context, running a simulation and reducing it to metrics, and the small helpers
-that turn results into glue values.
-"""
+"""What every page's experiments share: the roofline numbers of a cost model, a trace fitted
+to a model's context, a simulated run and its metrics, verdict enums, and the helpers that
+turn results into glue values."""
 
 from __future__ import annotations
 
@@ -26,15 +25,14 @@ from ..workload import Workload
 #: (``data/profiles``) are read relative to it.
 ROOT = Path(__file__).resolve().parents[2]
 
-#: What a batch row does during a step (the timelines of 7.1 and 7.2), in drawing order.
+#: What a batch row does during a step (the timelines), in drawing order.
 KINDS = ("prefill", "padding", "decode", "dead", "idle")
-_OCC_KIND = {"P": "prefill", "D": "decode", "X": "dead"}
 
 
-# ----------------------------------------------------------------------------- basics
 def roofline_numbers(cost: Any) -> dict[str, float]:
-    """The device and model numbers the prose derives from (every section); peak and bandwidth
-    count all devices together, ``bstar`` is the batch where decode turns compute-bound."""
+    """The device and model numbers the pages derive from (TFLOP/s, TB/s, GB, kB, ms); peak and
+    bandwidth count all devices together; ``bstar`` is the batch where decode turns
+    compute-bound."""
     m = cost.model
     return {
         "peak_tflops": cost.peak_flops / 1e12,
@@ -51,28 +49,19 @@ def roofline_numbers(cost: Any) -> dict[str, float]:
 
 
 def offered_rate(workload: Workload) -> float:
-    """Requests per second of a workload: count / span of its arrivals (every section)."""
+    """Requests per second of a workload: count / span of its arrivals."""
     return len(workload) / workload.duration if workload.duration > 0 else math.inf
 
 
-def trace_workload(
-    name: str,
-    limit: int | None = None,
-    max_context: int = 8192,
-    time_scale: float = 1.0,
-    window: tuple[float, float] | None = None,
-) -> Workload:
-    """The first ``limit`` requests of a named trace, capped to the context and replayed
-    ``time_scale`` times faster (every section). How many were capped is recorded in
-    ``info["capped"]``: never silent. Dense batches need nothing more: the static and
-    dynamic schedulers never pad a batch past the context."""
-    w, _ = load_trace(name, limit=limit, window=window).cap_to_context(max_context, mode="cap")
-    return w.scale(time=time_scale) if time_scale != 1 else w
+def trace_workload(name: str, limit: int | None = None, max_context: int = 8192) -> Workload:
+    """The first ``limit`` requests of a named trace, each capped to ``max_context``; how many
+    were capped is in ``info["capped"]``."""
+    return load_trace(name, limit=limit).cap_to_context(max_context, mode="cap")[0]
 
 
 def step_work(prompts: Sequence[int] = (), decodes: int = 0, ctx: int = 0) -> StepWork:
     """One step that prefills each of ``prompts`` from scratch (causal attention over itself)
-    beside ``decodes`` decode rows holding ``ctx`` KV tokens each (7.1, 7.3)."""
+    beside ``decodes`` decode rows holding ``ctx`` KV tokens each."""
     return StepWork(
         prefill_tokens=sum(prompts),
         prefill_attn=sum(p * (p + 1) // 2 for p in prompts),
@@ -93,14 +82,10 @@ def simulate(
     fast: bool = True,
     **options: Any,
 ) -> RunResult:
-    """One simulated run (every section).
-
-    ``kv_tokens="device"`` takes the KV capacity the cost model's devices leave after the
-    weights; ``None`` means unlimited. ``options`` go to :func:`make_scheduler` (``timeout``,
-    ``prefill_mode``, ``token_budget``, ``chunk_size``). ``fast=False`` logs every step on
-    its own row (the engine's fast path logs a run of identical decode steps as one row,
-    with the KV and queue columns as they stand after its last step).
-    """
+    """One simulated run. ``kv_tokens="device"`` takes the KV capacity the devices leave after
+    the weights, ``None`` none; ``options`` go to :func:`make_scheduler`. ``fast=False`` logs
+    every step on its own row (the fast path logs a run of identical decode steps as one,
+    with the KV and queue columns as they stand after its last step)."""
     if kv_tokens == "device":
         kv: float = cost.kv_capacity()
     elif kv_tokens is None:
@@ -120,12 +105,9 @@ def simulate(
 
 
 def useful_flops(requests: Iterable[Request], model: ModelShape) -> float:
-    """FLOPs an ideal engine must spend on these requests (7.2's "useful" compute).
-
-    Each prompt prefilled once (causal attention over itself) and each later output token
-    decoded once over its context; no padding, no dead rows, no recomputation after a
-    preemption. Uses the same FLOP formulas as the cost model (``ModelShape.flops_arrays``).
-    """
+    """FLOPs an ideal engine spends on these requests, by the cost model's formulas: each
+    prompt prefilled once and each later token decoded once over its context; no padding,
+    dead rows or recomputation after a preemption."""
     p = np.array([r.prompt_len for r in requests], dtype=np.float64)
     n = np.array([r.output_len for r in requests], dtype=np.float64)
     pt = p.sum()
@@ -136,15 +118,10 @@ def useful_flops(requests: Iterable[Request], model: ModelShape) -> float:
 
 
 def metrics(result: RunResult) -> dict[str, float]:
-    """The flat, tidy metrics of one run (every section); times in seconds.
-
-    Keys: ``slot_util`` (step-weighted), ``slot_util_tw`` (time-weighted), ``hw_compute``,
-    ``hw_bandwidth`` (all FLOPs / bytes performed), ``useful_compute`` (:func:`useful_flops`
-    over busy time and peak), ``padding_fraction``, ``throughput_req``, ``throughput_tok``
-    (output tokens/s over the run's window), ``{queue,ttft,e2e,itl,tpot}_{mean,p50,p90,p99,max}``,
-    ``preemptions``, ``steps``, ``busy_s``, ``duration_s``, ``kv_reserved_peak``,
-    ``kv_used_peak``, ``kv_reserved_mean``, ``kv_used_mean``, ``running_peak``.
-    """
+    """One run's :func:`~batching.metrics.summarize` as flat floats (times in s; a latency
+    statistic with no value is NaN). With a cost model beside the run also ``hw_compute`` and
+    ``hw_bandwidth`` (all FLOPs and bytes performed) and ``useful_compute``
+    (:func:`useful_flops` over busy time at peak)."""
     s = summarize(result)
     out: dict[str, float] = {
         "slot_util": s["slot_utilization"],
@@ -174,15 +151,14 @@ def metrics(result: RunResult) -> dict[str, float]:
 
 
 class Claim(str, enum.Enum):
-    """How a claim of the seed or a page fares against the numbers that test it; the notebook
-    words each one."""
+    """How a claim fares against the numbers that test it; the notebook words each one."""
 
     HOLDS = "holds"
     #: True in part; the numbers say which part.
     PARTLY = "partly"
-    #: 7.2's utilization: holds counted in slots, not in hardware FLOPs at any slot count tried.
+    #: Holds counted in slots, not in hardware FLOPs at any slot count tried.
     SLOT_LEVEL_ONLY = "slot-level-only"
-    #: 7.2's utilization: holds in slots, and in hardware FLOPs only once the slot cap is lifted.
+    #: Holds in slots, and in hardware FLOPs only once the slot cap is lifted.
     NEEDS_WIDE_BATCH = "needs-wide-batch"
     DOES_NOT_HOLD = "does not hold"
 
@@ -205,7 +181,6 @@ def versus(ratio: float, tol: float = 0.05) -> Versus:
     return Versus.MORE if ratio > 1 else Versus.LESS
 
 
-# ---------------------------------------------------------------- notebook glue
 def choose(smoke: bool, full: Any, small: Any) -> Any:
     """``small`` in smoke runs (the tests), ``full`` for the book: one rule for every notebook."""
     return small if smoke else full

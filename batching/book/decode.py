@@ -1,10 +1,5 @@
-"""The live decode sweep (:func:`batching.real.sweep.decode_sweep`): its roofline and the numbers
-the pages quote (the live figure of chapters/why.ipynb, whose verdict is
-:func:`batching.book.why.flat_verdict`); and, for the "Decode on this device" section of
-chapters/measured.ipynb, what the sweep knows beyond that figure: the rates of its first two
-steps, the gathered path's copy, a table per path, and the device probes with the B* each
-gives. The committed profiles are :mod:`batching.book.profiles`'.
-"""
+"""The live decode sweep (:func:`batching.real.sweep.decode_sweep`) as the why page and the
+measured page read it: its own roofline, its numbers, and the measured page's tables."""
 
 from __future__ import annotations
 
@@ -19,22 +14,23 @@ from .why import bstar_of, knee, roofline_curve
 
 
 def sweep_shape(sweep: Mapping[str, Any]) -> ModelShape:
+    """The model the sweep ran, in the dtype it ran."""
     return get_model(sweep["meta"]["model"]).with_dtype(sweep["meta"]["dtype"])
 
 
 def live_roofline(sweep: Mapping[str, Any], points: int = 0) -> dict[str, np.ndarray]:
-    """Why batching: the roofline a live sweep predicts from the bandwidth (matrix-vector) and
-    matmul peak it measured itself, no overhead (:func:`~batching.book.why.roofline_curve`, at
-    the sweep's batch sizes or ``points`` of them)."""
+    """The roofline from the sweep's own matrix-vector bandwidth and matmul peak, no overhead
+    (:func:`~batching.book.why.roofline_curve`, at the sweep's batches or ``points`` of them)."""
     bw, peak = sweep["matvec_gbs"] * 1e9, sweep["peak_tflops"] * 1e12
     return roofline_curve(sweep_shape(sweep), sweep["batch"], sweep["ctx"], bw, peak, points=points)
 
 
 def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
-    """Why batching: the numbers the pages quote from a :func:`~batching.real.sweep.decode_sweep`. B* and the
-    roofline (``pred*``) come from the sweep's own matrix-vector bandwidth and matmul peak;
-    ``bstar_batch`` is the largest swept batch at or below B*; each path other than uniform
-    adds ``<path>_`` keys, ``<path>_gap_max`` being its step over the uniform one at ``bmax``."""
+    """The sweep's numbers (ms, GB/s): B* and the roofline (``pred*``) from its own bandwidth
+    and peak, the uniform path at batch 1, at ``bstar_batch`` (the largest swept batch at or
+    below B*) and at ``bmax``, and the bytes moved at batch 1 over the probes (``efficiency*``).
+    Each other path adds ``<path>_`` keys, ``<path>_gap_max`` being its step over the uniform
+    one at ``bmax``."""
     shape = sweep_shape(sweep)
     b = np.asarray(sweep["batch"], dtype=float)
     if b[0] != 1:
@@ -74,7 +70,7 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
         "reps": float(sweep["meta"]["reps"]),
         "wall_s": float(sweep["meta"]["wall_s"]),
     }
-    for path in sweep.get("paths", ["uniform"]):
+    for path in sweep["paths"]:
         if path == "uniform":
             continue
         t = np.asarray(sweep[f"{path}_ms"], dtype=float)
@@ -91,15 +87,11 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in out.items()}
 
 
-# ------------------------------------------------------ the measured page's decode section
-
-
 def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
-    """Measured page: the weight-and-KV bytes per second of the uniform step at
-    batch 1 (``rate1_gbs``) and at the sweep's next batch ``next_batch`` (``rate_next_gbs``),
-    and ``split`` (1.0 where batch 1 ran the CPU's one-token kernel, each product split over
-    the threads, ``Llama.linear``: the first step up of the curve is then partly a change of
-    kernel). The sweep needs two batches at least."""
+    """Weight and KV bytes per second of the uniform step at batch 1 (``rate1_gbs``) and at
+    the next swept batch ``next_batch`` (``rate_next_gbs``), and ``split``: 1.0 where batch 1
+    ran the CPU's one-token kernel (``Llama.linear``), so the curve's first step up is partly
+    a change of kernel."""
     b = [float(x) for x in sweep["batch"]]
     if len(b) < 2:
         raise ValueError(f"batches {b}: need two at least")
@@ -117,19 +109,18 @@ def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
 
 
 def gather_bytes(shape: ModelShape, rows: int, longest_ctx: int) -> float:
-    """The gathered path: bytes of K and V the runner copies in one decode
-    step, every layer, each row's slab up to the longest context plus the new token."""
+    """Bytes of K and V the gathered path copies in one decode step: every layer, each row's
+    slab up to the longest context plus the new token."""
     return float(
         2 * shape.layers * shape.kv_heads * shape.head_dim * shape.kv_bytes * (longest_ctx + 1) * rows
     )
 
 
 def gather_numbers(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> dict[str, float]:
-    """Measured page: at the sweep's largest batch, the bytes the gathered path
-    copies (``copy_mb``), the time that copy takes at the copy bandwidth of the same run,
-    which counts a read and a write per byte (``copy_ms``), and how much longer the gathered
-    step took than the mixed one (``extra_ms``; negative if shorter). Empty where the sweep
-    timed no gathered path (CUDA graphs: :func:`~batching.real.sweep.decode_paths`)."""
+    """At the largest batch: the MB the gathered path copies (``copy_mb``), that copy's ms at
+    the run's copy bandwidth, a read and a write per byte (``copy_ms``), and the gathered
+    step's ms over the mixed one's (``extra_ms``). Empty where no gathered path was timed
+    (CUDA graphs)."""
     if "gathered_tmax_ms" not in numbers:
         return {}
     longest = round(sweep["ctx"] * 1.5)  # StepTimer.decode spreads contexts over ctx/2 .. 3ctx/2
@@ -142,13 +133,12 @@ def gather_numbers(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> di
 
 
 def path_rows(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> tuple[list[list[Any]], list[str]]:
-    """Measured page: rows and header of the per-path table (batch-1 step,
-    knee, step and tokens/s at the largest batch, that step over batch 1 and over the
-    uniform path's)."""
+    """Rows and header of the per-path table: batch-1 step, knee, step and tokens/s at the
+    largest batch, that step over batch 1 and over the uniform path's."""
     n, bmax = numbers, f"{numbers['bmax']:.0f}"
     header = ["path", "B=1 ms", "knee", f"B={bmax} ms", "x B=1", f"tokens/s at B={bmax}", "x uniform"]
     rows: list[list[Any]] = []
-    for p in sweep.get("paths", ["uniform"]):
+    for p in sweep["paths"]:
         pre = "" if p == "uniform" else f"{p}_"
         gap = 1.0 if p == "uniform" else n[f"{p}_gap_max"]
         rows.append(
@@ -168,9 +158,8 @@ def path_rows(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> tuple[l
 def probe_rows(
     numbers: Mapping[str, float], registry_gbs: float | None = None
 ) -> tuple[list[list[Any]], list[str]]:
-    """Measured page: rows and header of the device-probe table: each
-    bandwidth the sweep measured (and the device registry's matrix-vector figure, if given)
-    with the B* it gives against the same run's matmul peak (``numbers``: :func:`live_numbers`)."""
+    """Rows and header of the probe table: each bandwidth the sweep measured (and the
+    registry's, if given) with the B* it gives against the run's matmul peak."""
     peak, bpp = numbers["peak_gflops"] * 1e9, numbers["bytes_per_param"]
     probes = [
         ("matrix-vector product over the weight bytes", numbers["matvec_gbs"]),

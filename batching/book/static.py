@@ -1,6 +1,5 @@
-"""7.1 Static batching: the cost of padding, the timelines of a static batch, its utilization
-against batch size, and what a timeout (dynamic batching) changes.
-"""
+"""Static batching: what padding costs, the timeline of a static batch, its slot
+utilization against batch size, and what a timeout (dynamic batching) changes."""
 
 from __future__ import annotations
 
@@ -15,7 +14,10 @@ from ..engine import RunResult
 from ..results import load_average, machine_load
 from ..workload import Workload
 from .capacity import queue_growth
-from .common import _OCC_KIND, Versus, columns, metrics, simulate, step_work, versus
+from .common import Versus, columns, metrics, simulate, step_work, versus
+
+#: A step log occupancy code as the timeline's kind of row.
+_OCC_KIND = {"P": "prefill", "D": "decode", "X": "dead"}
 
 
 def _check_pair(short: Any, long: Any) -> None:
@@ -24,15 +26,14 @@ def _check_pair(short: Any, long: Any) -> None:
 
 
 def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000) -> dict[str, Any]:
-    """7.1 (a): roofline prefill times (s) of a ``short`` prompt alone and padded to a ``long``
-    one, of the pair packed and padded, their ratios, and the bound of the short and the
-    padded prefill."""
+    """Roofline prefill times (s) of a ``short`` prompt alone and padded to a ``long`` one and
+    of the pair packed and padded, the short prompt's padded over unpadded time, and what
+    bounds the short and the padded prefill (``"memory"`` or ``"compute"``)."""
     _check_pair(short, long)
     t = lambda *prompts: cost.step_time(step_work(prompts))
     out = {
         "short": float(short),
         "long": float(long),
-        "token_ratio": long / short,
         "t_short": t(short),
         "t_short_padded": t(long),
         "t_batch_unpadded": t(short, long),
@@ -43,8 +44,8 @@ def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000) -> dict[
     return {**out, "bound_short": bound(short), "bound_padded": bound(long)}
 
 
-#: The long prompt of :func:`real_padding` per device type: as long as cpu-s's 2,048-token
-#: context allows on a CPU, the page's 4,000 on a GPU.
+#: The long prompt of :func:`real_padding` per device type: what cpu-s's 2,048-token context
+#: allows on a CPU, the page's 4,000 on a GPU.
 REAL_PADDING_LONG: dict[str, int] = {"cpu": 2000, "cuda": 4000}
 
 
@@ -56,23 +57,17 @@ def real_padding(
     reps: int = 3,
     threads: int | None = None,
 ) -> dict[str, Any]:
-    """7.1 (a), measured: what padding a ``short`` prompt to a ``long`` one costs on the real model.
+    """What padding a ``short`` prompt to a ``long`` one costs on the real model.
 
-    Four workloads, each request wanting one token so that a run is its prefill step: the
-    pair under static batching (B = 2: the short prompt padded to ``long`` and both
-    prefilled in one step), the pair under continuous batching (the two prompts packed,
-    ``short + long`` tokens, no padding), and each prompt alone. ``reps`` rounds, each
-    running all four in turn (drift hits them alike); the medians are returned, in ms:
-    ``padded_ms``, ``packed_ms``, ``short_ms``, ``long_ms``. A prompt padded to ``long``
-    tokens costs what a ``long``-token prefill costs, so ``time_ratio_short`` =
-    long_ms / short_ms is what padding multiplies the short prompt's prefill by (the
-    positions multiply by ``token_ratio``); ``time_ratio_batch`` = padded_ms / packed_ms is
-    what the batch pays, against ``positions_ratio`` = 2 long / (short + long) in
-    positions. Also ``pad_tokens`` and ``padding_fraction`` from the static run's step log,
-    ``executor`` (what ran), ``model``, and ``load``/``cpus``/``busy``
-    (:func:`~batching.results.machine_load` around the runs: a busy machine inflates short
-    steps most). ``model`` None and ``long`` None take the device's defaults
-    (:data:`~batching.book.checks.REAL_MODELS`, :data:`REAL_PADDING_LONG`).
+    One-token requests, so a run is its prefill step: the pair padded (static, B = 2), the
+    pair packed (continuous), and each prompt alone; medians (ms) of ``reps`` rounds that
+    run all four in turn, so drift hits them alike: ``padded_ms``, ``packed_ms``,
+    ``short_ms``, ``long_ms``. Padded, the short prompt costs a ``long`` prefill:
+    ``time_ratio_short`` = long_ms / short_ms against ``token_ratio`` in positions;
+    ``time_ratio_batch`` = padded_ms / packed_ms against ``positions_ratio``. Also the static
+    run's ``pad_tokens`` and ``padding_fraction``, ``executor``, ``model`` and
+    :func:`~batching.results.machine_load` around the runs (a busy machine inflates short
+    steps most). ``model`` and ``long`` None take the device's defaults.
     """
     from .checks import real_kind, real_runner, serve_real
 
@@ -123,19 +118,18 @@ def real_padding(
 
 
 def scaling(time_ratio: float, positions_ratio: float, tol: float = 0.25) -> Versus:
-    """7.1 (a), the verdict on padding: how a step that computed ``positions_ratio`` times the
-    positions of another grew in time (``time_ratio`` times), as the :class:`~.common.Versus`
-    of its time per position within ``tol``. SAME: padding costs in full. LESS: the shorter
-    step was bound by something other than its arithmetic (weight reads on a GPU), so padding
-    it costs less than its positions. MORE: attention's quadratic part, cache effects."""
+    """The :class:`~.common.Versus` of time per position, within ``tol``, of a step that
+    computed ``positions_ratio`` times another's positions in ``time_ratio`` times its time.
+    SAME: padding costs in full; LESS: the shorter step was bound by something else (weight
+    reads on a GPU); MORE: attention's quadratic part, cache effects."""
     if not positions_ratio > 0:
         raise ValueError(f"positions_ratio={positions_ratio}: must be positive")
     return versus(time_ratio / positions_ratio, tol)
 
 
 def per_position_ms(rp: Mapping[str, Any]) -> dict[str, float]:
-    """7.1 (a), measured: milliseconds per computed position of each run of :func:`real_padding`
-    (``short``, ``long``, ``packed``, ``padded``): what the measured page compares."""
+    """Milliseconds per computed position of each run of :func:`real_padding` (``short``,
+    ``long``, ``packed``, ``padded``)."""
     s, lg = float(rp["short"]), float(rp["long"])
     return {
         "short": rp["short_ms"] / s,
@@ -146,12 +140,9 @@ def per_position_ms(rp: Mapping[str, Any]) -> dict[str, float]:
 
 
 class Segment(NamedTuple):
-    """One stretch of one batch row doing one thing (7.1 and 7.2 timelines).
-
-    ``kind`` is one of :data:`KINDS`; ``rid`` is None for idle rows; ``steps`` counts the
-    engine steps the segment spans (a prefill split into prefill + padding counts its step
-    in both parts).
-    """
+    """One stretch of one batch row doing one thing: ``kind`` is one of
+    :data:`~batching.book.common.KINDS`, ``rid`` None for idle rows, ``steps`` the engine steps
+    spanned (a prefill split into prefill and padding counts its step in both)."""
 
     slot: int
     rid: int | None
@@ -162,15 +153,11 @@ class Segment(NamedTuple):
 
 
 def timeline(result: RunResult) -> list[Segment]:
-    """Per-slot timeline of a run recorded with ``record_slots=True`` (7.1 (b), 7.2).
-
-    Each step's rows come from ``log.occupancy``: a prefill chunk is drawn over the step,
-    split in time between its real tokens and its padding in proportion to their counts;
-    a decode row is ``decode``; a static batch's finished-but-computed row is ``dead``;
-    a slot with nothing in the step (or any slot while the engine waits for arrivals) is
-    ``idle``. Consecutive pieces of the same slot, request and kind are merged. Sorted by
-    slot, then time.
-    """
+    """Per-slot timeline of a run recorded with ``record_slots=True``, sorted by slot, then
+    time. A padded prefill's step is split between its tokens and its padding in proportion
+    to their counts; a static batch's finished but computed row is ``dead``; an empty slot,
+    or any slot while the engine waits for arrivals, is ``idle``. Consecutive pieces of one
+    slot, request and kind are merged."""
     log = result.log
     if not log.record_slots or len(log.occupancy) != len(log):
         raise ValueError("timeline() needs a run recorded with record_slots=True")
@@ -216,13 +203,10 @@ def timeline(result: RunResult) -> list[Segment]:
 def static_batch_sizes(
     prompts: Sequence[int] | np.ndarray, outputs: Sequence[int] | np.ndarray, batch: int, max_context: int
 ) -> list[int]:
-    """7.1 (c): sizes of the consecutive batches the static scheduler forms from a queue
-    that holds every request at once.
-
-    A batch closes when it holds ``batch`` requests, or early, before a request that cannot
-    be padded beside it: every row of a dense batch holds the longest prompt plus the
-    longest output, which must fit ``max_context`` (``DenseBatchScheduler.fits_beside``).
-    """
+    """Sizes of the consecutive batches the static scheduler forms from a queue holding every
+    request: a batch closes at ``batch`` requests, or early before a request that cannot be
+    padded beside it (longest prompt + longest output must fit ``max_context``, as
+    ``DenseBatchScheduler.fits_beside``)."""
     p, o = np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
     if batch < 1 or p.shape != o.shape or p.size == 0:
         raise ValueError(
@@ -245,13 +229,9 @@ def static_batch_sizes(
 def analytic_static_utilization(
     outputs: Sequence[int] | np.ndarray, batch: int, sizes: Sequence[int] | None = None
 ) -> float:
-    """7.1 (c): slot utilization of static batches of consecutive requests.
-
-    Batch j holds the next ``sizes[j]`` requests (default: ``batch`` each, full batches)
-    and runs for its longest output; every member emits its own tokens: utilization =
-    sum(outputs) / (B x sum_j max(outputs in batch j)). A batch of fewer members (the last
-    one, or one closed early: :func:`static_batch_sizes`) still occupies B slots.
-    """
+    """Slot utilization of static batches of consecutive requests: sum(outputs) / (B x sum over
+    batches of their longest output). Batch j holds the next ``sizes[j]`` requests (default:
+    ``batch`` each); a batch of fewer still occupies B slots."""
     o = np.asarray(outputs, dtype=np.int64)
     if batch < 1 or o.size == 0:
         raise ValueError(f"batch={batch}, {o.size} outputs: need batch >= 1 and some outputs")
@@ -267,10 +247,9 @@ def analytic_static_utilization(
 
 
 def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]) -> dict[str, np.ndarray]:
-    """7.1 (c): static batching at every batch size, every request queued at t=0 (so every
-    batch is full), KV unlimited. Arrays over ``batch``: ``slot_util``, ``padding_fraction``,
-    ``analytic`` (the formula over full batches) and ``analytic_formed`` (over the batches the
-    scheduler forms, some closed early at the model's context: :func:`static_batch_sizes`)."""
+    """Static batching at each batch size, every request queued at t=0, KV unlimited. Arrays
+    over ``batch``: ``slot_util``, ``padding_fraction``, ``analytic`` (the formula over full
+    batches) and ``analytic_formed`` (over the batches formed: :func:`static_batch_sizes`)."""
     w = Workload.from_arrays(
         np.zeros(len(workload)),
         workload.prompt_lens,
@@ -293,34 +272,29 @@ def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]
     return {"batch": np.asarray(batch_sizes, dtype=float), **columns(rows)}
 
 
-def sweep_agreement(sweep: Mapping[str, np.ndarray], tol: float = 1e-9) -> dict[str, float | bool]:
-    """7.1 (c): ``equal`` (the simulated slot utilization of :func:`static_batch_sweep` equals the
-    formula of full batches at every B, within ``tol``), ``max_gap`` (the largest difference, a
-    fraction) and ``formed_equal`` (it equals the formula over the batches actually formed)."""
+def sweep_agreement(sweep: Mapping[str, np.ndarray]) -> dict[str, float | bool]:
+    """Whether the simulated slot utilization of :func:`static_batch_sweep` equals the formula
+    at every B (``equal``; over the batches formed: ``formed_equal``), to within 1e-9, and the
+    largest gap to the full-batch formula (``max_gap``, a fraction)."""
     gap = np.abs(sweep["slot_util"] - sweep["analytic"])
     return {
-        "equal": bool(np.all(gap <= tol)),
+        "equal": bool(np.all(gap <= 1e-9)),
         "max_gap": float(gap.max()),
-        "formed_equal": bool(np.all(np.abs(sweep["slot_util"] - sweep["analytic_formed"]) <= tol)),
+        "formed_equal": bool(np.all(np.abs(sweep["slot_util"] - sweep["analytic_formed"]) <= 1e-9)),
     }
 
 
 def wait_sweep(
-    workload: Workload,
-    cost: Any,
-    waits: Sequence[float],
-    slots: int = 32,
-    schedulers: Sequence[str] = ("static", "dynamic"),
+    workload: Workload, cost: Any, waits: Sequence[float], slots: int = 32
 ) -> dict[str, dict[str, np.ndarray]]:
-    """7.1 (d): the collection timeout trade-off of static (``timeout``) and dynamic
-    (``max_wait``) batching. Per scheduler, arrays over ``wait``: ``queue_mean``,
-    ``slot_util``, ``e2e_p99``, ``ttft_p99``, ``throughput_req``, ``padding_fraction``,
-    ``mean_batch`` (requests per dispatched batch) and ``stable`` (1.0 where the queue did not
-    grow over the replay, :func:`~batching.book.capacity.queue_growth`; 0.0 where it did: its
-    queueing delay is then no value, only a lower bound). KV memory not limited."""
+    """Static and dynamic batching at each timeout (s), KV unlimited. Per scheduler, arrays over
+    ``wait`` of ``queue_mean``, ``slot_util``, ``e2e_p99``, ``ttft_p99``, ``throughput_req``,
+    ``padding_fraction``, ``mean_batch`` (requests per batch) and ``stable`` (0.0 where the
+    queue grew over the replay, :func:`~batching.book.capacity.queue_growth`: its delay is then
+    a lower bound, not a value)."""
     res: dict[str, dict[str, np.ndarray]] = {}
     keys = ("queue_mean", "slot_util", "e2e_p99", "ttft_p99", "throughput_req", "padding_fraction")
-    for name in schedulers:
+    for name in ("static", "dynamic"):
         rows = []
         for T in waits:
             r = simulate(workload, cost, name, slots=slots, kv_tokens=None, timeout=float(T))
@@ -337,51 +311,45 @@ def wait_sweep(
     return res
 
 
-def wait_summary(
-    sweep: Mapping[str, Mapping[str, np.ndarray]],
-    rate: float,
-    batch: int,
-    ceiling: float | None = None,
-    rel_tol: float = 0.10,
-) -> dict[str, float | bool]:
-    """7.1 (d): the numbers and verdicts the timeout section quotes from a :func:`wait_sweep`
-    of ``static`` and ``dynamic``.
+#: Static and dynamic batching "agree" where both their mean queueing delay and their slot
+#: utilization are within this fraction of each other (:func:`wait_summary`).
+AGREE_TOL = 0.10
 
-    ``fill_s``: B / rate, the timeout a static batch needs to fill at that rate.
-    ``converge_wait``: the smallest timeout from which on the two agree within ``rel_tol``
-    in both mean queueing delay and slot utilization (-1 if they never do), with
-    ``converge_i`` its index (-1 likewise). ``ahead``: at the shortest timeout dynamic
-    batching queues less and uses its slots at least as well as static. ``best_util``: the
-    highest slot utilization of any point; with a ``ceiling`` (the full-batch utilization),
-    ``below_ceiling``: no point of either sweep gets above it (to within ``1e-9``).
-    """
+
+def wait_summary(
+    sweep: Mapping[str, Mapping[str, np.ndarray]], rate: float, batch: int, ceiling: float | None = None
+) -> dict[str, float | bool]:
+    """The timeout section's numbers from a :func:`wait_sweep`: ``fill_s`` = B / rate, the
+    timeout a static batch needs to fill; ``converge_wait``, the smallest timeout from which on
+    the two schedulers agree within ``rel_tol`` (:data:`AGREE_TOL`; -1 if they never do);
+    ``ahead``, dynamic batching queues less and fills its slots at least as well at the
+    shortest timeout; with a ``ceiling`` (the full-batch utilization), ``below_ceiling``: no
+    point of either sweep rises above it."""
     if not (rate > 0 and batch >= 1):
         raise ValueError(f"rate={rate}, batch={batch}: need a positive rate and batch >= 1")
     st, dy = sweep["static"], sweep["dynamic"]
     close = np.ones(len(st["wait"]), dtype=bool)
     for key in ("queue_mean", "slot_util"):
         a, b = np.asarray(st[key], dtype=float), np.asarray(dy[key], dtype=float)
-        close &= np.abs(a - b) <= rel_tol * np.maximum(np.abs(a), np.abs(b))
+        close &= np.abs(a - b) <= AGREE_TOL * np.maximum(np.abs(a), np.abs(b))
     # From some timeout on: every later point must agree too.
     tail = np.flip(np.logical_and.accumulate(np.flip(close)))
     idx = int(np.argmax(tail)) if tail.any() else -1
-    best = max(float(np.max(st["slot_util"])), float(np.max(dy["slot_util"])))
     out: dict[str, float | bool] = {
         "fill_s": batch / rate,
-        "converge_i": float(idx),
         "converge_wait": float(st["wait"][idx]) if idx >= 0 else -1.0,
-        "rel_tol": rel_tol,
+        "rel_tol": AGREE_TOL,
         "ahead": bool(dy["queue_mean"][0] < st["queue_mean"][0] and dy["slot_util"][0] >= st["slot_util"][0]),
-        "best_util": best,
     }
     if ceiling is not None:
+        best = max(float(np.max(st["slot_util"])), float(np.max(dy["slot_util"])))
         out["below_ceiling"] = bool(best <= ceiling + 1e-9)
     return out
 
 
 def first_finisher_summary(result: RunResult) -> dict[str, float]:
-    """7.1 (b): when the first request finished (``first_finish_s``) and the share of the run's
-    time after it (``after_first_fraction``)."""
+    """When the first request finished (``first_finish_s``, s from the first arrival) and the
+    share of the run's time after it (``after_first_fraction``)."""
     fins = [float(r.finish_time) for r in result.requests if r.finish_time is not None]
     if len(fins) != len(result.requests):
         raise ValueError("first_finisher_summary() needs a run in which every request finished")

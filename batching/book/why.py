@@ -1,10 +1,5 @@
-"""Why batching carries the load (chapters/why.ipynb): one decode step streams every weight,
-so extra rows are nearly free until compute binds at B*. The roofline of a decode step (B*,
-the knee of a step-time curve, the roofline curve, the batch-1 derivation and the GPU
-predictions) and the verdict on the page's claim from a live sweep's numbers. Torch-free: the
-live sweep is :mod:`batching.book.decode`'s, the committed profiles
-:mod:`batching.book.profiles`'.
-"""
+"""Why batching (chapters/why.ipynb): the roofline of one decode step, B*, the knee of a
+measured step-time curve, and the verdict on "extra rows are nearly free until B*"."""
 
 from __future__ import annotations
 
@@ -21,23 +16,21 @@ from .common import Claim, roofline_numbers
 
 
 def bstar_of(peak_flops: float, bandwidth: float, bytes_per_param: float) -> float:
-    """Why batching: B* = peak x bytes per weight / (2 x bandwidth), the batch at which a
-    decode step's 2 FLOPs per weight per row take as long as streaming the weights once."""
+    """B* = peak x bytes per weight / (2 x bandwidth): the batch at which a decode step's
+    2 FLOPs per weight per row take as long as streaming the weights once."""
     if not (peak_flops > 0 and bandwidth > 0 and bytes_per_param > 0):
         raise ValueError(f"peak={peak_flops}, bandwidth={bandwidth}, bytes={bytes_per_param}: must be > 0")
     return float(peak_flops * bytes_per_param / (2.0 * bandwidth))
 
 
-#: The knee of a measured step-time curve: the largest batch whose step costs at most this
-#: many times batch 1's. Up to there a batch of B rows gets its tokens for at most 2/B of
-#: batch 1's device time per token; one factor for the live sweep, its paths and profiles.
+#: Up to the knee a batch of B rows costs at most this many times batch 1's step, so each
+#: token costs at most 2/B of batch 1's device time.
 KNEE_FACTOR = 2.0
 
 
 def knee(batch: ArrayLike, times: ArrayLike, factor: float = KNEE_FACTOR) -> int:
-    """Why batching: the largest batch up to which the step time *stays* within ``factor``
-    times the first batch's (the first point above it ends the run; later points that dip
-    back under do not count). ``batch`` must be increasing; ``factor`` >= 1."""
+    """The largest batch up to which the step time stays within ``factor`` times the first
+    batch's: the first point above ends it, a later dip back under does not count."""
     b, t = np.asarray(batch, dtype=float), np.asarray(times, dtype=float)
     if b.ndim != 1 or b.shape != t.shape or len(b) == 0:
         raise ValueError(f"batch {b.shape} and times {t.shape}: need two 1-d arrays of the same length")
@@ -59,15 +52,13 @@ def roofline_curve(
     overhead_s: float = 0.0,
     points: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Why batching: the roofline of one decode step of ``b`` rows, each holding ``ctx``
-    KV tokens, for every ``b`` in ``batches`` (with ``points`` > 1: that many batch sizes
-    spread geometrically over their range, for a smooth curve).
+    """The roofline of one decode step of ``b`` rows of ``ctx`` KV tokens each, at each of
+    ``batches`` (or, with ``points`` > 1, that many batches spread geometrically over them).
 
-    Arrays: ``batch``; ``weights_s`` (weight bytes streamed / bandwidth, the same at every
-    batch); ``memory_s`` (weights + KV read and written, ``ModelShape.bytes_arrays``, over
-    bandwidth); ``compute_s`` (``ModelShape.flops_arrays`` over peak); ``time_s`` =
-    max(memory, compute) + ``overhead_s`` (what ``RooflineCost.decode_step`` returns for a
-    single device); ``tokens_per_s`` = batch / time; ``bound`` (1 where compute binds).
+    Arrays, times in s: ``batch``, ``weights_s`` (the weight stream alone), ``memory_s``
+    (weights and KV), ``compute_s``, ``time_s`` = max(memory, compute) + ``overhead_s``
+    (``RooflineCost.decode_step`` on one device), ``tokens_per_s`` and ``bound`` (1 where
+    compute binds).
     """
     b = np.asarray(batches, dtype=np.float64)
     if points > 1:
@@ -87,39 +78,52 @@ def roofline_curve(
     }
 
 
+#: The device and model numbers of :func:`~batching.book.common.roofline_numbers` that the
+#: batch-1 derivation quotes.
+_STREAM_ROOF = (
+    "peak_tflops",
+    "bandwidth_tbs",
+    "weight_read_gb",
+    "params_b",
+    "bstar",
+    "kv_kb_per_token",
+    "overhead_ms",
+)
+
+
 def stream_numbers(
     cost: RooflineCost, ctx: int = 1, long_ctx: int = 2048, long_batch: int = 128
 ) -> dict[str, float]:
-    """Why batching: the batch-1 derivation on one device: :func:`~batching.book.common.roofline_numbers`
-    (whose ``bstar`` is every page's B*), the batch-1 step at ``ctx`` KV tokens against the weight
-    stream, the same at B* rounded down, and the KV of ``long_batch`` rows of ``long_ctx`` tokens
-    against the weights and the memory the cost model counts (``mem_usable`` of ``mem_gb``)."""
+    """The batch-1 derivation on one device (times in ms, sizes in GB): the weight stream, the
+    step at ``ctx`` KV tokens per row at batch 1 and at B* rounded down, and the KV of
+    ``long_batch`` rows of ``long_ctx`` tokens against the weights and the usable memory;
+    with the device numbers it starts from (``bstar`` is every page's B*)."""
     if cost.tp != 1:
         raise ValueError("stream_numbers is the single-device derivation: tp must be 1")
     m = cost.model
-    out = roofline_numbers(cost)
+    hw = roofline_numbers(cost)
     bs = max(1, int(cost.bstar()))
     step, step_bs = cost.decode_step(1, ctx), cost.decode_step(bs, ctx)
     kv_long = long_batch * long_ctx * m.kv_bytes_per_token
-    out.update(
-        stream_ms=m.weight_read_bytes / cost.bandwidth * 1e3,
-        step_ms=step * 1e3,
-        tokens_s=1.0 / step,
-        ctx=float(ctx),
-        bstar_floor=float(bs),
-        step_bstar_ms=step_bs * 1e3,
-        tokens_s_bstar=bs / step_bs,
-        ratio_bstar=step_bs / step,
-        long_ctx=float(long_ctx),
-        long_batch=float(long_batch),
-        kv_long_gb=kv_long / 1e9,
-        kv_long_ratio=kv_long / m.weight_read_bytes,
-        kv_equal_batch=m.weight_read_bytes / (long_ctx * m.kv_bytes_per_token),
-        long_fit=float(cost.kv_capacity() // long_ctx),
-        mem_usable=1 - MEM_RESERVE,
-        mem_gb=cost.device.mem_bytes / 1e9,
-    )
-    return out
+    return {
+        **{k: hw[k] for k in _STREAM_ROOF},
+        "stream_ms": m.weight_read_bytes / cost.bandwidth * 1e3,
+        "step_ms": step * 1e3,
+        "tokens_s": 1.0 / step,
+        "ctx": float(ctx),
+        "bstar_floor": float(bs),
+        "step_bstar_ms": step_bs * 1e3,
+        "tokens_s_bstar": bs / step_bs,
+        "ratio_bstar": step_bs / step,
+        "long_ctx": float(long_ctx),
+        "long_batch": float(long_batch),
+        "kv_long_gb": kv_long / 1e9,
+        "kv_long_ratio": kv_long / m.weight_read_bytes,
+        "kv_equal_batch": m.weight_read_bytes / (long_ctx * m.kv_bytes_per_token),
+        "long_fit": float(cost.kv_capacity() // long_ctx),
+        "mem_usable": 1 - MEM_RESERVE,
+        "mem_gb": cost.device.mem_bytes / 1e9,
+    }
 
 
 def gpu_rooflines(
@@ -128,13 +132,10 @@ def gpu_rooflines(
     batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
     ctxs: Sequence[int] = (128, 2048),
 ) -> dict[str, Any]:
-    """Why batching: roofline predictions (datasheet constants, not measurements) of a
-    decode step for ``model`` on each device, at each context per row.
-
-    Returns ``{"model", "dtype", "devices": {device name: {"bstar", "kv_capacity",
-    "ctx": {ctx: roofline_curve(...) + "fits"}}}}``; ``fits`` is 1 where batch x ctx KV
-    tokens fit the device's KV capacity (``RooflineCost.kv_capacity``).
-    """
+    """Roofline predictions (datasheet constants, not measurements) of a decode step for
+    ``model`` on each device, at each context per row: ``{"model", "dtype", "devices":
+    {device name: {"bstar", "kv_capacity", "ctx": {ctx: roofline_curve(...) + "fits"}}}}``,
+    ``fits`` being 1 where the batch's KV fits the device."""
     from ..costs import get_cost_model
 
     out: dict[str, Any] = {"model": model, "devices": {}}
@@ -158,16 +159,16 @@ def gpu_rooflines(
 
 
 #: How far above the roofline's own prediction a measured step may rise, at the largest swept
-#: batch at or below B*, for extra rows to count as nearly free there (:func:`flat_verdict`).
+#: batch at or below B*, for extra rows to count as nearly free there.
 FLAT_TOL = 1.25
 
 
-def flat_verdict(numbers: Mapping[str, float], tol: float = FLAT_TOL) -> Claim:
-    """Why batching: the page's claim, "extra rows are nearly free until B*", on one measured
-    curve (:func:`~batching.book.decode.live_numbers`), at the largest swept batch at or below
-    B*. HOLDS: the step there is within ``tol`` of the roofline's predicted ratio to batch 1
-    (``ratio_bstar`` against ``pred_ratio_bstar``); PARTLY: it rises more, but some batch above
-    1 stays within :data:`KNEE_FACTOR` of batch 1 (``knee``); DOES_NOT_HOLD: none does."""
-    if numbers["ratio_bstar"] <= tol * numbers["pred_ratio_bstar"]:
+def flat_verdict(numbers: Mapping[str, float]) -> Claim:
+    """The claim "extra rows are nearly free until B*", on one measured curve
+    (:func:`~batching.book.decode.live_numbers`). HOLDS: at the largest swept batch at or
+    below B* the step is within :data:`FLAT_TOL` of the roofline's ratio to batch 1; PARTLY:
+    it rises more, but some batch above 1 stays within :data:`KNEE_FACTOR` of batch 1;
+    DOES_NOT_HOLD: none does."""
+    if numbers["ratio_bstar"] <= FLAT_TOL * numbers["pred_ratio_bstar"]:
         return Claim.HOLDS
     return Claim.PARTLY if numbers["knee"] > 1 else Claim.DOES_NOT_HOLD

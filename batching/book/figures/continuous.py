@@ -1,5 +1,5 @@
-"""Figures of 7.2 (continuous batching): utilization against load (70B), the real engine's
-schedulers, iterations per probe, and capacity at a latency target (also drawn by 7.3)."""
+"""Figures of continuous batching: utilization against load, the real engine's schedulers,
+iterations per probe, and capacity at a latency target (also the chunked page's)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,10 @@ def _config_color(name: str) -> str:
     return SCHEDULER_COLORS.get(name.split()[0].rstrip(","), "#999999")
 
 
-def utilization_load_figure(
-    sweep: Mapping[str, Mapping[str, np.ndarray]], trace_rate: float | None = None
-) -> Figure:
-    """7.2 (70B): slot utilization (left) and all-FLOP hardware compute utilization (right)
-    against offered rate, one line per configuration of a :func:`~batching.book.continuous.rate_sweep`;
-    filled markers where the run is stable, hollow where its queue grows over the replay."""
+def utilization_load_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], trace_rate: float) -> Figure:
+    """Slot utilization (left) and all-FLOP hardware compute utilization (right) against
+    offered rate, one line per configuration of a :func:`~batching.book.continuous.rate_sweep`
+    (hollow markers where the queue grows), the trace's own rate dotted."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.0), sharex=True)
     for name, d in sweep.items():
         c = _config_color(name)
@@ -45,8 +43,7 @@ def utilization_load_figure(
         ax.set_ylim(0, 1.02)
         percent_axis(ax)
         ax.set_xlabel("offered rate (req/s)")
-        if trace_rate:
-            ax.axvline(trace_rate, color="#999999", lw=1, ls=":")
+        ax.axvline(trace_rate, color="#999999", lw=1, ls=":")
     marks = [
         Line2D([], [], marker="o", color="#666666", ls="none", label="stable"),
         Line2D([], [], marker="o", color="#666666", mfc="white", ls="none", label="queue grows"),
@@ -59,9 +56,9 @@ def utilization_load_figure(
 
 
 def real_schedulers_figure(rs: Mapping[str, Any]) -> Figure:
-    """7.2, measured: slot utilization, p99 end-to-end latency and output tokens/s of each
-    scheduler of :func:`~batching.book.checks.real_schedulers` on the real engine (solid bars);
-    where a profile of this machine exists, the simulator's prediction beside them (hatched)."""
+    """Slot utilization, p99 end-to-end latency and output tokens/s of each run of
+    :func:`~batching.book.checks.real_schedulers` (solid bars), with the simulator's
+    prediction beside them (hatched) where it ran."""
     keys = (
         ("slot_util", "slot utilization"),
         ("e2e_p99", "p99 end-to-end (s)"),
@@ -98,7 +95,8 @@ def real_schedulers_figure(rs: Mapping[str, Any]) -> Figure:
 
 
 def iterations_figure(its: Mapping[str, Mapping[str, np.ndarray]], probe: int) -> Figure:
-    """7.2: iterations and time a ``probe``-token request lives through, per scheduler."""
+    """Distributions of the iterations (from arrival) and the seconds (from admission) a
+    ``probe``-token request lives through, per scheduler (:func:`~batching.book.continuous.probe_runs`)."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 2.9))
     for name, d in its.items():
         c = _config_color(name)
@@ -130,23 +128,19 @@ def iterations_figure(its: Mapping[str, Mapping[str, np.ndarray]], probe: int) -
     return fig
 
 
-# ------------------------------------------------------------------ capacity (7.2, 7.3)
 def capacity_figure(
-    rows: Sequence[Mapping[str, Any]],
-    trace_rate: float | None = None,
-    slo_labels: Mapping[str, str] | None = None,
+    rows: Sequence[Mapping[str, Any]], trace_rate: float, slo_labels: Mapping[str, str]
 ) -> Figure:
-    """Capacity at a latency target (:func:`batching.book.capacity.capacity_table`): one row of
-    bars per configuration, one bar per SLO, the sustained request rate written at its end.
-    ``trace_rate``: the trace's own rate (req/s), drawn as a dotted line for scale."""
+    """Capacity at a latency target (:func:`batching.book.capacity.capacity_table`): per
+    configuration one bar per SLO (labelled by ``slo_labels``), the sustained request rate
+    written at its end, and the trace's own rate (req/s) dotted for scale."""
     configs = list(dict.fromkeys(r["config"] for r in rows))
     slos = list(dict.fromkeys(r["slo"] for r in rows))
     rate = {(r["config"], r["slo"]): float(r["rate"]) for r in rows}
-    labels = dict(slo_labels or {})
     fig, ax = plt.subplots(figsize=(WIDTH, 0.27 * len(configs) * len(slos) + 1.0))
     h = 0.8 / len(slos)
     shades = {0: 1.0, 1: 0.45}
-    top = max(rate.values()) if rate else 1.0
+    top = max(rate.values())
     for j, slo in enumerate(slos):
         for i, name in enumerate(configs):
             v = rate.get((name, slo), float("nan"))
@@ -158,19 +152,17 @@ def capacity_figure(
                 height=h * 0.9,
                 color=c,
                 alpha=shades.get(j, 0.3),
-                label=labels.get(slo, slo) if i == 0 else None,
+                label=slo_labels[slo] if i == 0 else None,
             )
             ax.text(v + top * 0.01, y, f"{v:.1f}" if v > 0 else "0 (none met)", va="center", fontsize=7.5)
     ax.set_yticks(range(len(configs)), configs)
     ax.invert_yaxis()
     ax.set_xlabel("capacity: highest sustained request rate (req/s)")
     ax.set_xlim(0, top * 1.15)
-    if trace_rate:
-        ax.axvline(trace_rate, color="#999999", ls=":", lw=1.0)
-        ax.text(trace_rate, -0.75, " trace's own rate", fontsize=7, color="#666666", va="bottom")
+    ax.axvline(trace_rate, color="#999999", ls=":", lw=1.0)
+    ax.text(trace_rate, -0.75, " trace's own rate", fontsize=7, color="#666666", va="bottom")
     handles = [
-        Patch(facecolor="#555555", alpha=shades.get(j, 0.3), label=labels.get(s, s))
-        for j, s in enumerate(slos)
+        Patch(facecolor="#555555", alpha=shades.get(j, 0.3), label=slo_labels[s]) for j, s in enumerate(slos)
     ]
     ax.legend(handles=handles, loc="upper right", fontsize=7.5, frameon=False)
     return fig

@@ -1,5 +1,5 @@
-"""Figures of "Why batching" and of the measured page's decode sweep: the GPU rooflines, the live
-decode sweep against its roofline, and the committed profiles."""
+"""Figures of the decode roofline: the GPU rooflines, a live decode sweep against its own
+roofline, and the committed profiles beside it."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from matplotlib.lines import Line2D
 from ..plots import PHASE_COLORS, POLICY_COLORS, SOURCE_COLORS, WIDTH, box, log2_x, log_ticks, log_y, note
 from ..why import KNEE_FACTOR
 
-#: The two measured decode paths (a uniform batch in contiguous slots; a
-#: live batch with mixed contexts whose slabs are gathered) and the roofline's lines.
+#: The measured decode paths (equal or mixed contexts, contiguous or gathered slabs) and the
+#: roofline's lines.
 PATH_COLORS: dict[str, str] = {
     "uniform": PHASE_COLORS["decode"],
     "mixed": "#56B4E9",
@@ -50,6 +50,7 @@ def _pow2_axis(ax: Any, lo: float, hi: float) -> None:
 def _bstar_line(
     ax: Any, bstar: float, color: str = "#666666", label: str = "B*", y: float = 0.96, left: bool = False
 ) -> None:
+    """A dash-dot line at B*, labelled at height ``y`` (axes fraction), on its left if ``left``."""
     ax.axvline(bstar, color=color, ls="-.", lw=1)
     note(
         ax,
@@ -66,10 +67,10 @@ def _bstar_line(
 
 
 def gpu_roofline_figure(gr: Mapping[str, Any]) -> Figure:
-    """Why batching: roofline predictions of a decode step (datasheet constants) for one
-    model on several GPUs (:func:`batching.book.why.gpu_rooflines`). Left: step time at
-    the shortest context (linear axis), with its memory and compute lines and B*. Right:
-    tokens/s at every context, drawn only where the batch's KV cache fits the device."""
+    """Roofline predictions of a decode step on several GPUs
+    (:func:`batching.book.why.gpu_rooflines`). Left: step time at the shortest context, with
+    its memory and compute lines and B*. Right: tokens/s at every context, drawn where the
+    batch's KV fits the device."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.1))
     ctxs = sorted(next(iter(gr["devices"].values()))["ctx"])
     c0 = ctxs[0]
@@ -134,13 +135,10 @@ def live_decode_figure(
     roof: Mapping[str, np.ndarray],
     paths: Sequence[str] | None = None,
 ) -> Figure:
-    """Why batching: the live sweep (:func:`batching.real.sweep.decode_sweep`) against
-    the roofline from the same run's bandwidth and peak (``roof``, a dense
-    :func:`batching.book.why.roofline_curve`). Left: step time of each path in ``paths``
-    (default: every measured one; median, bar = interquartile range), memory/compute/roofline
-    lines, B*, the band of the knee (``why.KNEE_FACTOR`` times batch 1) and the uniform
-    path's knee. Right: tokens/s."""
-
+    """A live sweep (:func:`batching.real.sweep.decode_sweep`) against ``roof``, the roofline
+    from its own bandwidth and peak. Left: step time of each of ``paths`` (default: every
+    measured one; median, bar = interquartile range), the roofline's lines, B*, the knee's
+    band (``KNEE_FACTOR`` x batch 1) and the uniform path's knee. Right: tokens/s."""
     b = np.asarray(sweep["batch"], dtype=float)
     shown = list(sweep["paths"] if paths is None else paths)
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.4))
@@ -225,31 +223,26 @@ def live_decode_figure(
 def profiles_figure(
     profiles: Sequence[Mapping[str, Any]],
     roofs: Sequence[Mapping[str, np.ndarray]],
-    live: Mapping[str, Any] | None = None,
+    live: Mapping[str, Any],
     gpu: Mapping[str, Any] | None = None,
 ) -> Figure:
-    """Why batching: every committed profile (:func:`batching.book.profiles.load_profiles`)
-    beside this build's live sweep (its uniform path) and, as predictions, the GPU
-    rooflines (:func:`batching.book.why.gpu_rooflines`, shortest context).
-
-    Left: measured decode step against batch at each profile's ``ref_ctx`` (solid), with
-    its roofline from its own bandwidth and peak (``roofs[i]``, dashed, same colour).
-    Right: the same step times relative to batch 1, where devices of any speed compare,
-    with the GPU roofline predictions (grey) and the knee's band (``why.KNEE_FACTOR``).
-    """
+    """The live sweep's uniform path beside every committed profile
+    (:func:`batching.book.profiles.load_profiles`) and, if given, the GPU rooflines
+    (:func:`batching.book.why.gpu_rooflines`, shortest context). Left: step time against
+    batch, each profile at its ``ref_ctx`` with its own roofline (``roofs[i]``, dashed).
+    Right: the same relative to batch 1, where devices of any speed compare, with the knee's
+    band."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.5))
-    series: list[tuple[str, np.ndarray, np.ndarray, str, Mapping[str, np.ndarray] | None]] = []
-    if live is not None:
-        m = live["meta"]
-        series.append(
-            (
-                f"this build: {m['model']} {m['dtype']} on {m['device']}, {live['ctx']} tok/row",
-                np.asarray(live["batch"], dtype=float),
-                np.asarray(live["uniform_ms"], dtype=float),
-                PATH_COLORS["uniform"],
-                None,
-            )
+    m = live["meta"]
+    series: list[tuple[str, np.ndarray, np.ndarray, str, Mapping[str, np.ndarray] | None]] = [
+        (
+            f"this build: {m['model']} {m['dtype']} on {m['device']}, {live['ctx']} tok/row",
+            np.asarray(live["batch"], dtype=float),
+            np.asarray(live["uniform_ms"], dtype=float),
+            PATH_COLORS["uniform"],
+            None,
         )
+    ]
     for i, (p, roof) in enumerate(zip(profiles, roofs)):
         m = p["meta"]
         series.append(
@@ -297,23 +290,18 @@ def profiles_figure(
             )
 
     axes[1].axhline(KNEE_FACTOR, color="#bbbbbb", lw=0.8, zorder=1)
-    if not series:
-        axes[0].text(
-            0.5, 0.5, "no measurement to show", ha="center", va="center", transform=axes[0].transAxes
-        )
     axes[0].set_yscale("log")
     axes[0].set_ylabel("decode step (ms, log)\nsolid: measured, dashed: roofline")
     axes[0].set_title("step time", fontsize=9)
     axes[1].set_yscale("log")
-    rel = [ms / ms[0] for _, _, ms, _, _ in series] or [np.array([1.0, 2.0])]
+    rel = [ms / ms[0] for _, _, ms, _, _ in series]
     top = max(2.2, max(float(r.max()) for r in rel) * 1.15)
     axes[1].set_ylim(0.9, top)
     log_ticks(axes[1], 1.0, top, axis="y")
     axes[1].set_ylabel("step time / step time at batch 1 (log)")
     axes[1].set_title("relative cost of a bigger batch", fontsize=9)
     for a in axes:
-        if math.isfinite(lo):
-            _pow2_axis(a, lo, hi)
+        _pow2_axis(a, lo, hi)
         a.set_xlabel("batch (sequences per decode step)")
     h0, l0 = axes[0].get_legend_handles_labels()
     h1, l1 = axes[1].get_legend_handles_labels()

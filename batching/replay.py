@@ -31,6 +31,7 @@ import numpy as np
 
 from .served import ServedRequest
 from .workload import Workload
+from .workload_base import colon_pair
 
 
 class ReplayError(ValueError):
@@ -330,11 +331,8 @@ def replay(
 
 
 def parse_vocab(text: str) -> tuple[int, int]:
-    lo, sep, hi = text.partition(":")
     try:
-        if not sep:
-            raise ValueError
-        return int(lo), int(hi)
+        return colon_pair(text, int)
     except ValueError:
         raise ValueError(f"--vocab {text!r}: expected LO:HI token ids") from None
 

@@ -62,7 +62,6 @@ class ReplayOptions:
         return self.max_connections or max(1, min(n, 1024))
 
 
-# ------------------------------------------------------------------ prompts
 def id_prompts(w: Workload, lo: int, hi: int, seed: int) -> dict[int, list[int]]:
     """Seeded token-id prompts of exactly each request's length."""
     if not (0 <= lo < hi):
@@ -115,7 +114,6 @@ def text_prompts(w: Workload, tokenizer: str, seed: int) -> dict[int, str]:
     return {r.rid: text_prompt(tok, r.prompt_len, rng, pool) for r in w.requests}
 
 
-# ------------------------------------------------------------------ requests
 def body(opts: ReplayOptions, prompt: list[int] | str, output_len: int) -> dict[str, Any]:
     b: dict[str, Any] = {
         "model": opts.model,

@@ -235,9 +235,7 @@ def target(device: str, dtype: str | None = None) -> tuple[torch.device, DeviceE
 
 
 def rig(
-    dev: torch.device,
-    entry: DeviceEntry,
-    tdt: torch.dtype,
+    at: tuple[torch.device, DeviceEntry, torch.dtype],
     shape: ModelShape,
     slots: int,
     max_len: int,
@@ -247,10 +245,10 @@ def rig(
     seed: int = 0,
     graphs: bool | None = None,
 ) -> Rig:
-    """Probe the device, then build and warm up ``shape`` with ``slots`` slabs of ``max_len``.
+    """Probe the :func:`target`, then build and warm up ``shape`` with ``slots`` slabs of ``max_len``.
     Probes first: their buffers (twice ``bandwidth_bytes``, default the weights' bytes) are
     freed before the slabs take the memory (an 8B profile's fill most of an H200)."""
-    load0, t0 = load_average(), time.perf_counter()
+    (dev, entry, tdt), load0, t0 = at, load_average(), time.perf_counter()
     nbytes = bandwidth_bytes or shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
     bw = bandwidth(dev, tdt, nbytes)
     peak = matmul_peak(dev, tdt, peak_n or (2048 if dev.type == "cpu" else 8192))
@@ -303,7 +301,7 @@ def measure(
     for name, n in (("rounds", rounds), ("reps", reps)):
         if not (isinstance(n, int) and n >= 1):
             raise ValueError(f"{name}={n!r}: must be an integer >= 1")
-    dev, entry, tdt = target(device, dtype)  # no GPU is said before any length is checked
+    dev, entry, tdt = at = target(device, dtype)  # no GPU is said before any length is checked
     shape = get_model(model)
     for name, vals in (("batches", batches), ("ctxs", ctxs), ("prefill_tokens", prefill_tokens)):
         if not vals or sorted(set(vals)) != list(vals) or vals[0] < (0 if name == "ctxs" else 1):
@@ -311,23 +309,14 @@ def measure(
     for rows, tokens in prefill_rows:
         if not (isinstance(rows, int) and isinstance(tokens, int) and rows >= 2 and tokens >= 1):
             raise ValueError(f"prefill_rows ({rows!r}, {tokens!r}): need integers rows >= 2, tokens >= 1")
-    max_len = max(
-        [c * 3 // 2 + 2 for c in ctxs]
-        + prefill_tokens
-        + [t for t, _, _ in mixed]
-        + [c + 1 for _, _, c in mixed]
-        + [t for _, t in prefill_rows]
-    )
+    lens = [c * 3 // 2 + 2 for c in ctxs] + prefill_tokens + [t for _, t in prefill_rows]
+    max_len = max(lens + [max(t, c + 1) for t, _, c in mixed])
     if max_len > shape.max_context:
         raise ValueError(f"a measured length of {max_len} exceeds {model}'s max_context={shape.max_context}")
     slots = max(batches + [r + 1 for _, r, _ in mixed] + [r for r, _ in prefill_rows])
-    kw: dict[str, Any] = {
-        "bandwidth_bytes": bandwidth_bytes,
-        "peak_n": peak_n,
-        "seed": seed,
-        "graphs": graphs,
-    }
-    r = rig(dev, entry, tdt, shape, slots, max_len, **kw)
+    r = rig(
+        at, shape, slots, max_len, bandwidth_bytes=bandwidth_bytes, peak_n=peak_n, seed=seed, graphs=graphs
+    )
     runner, bw, peak = r.runner, r.bw, r.peak
     weight_bytes = shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
     timer = StepTimer(runner, reps, pool=True)
@@ -342,8 +331,13 @@ def measure(
         + [("prefill_rows", i, 0) for i in range(len(prefill_rows))]
     )
 
-    def med(p: dict[str, float] | None) -> float | None:
-        return None if p is None else p["median_ms"]
+    total = len(points) * rounds
+
+    def ms(p: Any) -> Any:  # the medians of a point, or of a (nested) list of points
+        return [ms(x) for x in p] if isinstance(p, list) else None if p is None else p["median_ms"]
+
+    def section(spread: list[Any], **axes: Any) -> dict[str, Any]:
+        return {**axes, "ms": ms(spread), "spread": spread}
 
     def document(done: int) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -380,34 +374,23 @@ def measure(
                 "pass; decode rows sit at the stated context in a zero-filled slab (no real prefill)",
             },
             "device": {"bandwidth": bw, "matmul_peak": peak},
-            "decode": {
-                "batch": batches,
-                "ctx": ctxs,
-                "ms": [[med(p) for p in row] for row in grid],
-                "spread": grid,
-            },
-            "prefill": {"tokens": prefill_tokens, "ms": [med(p) for p in pre], "spread": pre},
-            "mixed": {
-                "prefill_tokens": [t for t, _, _ in mixed],
-                "decode_rows": [r for _, r, _ in mixed],
-                "decode_ctx": [c for _, _, c in mixed],
-                "ms": [med(p) for p in mix],
-                "spread": mix,
-            },
+            "decode": section(grid, batch=batches, ctx=ctxs),
+            "prefill": section(pre, tokens=prefill_tokens),
+            "mixed": section(
+                mix,
+                prefill_tokens=[t for t, _, _ in mixed],
+                decode_rows=[r for _, r, _ in mixed],
+                decode_ctx=[c for _, _, c in mixed],
+            ),
         }
         if (spec := r.spec(REGISTRY_DTYPE[tdt])) is not None:
             doc["meta"]["device_spec"] = spec
         if prefill_rows:
-            doc["prefill_rows"] = {
-                "rows": [r for r, _ in prefill_rows],
-                "tokens": [t for _, t in prefill_rows],
-                "ms": [med(p) for p in prows],
-                "spread": prows,
-            }
-        if done < len(points) * rounds:
-            doc["meta"]["partial"] = True
-            doc["meta"]["points_done"] = done
-            doc["meta"]["points"] = len(points) * rounds
+            doc["prefill_rows"] = section(
+                prows, rows=[r for r, _ in prefill_rows], tokens=[t for _, t in prefill_rows]
+            )
+        if done < total:
+            doc["meta"].update(partial=True, points_done=done, points=total)
         return doc
 
     last = time.perf_counter()
@@ -421,12 +404,8 @@ def measure(
             prows[i] = timer.prefill(tokens, rows)
         else:
             mix[i] = timer.mixed(*mixed[i])
-        end_of_round = n % len(points) == 0
-        if (
-            partial is not None
-            and n < len(points) * rounds
-            and (end_of_round or time.perf_counter() - last >= partial_every_s)
-        ):
+        due = n % len(points) == 0 or time.perf_counter() - last >= partial_every_s
+        if partial is not None and n < total and due:
             partial(document(n))
             last = time.perf_counter()
-    return document(len(points) * rounds)
+    return document(total)

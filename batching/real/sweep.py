@@ -69,7 +69,7 @@ def decode_sweep(
     ``<path>_p25_ms``/``<path>_p75_ms``, and ``matvec_gbs``, ``copy_gbs``, ``read_gbs`` (best
     of each probe; copy counts read + write), ``peak_tflops``.
     """
-    dev, entry, tdt = target(device)
+    dev, entry, tdt = at = target(device)
     free = float(available_bytes(dev) or 0) if dev.type == "cuda" else None
     name, bs = live_defaults(dev.type, model, batches, free)
     shape = get_model(name).with_dtype(REGISTRY_DTYPE[tdt])
@@ -80,7 +80,7 @@ def decode_sweep(
     nbytes = bandwidth_bytes or (
         shape.weight_read_bytes if dev.type == "cpu" else min(shape.weight_read_bytes, 2 << 30)
     )
-    r = rig(dev, entry, tdt, get_model(name), slots, ctx * 3 // 2 + 2, bandwidth_bytes=nbytes, peak_n=peak_n)
+    r = rig(at, get_model(name), slots, ctx * 3 // 2 + 2, bandwidth_bytes=nbytes, peak_n=peak_n)
     # Round-robin over (batch, path), each after one untimed step: a slow spell of a shared
     # machine spreads over all points instead of bending one stretch of the curve.
     timer = StepTimer(r.runner, 1, warmup=1)

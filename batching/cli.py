@@ -1,4 +1,4 @@
-"""Command line: ``python -m batching simulate ...`` (the simulator behind 7.1-7.3's figures).
+"""Command line: ``python -m batching simulate ...``, ``run``, ``measure`` and the server commands.
 
 Example::
 
@@ -21,14 +21,12 @@ from .models import get_model
 from .schedulers import SCHEDULERS, make_scheduler
 from .traces import load_trace
 from .workload import PRESETS, Workload, preset
+from .workload_base import colon_pair
 
 
 def _window(text: str) -> tuple[float, float]:
-    a, sep, b = text.partition(":")
     try:
-        if not sep:
-            raise ValueError
-        return float(a), float(b)
+        return colon_pair(text, float)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--window {text!r}: expected START:END in seconds") from None
 
@@ -97,6 +95,14 @@ def load_workload(a: argparse.Namespace, max_context: int) -> Workload:
     return w
 
 
+def progress(a: argparse.Namespace) -> bool:
+    return not a.no_progress and sys.stderr.isatty()
+
+
+def parse_slo(a: argparse.Namespace) -> SLO | None:
+    return SLO.parse(a.goodput) if a.goodput else None
+
+
 def _scheduler(a: argparse.Namespace, max_ctx: int, kv_tokens: float):
     return make_scheduler(
         a.scheduler,
@@ -130,22 +136,15 @@ def write_outputs(a: argparse.Namespace, doc: dict[str, Any]) -> None:
 
 
 def _report(a: argparse.Namespace, res, w: Workload, config: dict[str, Any]) -> int:
-    slo = SLO.parse(a.goodput) if a.goodput else None
-    config = {
-        **config,
-        **workload_config(a, w),
-        "model": a.model,
-        "device": a.device,
-        "dtype": a.dtype,
-    }
-    doc = results.build(res, config, slo, include_steps=a.steps, include_token_times=a.token_times)
-    write_outputs(a, doc)
+    config = {**config, **workload_config(a, w), "model": a.model, "device": a.device, "dtype": a.dtype}
+    write_outputs(
+        a, results.build(res, config, parse_slo(a), include_steps=a.steps, include_token_times=a.token_times)
+    )
     return 0
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
-    if a.goodput:
-        SLO.parse(a.goodput)  # bad SLO text fails before the run, not after
+    parse_slo(a)  # bad SLO text fails before the run, not after
     cost = get_cost_model(a.model, a.device, tp=a.tp, profile=a.profile, dtype=a.dtype)
     max_ctx = get_model(a.model).max_context
     w = load_workload(a, max_ctx)
@@ -163,14 +162,13 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         sched,
         SimExecutor(cost),
         record_slots=a.slot_log,
-        progress=not a.no_progress and sys.stderr.isatty(),
+        progress=progress(a),
     )
     return _report(a, res, w, {"command": "simulate", "tp": a.tp, "profile": a.profile})
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    if a.goodput:
-        SLO.parse(a.goodput)
+    parse_slo(a)
     from .real.executor import run_real  # torch is needed here only
     from .real.hardware import DeviceMemoryError, resolve_device
 
@@ -200,7 +198,7 @@ def cmd_run(a: argparse.Namespace) -> int:
             checkpoint=a.checkpoint,
             graphs=False if a.no_graphs else None,
             record_slots=a.slot_log,
-            progress=not a.no_progress and sys.stderr.isatty(),
+            progress=progress(a),
         )
     except DeviceMemoryError as e:  # bad input (too big for this device): one line, exit 2
         raise ValueError(str(e)) from None
@@ -208,13 +206,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         a,
         res,
         w,
-        {
-            "command": "run",
-            "max_len": a.max_len,
-            "threads": a.threads,
-            "checkpoint": a.checkpoint,
-            "no_graphs": a.no_graphs,
-        },
+        {"command": "run", **{k: getattr(a, k) for k in ("max_len", "threads", "checkpoint", "no_graphs")}},
     )
 
 
@@ -280,59 +272,54 @@ def _pairs(text: str) -> list[tuple[int, int]]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated ROWSxTOKENS pairs") from None
 
 
+# ``measure``'s default grids, (GPU, CPU). Batch 1 to 256 on every device; on the CPU every
+# batch is padded to a bucket (model.padded_tokens): the grid holds the buckets a step of up
+# to 64 rows lands on. Small prefills densely: on a CPU a step's cost rises steeply from 1 to
+# ~8 tokens and then flattens (cpu-s: 2 tokens 12.8 ms, 8: 19.5, 32: 26.9), which coarse
+# linear interpolation under-predicts by 20-30% in between. Chunk sizes x decode rows, so
+# that the profile interpolates mixed steps rather than adding a prefill and a decode step.
+# Equal prompts side by side (ROWSxTOKENS) at totals the single-prompt grid measured: the
+# difference is attention (ProfileCost prices a padded static batch with it); on a CPU also
+# past the longest prompt cpu-s takes (a padded static batch can hold 8,000 positions).
+_MEASURE_GRIDS: dict[str, tuple[list[Any], list[Any]]] = {
+    "batches": ([1, 2, 4, 8, 16, 32, 64, 128, 256], [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256]),
+    "ctxs": ([128, 1024, 4096], [8, 32, 128, 512, 1024]),
+    "prefill": ([64, 256, 1024, 2048, 8192], [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048]),
+    "mixed_chunks": ([256, 512, 2048], [2, 4, 8, 16, 32, 64, 128, 256, 512]),
+    "mixed_rows": ([1, 32, 128], [1, 2, 4, 8, 16]),
+    "prefill_rows": (
+        [(4, 512), (16, 128), (4, 2048)],
+        [(2, 512), (8, 128), (4, 512), (16, 128), (4, 1024), (16, 512)],
+    ),
+}
+
+
 def cmd_measure(a: argparse.Namespace) -> int:
     from .real.hardware import DeviceMemoryError, resolve_device
     from .real.measure import measure  # torch is needed here only
 
     # The device first: the GPU grid's lengths would otherwise be refused before "no GPU".
-    gpu = resolve_device(a.device).type == "cuda"
-    # Batch 1 to 256 on every device. On the CPU every batch is padded to a bucket
-    # (model.padded_tokens): the grid holds the buckets a step of up to 64 rows lands on.
-    batches = a.batches or (
-        [1, 2, 4, 8, 16, 32, 64, 128, 256] if gpu else [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256]
-    )
-    ctxs = a.ctxs or ([128, 1024, 4096] if gpu else [8, 32, 128, 512, 1024])
-    # Small sizes densely: on a CPU a step's cost rises steeply from 1 to ~8 tokens and then
-    # flattens (cpu-s: 2 tokens 12.8 ms, 8: 19.5, 32: 26.9), which coarse linear
-    # interpolation under-predicts by 20-30% in between.
-    prefill = a.prefill or (
-        [64, 256, 1024, 2048, 8192]
-        if gpu
-        else [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048]
-    )
-    # A grid of chunk sizes x decode rows, so that the profile interpolates mixed steps
-    # rather than adding a prefill and a decode step (ProfileCost).
-    chunks = a.mixed_chunks or ([256, 512, 2048] if gpu else [2, 4, 8, 16, 32, 64, 128, 256, 512])
-    rows = a.mixed_rows or ([1, 32, 128] if gpu else [1, 2, 4, 8, 16])
-    mixed = [(t, r, a.mixed_ctx) for t in chunks for r in rows]
-    # Equal prompts side by side at totals the single-prompt grid measured: the difference
-    # is attention (ProfileCost prices a padded static batch with it). On a CPU also past
-    # the longest prompt cpu-s takes (a static batch of padded prompts can hold 8,000
-    # positions): those extend the prefill curve.
-    prows = (
-        a.prefill_rows
-        if a.prefill_rows is not None
-        else (
-            [(4, 512), (16, 128), (4, 2048)]
-            if gpu
-            else [(2, 512), (8, 128), (4, 512), (16, 128), (4, 1024), (16, 512)]
-        )
-    )
+    col = 0 if resolve_device(a.device).type == "cuda" else 1
+    # A flag given replaces its grid; --prefill-rows '' means none.
+    g = {
+        k: v if (v := getattr(a, k)) or (k == "prefill_rows" and v is not None) else grids[col]
+        for k, grids in _MEASURE_GRIDS.items()
+    }
     try:
         doc = measure(
             a.model,
             a.device,
             a.dtype,
-            batches=batches,
-            ctxs=ctxs,
-            prefill_tokens=prefill,
-            mixed=mixed,
-            prefill_rows=prows,
+            batches=g["batches"],
+            ctxs=g["ctxs"],
+            prefill_tokens=g["prefill"],
+            mixed=[(t, r, a.mixed_ctx) for t in g["mixed_chunks"] for r in g["mixed_rows"]],
+            prefill_rows=g["prefill_rows"],
             reps=a.reps,
             rounds=a.rounds,
             seed=a.seed,
             graphs=False if a.no_graphs else None,
-            progress=not a.no_progress and sys.stderr.isatty(),
+            progress=progress(a),
             # A run cut short (a time limit, ^C) keeps what it measured: meta.partial says so.
             partial=(lambda doc: results.write_json(doc, a.out, allow_nan=True)) if a.out else None,
         )

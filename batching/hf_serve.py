@@ -80,7 +80,6 @@ class Server:
     model: str  # the served model name
     process: subprocess.Popen[bytes]
     command: list[str]
-    log: Path
     startup_s: float
 
     def describe(self) -> dict[str, Any]:
@@ -94,15 +93,6 @@ class Server:
         }
 
 
-def _cli() -> list[str]:
-    exe = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")
-    if exe is None:
-        raise FileNotFoundError(
-            "the transformers command is not installed (pip install 'transformers[serving]')"
-        )
-    return [exe]
-
-
 @contextlib.contextmanager
 def transformers_serve(
     checkpoint: str | Path, *, threads: int | None = None, log: str | Path | None = None
@@ -113,23 +103,13 @@ def transformers_serve(
 
     port, startup_timeout_s = free_port(), 120.0
     ckpt = str(Path(checkpoint).resolve())
-    cmd = [
-        *_cli(),
-        "serve",
-        ckpt,
-        "--continuous-batching",
-        "--device",
-        "cpu",
-        "--dtype",
-        "float32",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        *CPU_CB_FLAGS,
-    ]
+    exe = shutil.which("transformers", path=str(Path(sys.executable).parent)) or shutil.which("transformers")
+    if exe is None:
+        raise FileNotFoundError(
+            "the transformers command is not installed (pip install 'transformers[serving]')"
+        )
+    cmd = [exe, "serve", ckpt, "--continuous-batching", "--device", "cpu", "--dtype", "float32"]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *CPU_CB_FLAGS]
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -151,7 +131,7 @@ def transformers_serve(
             if time.perf_counter() - t0 > startup_timeout_s:
                 raise RuntimeError(f"transformers serve did not answer within {startup_timeout_s:g} s")
             time.sleep(0.5)
-        yield Server(url, ckpt, proc, cmd, log_path, time.perf_counter() - t0)
+        yield Server(url, ckpt, proc, cmd, time.perf_counter() - t0)
     finally:
         stop(proc)
 

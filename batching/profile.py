@@ -122,6 +122,24 @@ def _fit_attention(tokens: np.ndarray, seconds: np.ndarray, rows: dict[str, np.n
     return max(float((saved_s * saved_pairs).sum() / (saved_pairs**2).sum()), 0.0)
 
 
+def _positions(
+    tokens: np.ndarray, seconds: np.ndarray, rows: dict[str, np.ndarray] | None, attn_s: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """What positions cost without their attention: the single prompts' curve less one
+    sequence's pairs, extended by the ``prefill_rows`` points beyond the longest single prompt
+    (a model's context caps a prompt, not a padded batch of them), one point per total."""
+    lin_s = seconds - attn_s * _pairs(tokens)
+    if rows is None or attn_s <= 0:
+        return tokens, lin_s
+    total = rows["rows"] * rows["tokens"]
+    beyond = np.flatnonzero(total > tokens[-1])
+    beyond = beyond[np.argsort(total[beyond], kind="stable")]
+    t_b = total[beyond]
+    s_b = rows["ms"][beyond] - attn_s * rows["rows"][beyond] * _pairs(rows["tokens"][beyond])
+    keep = np.diff(t_b, prepend=-np.inf) > 0
+    return np.concatenate((tokens, t_b[keep])), np.concatenate((lin_s, s_b[keep]))
+
+
 def _segment(grid: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Index of the grid segment for ``x`` (edge segments beyond the grid) and the weight in it."""
     i = np.clip(np.searchsorted(grid, x, side="right") - 1, 0, len(grid) - 2)
@@ -212,25 +230,8 @@ class ProfileCost(_VectorCost):
         self.meta, self.source = meta, source
         self.db, self.dc, self.ds = decode_batch, decode_ctx, decode_s
         self.pt, self.ps = prefill_tokens, prefill_s
-        self.prefill_rows = prefill_rows
         self.attn_s = _fit_attention(prefill_tokens, prefill_s, prefill_rows)
-        # What positions cost without their attention: the single prompts' curve less one
-        # sequence's pairs, extended by equal-prompt points beyond the longest single prompt
-        # (a model's context caps a prompt, not a padded batch of them).
-        lin_t, lin_s = prefill_tokens, prefill_s - self.attn_s * _pairs(prefill_tokens)
-        if prefill_rows is not None and self.attn_s > 0:
-            total = prefill_rows["rows"] * prefill_rows["tokens"]
-            beyond = total > prefill_tokens[-1]
-            if beyond.any():
-                t_b = total[beyond]
-                s_b = prefill_rows["ms"][beyond] - self.attn_s * prefill_rows["rows"][beyond] * _pairs(
-                    prefill_rows["tokens"][beyond]
-                )
-                order = np.argsort(t_b, kind="stable")
-                t_b, s_b = t_b[order], s_b[order]
-                keep = np.concatenate(([True], np.diff(t_b) > 0))  # one point per total
-                lin_t, lin_s = np.concatenate((lin_t, t_b[keep])), np.concatenate((lin_s, s_b[keep]))
-        self.pt_lin, self.ps_lin = lin_t, lin_s
+        self.pt_lin, self.ps_lin = _positions(prefill_tokens, prefill_s, prefill_rows, self.attn_s)
         self.model, self.device = model, device
         self.peak_flops = device.peak(model.dtype)
         self.bandwidth = device.bandwidth

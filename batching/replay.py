@@ -31,6 +31,7 @@ import numpy as np
 
 from .served import ServedRequest
 from .workload import Workload
+from .workload_base import colon_pair
 
 
 class ReplayError(ValueError):
@@ -55,14 +56,12 @@ class ReplayOptions:
     timeout_s: float = 600.0  # per request: the longest wait for its next bytes
     seed: int = 0
     extra_body: dict[str, Any] = field(default_factory=dict)
-    lead_s: float = 0.2  # scheduling starts this long after the prompts are built
 
     def connections(self, n: int) -> int:
         # Large enough never to hold a request back: the server, not the client, schedules.
         return self.max_connections or max(1, min(n, 1024))
 
 
-# ------------------------------------------------------------------ prompts
 def id_prompts(w: Workload, lo: int, hi: int, seed: int) -> dict[int, list[int]]:
     """Seeded token-id prompts of exactly each request's length."""
     if not (0 <= lo < hi):
@@ -91,14 +90,14 @@ def _pool(tok: Any) -> np.ndarray:
     return np.array([i for i in range(tok.get_vocab_size()) if i not in special])
 
 
-def text_prompt(tok: Any, n: int, rng: np.random.Generator, pool: np.ndarray, tries: int = 10) -> str:
+def text_prompt(tok: Any, n: int, rng: np.random.Generator, pool: np.ndarray) -> str:
     """A text the tokenizer encodes (special tokens included, as a server's tokenizer call
     does) to exactly ``n`` tokens: draw ids, decode, re-encode, pad or trim, repeat."""
     specials = len(tok.encode("", add_special_tokens=True).ids)
     target = n - specials
     if target < 1:
         raise ValueError(f"prompt_len={n}: the tokenizer adds {specials} special tokens itself")
-    ids = rng.choice(pool, size=target).tolist()
+    ids, tries = rng.choice(pool, size=target).tolist(), 10
     for _ in range(tries):
         text = tok.decode(ids)
         got = tok.encode(text, add_special_tokens=False).ids
@@ -115,7 +114,6 @@ def text_prompts(w: Workload, tokenizer: str, seed: int) -> dict[int, str]:
     return {r.rid: text_prompt(tok, r.prompt_len, rng, pool) for r in w.requests}
 
 
-# ------------------------------------------------------------------ requests
 def body(opts: ReplayOptions, prompt: list[int] | str, output_len: int) -> dict[str, Any]:
     b: dict[str, Any] = {
         "model": opts.model,
@@ -244,7 +242,7 @@ async def replay_async(
     async with httpx.AsyncClient(base_url=base, limits=limits, timeout=timeout) as client:
         server = await check_server(client, opts.url, opts.model)
         first = reqs[0].arrival
-        start = time.perf_counter() + opts.lead_s
+        start = time.perf_counter() + 0.2  # scheduling starts 0.2 s after the prompts are built
         clock = lambda: time.perf_counter() - start + first  # the workload's clock
         bar = None
         if progress:
@@ -330,11 +328,8 @@ def replay(
 
 
 def parse_vocab(text: str) -> tuple[int, int]:
-    lo, sep, hi = text.partition(":")
     try:
-        if not sep:
-            raise ValueError
-        return int(lo), int(hi)
+        return colon_pair(text, int)
     except ValueError:
         raise ValueError(f"--vocab {text!r}: expected LO:HI token ids") from None
 

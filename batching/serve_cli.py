@@ -8,15 +8,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import results, served
-from .cli import add_output_args, add_workload_args, load_workload, workload_config, write_outputs
-from .metrics import SLO
+from . import cli, results, served
 
 NO_CONTEXT_LIMIT = 10**9  # the server enforces its own context (a too-long row is a 4xx)
 
 
+def _workload(a: argparse.Namespace) -> cli.Workload:
+    return cli.load_workload(a, a.max_context or NO_CONTEXT_LIMIT)
+
+
 def _write(a: argparse.Namespace, doc: dict[str, Any]) -> None:
-    write_outputs(a, doc)
+    cli.write_outputs(a, doc)
     for line in served.problems(doc):
         print(line, file=sys.stderr)
 
@@ -24,8 +26,8 @@ def _write(a: argparse.Namespace, doc: dict[str, Any]) -> None:
 def cmd_replay(a: argparse.Namespace) -> int:
     from .replay import ReplayError, ReplayOptions, finite_positive, parse_extra_body, parse_vocab, replay
 
-    slo = SLO.parse(a.goodput) if a.goodput else None
-    w = load_workload(a, a.max_context or NO_CONTEXT_LIMIT)
+    slo = cli.parse_slo(a)
+    w = _workload(a)
     opts = ReplayOptions(
         url=a.url,
         model=a.served_model,
@@ -41,7 +43,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
         raise ValueError(f"--max-connections={opts.max_connections}: must be >= 1")
     config = {
         "command": "replay",
-        **workload_config(a, w),
+        **cli.workload_config(a, w),
         "model": a.served_model,
         "device": "server",
         "url": a.url,
@@ -54,7 +56,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
     }
     failure: ReplayError | None = None
     try:
-        reqs, meta = replay(w, opts, progress=not a.no_progress and sys.stderr.isatty())
+        reqs, meta = replay(w, opts, progress=cli.progress(a))
     except ReplayError as e:
         if not e.requests:
             raise
@@ -79,7 +81,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
 def cmd_export(a: argparse.Namespace) -> int:
     from .vllm_io import export_custom
 
-    w = load_workload(a, a.max_context or NO_CONTEXT_LIMIT)
+    w = _workload(a)
     info = export_custom(w, a.out, tokenizer=a.tokenizer, seed=a.seed)
     fit = info["arrival_fit"]
     print(f"wrote {info['path']} ({info['requests']} requests)")
@@ -100,9 +102,9 @@ def cmd_import_vllm(a: argparse.Namespace) -> int:
     from .vllm_io import import_result, read_result
 
     doc_in = read_result(a.result)
-    w = load_workload(a, a.max_context or NO_CONTEXT_LIMIT) if (a.trace or a.preset) else None
+    w = _workload(a) if (a.trace or a.preset) else None
     reqs, params, duration = import_result(doc_in, w)
-    slo = SLO.parse(a.goodput) if a.goodput else None
+    slo = cli.parse_slo(a)
     name = w.name if w is not None else Path(a.result).stem
     config = {
         "command": "import-vllm",
@@ -125,7 +127,7 @@ def cmd_import_vllm(a: argparse.Namespace) -> int:
 def add_parsers(sub: Any) -> None:
     """Register ``replay``, ``export`` and ``import-vllm`` on ``sub``."""
     r = sub.add_parser("replay", help="replay a workload against an OpenAI-compatible server")
-    add_workload_args(r)
+    cli.add_workload_args(r)
     g = r.add_argument_group("server")
     g.add_argument("--url", required=True, help="base URL of the OpenAI API, e.g. http://127.0.0.1:8000/v1")
     g.add_argument("--served-model", required=True, help="model name as the server's /v1/models lists it")
@@ -144,11 +146,11 @@ def add_parsers(sub: Any) -> None:
     )
     g.add_argument("--extra-body", help="JSON object merged into every request body")
     g.add_argument("--max-context", type=int, help="refuse (or --cap) requests longer than this")
-    add_output_args(r)
+    cli.add_output_args(r)
     r.set_defaults(func=cmd_replay)
 
     e = sub.add_parser("export", help="write a workload for another benchmark (vllm bench serve)")
-    add_workload_args(e)
+    cli.add_workload_args(e)
     e.add_argument("--format", choices=["vllm-custom"], required=True)
     e.add_argument("--out", required=True, help="JSONL path")
     e.add_argument("--tokenizer", help="served model's tokenizer.json: prompts of exact length")
@@ -160,10 +162,10 @@ def add_parsers(sub: Any) -> None:
         "import-vllm", help="turn a vllm bench serve --save-detailed result into a results file"
     )
     i.add_argument("result", help="the JSON vllm bench serve --save-result --save-detailed wrote")
-    add_workload_args(i)
+    cli.add_workload_args(i)
     # The workload is optional here: given, it checks vLLM's lengths and supplies the rids.
     for grp in i._mutually_exclusive_groups:
         grp.required = False
     i.add_argument("--max-context", type=int)
-    add_output_args(i)
+    cli.add_output_args(i)
     i.set_defaults(func=cmd_import_vllm)

@@ -133,16 +133,16 @@ def build(
     meta: dict[str, Any],
     *,
     slo: SLO | None = None,
-    include_token_times: bool = True,
     duration_s: float | None = None,
 ) -> dict[str, Any]:
-    """The results document (schema of :func:`batching.results.build`, no ``steps``)."""
+    """The results document (schema of :func:`batching.results.build`, no ``steps``; every
+    token's time in its request's record)."""
     return {
         "schema": SCHEMA,
         "meta": {**run_meta(), "fast_steps": 0, **meta},
         "config": config,
         "summary": summarize(reqs, slo, duration_s),
-        "requests": [r.record(include_token_times) for r in reqs],
+        "requests": [r.record(True) for r in reqs],
     }
 
 

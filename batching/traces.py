@@ -13,6 +13,7 @@ import json
 import math
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 
@@ -45,7 +46,6 @@ _MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 _BUCKET_S = 3.0  # the width of Mooncake's timestamp buckets
 
 
-# ------------------------------------------------------------------------ helpers
 def _parse_timestamp(text: str) -> datetime:
     """``2023-11-16 18:15:46.6805900`` -> datetime; the 7th fractional digit (100 ns) is dropped.
 
@@ -70,22 +70,11 @@ def _parse_length(text: str, where: str, column: str) -> int:
     return v
 
 
-def _check_option(
-    limit: int | None, window: tuple[float, float] | None
-) -> tuple[int | None, tuple[float, float] | None]:
-    if limit is not None:
-        limit = _count("limit", limit, minimum=1)
-    if window is not None:
-        if not isinstance(window, (tuple, list)) or len(window) != 2:
-            raise WorkloadError(f"window={window!r}: must be (t0, t1) in seconds")
-        try:
-            t0, t1 = (float(x) for x in window)
-        except (TypeError, ValueError):
-            raise WorkloadError(f"window={window!r}: must be two numbers (t0, t1) in seconds") from None
-        if not (math.isfinite(t0) and t0 >= 0 and t1 > t0):
-            raise WorkloadError(f"window={window!r}: need 0 <= t0 < t1 (t1 may be inf)")
-        window = (t0, t1)
-    return limit, window
+def _open(path: Path, kind: str, encoding: str, newline: str | None = None) -> TextIO:
+    try:
+        return open(path, newline=newline, encoding=encoding)
+    except OSError as e:
+        raise TraceError(f"cannot open {kind} trace {path}: {e}") from None
 
 
 def _select(
@@ -104,7 +93,18 @@ def _select(
     The offset goes to ``info["t_offset_s"]`` (seconds from the trace's first row), and
     ``info["epoch"]`` is the wall-clock time of the new t=0 when the trace has one.
     """
-    limit, window = _check_option(limit, window)
+    if limit is not None:
+        limit = _count("limit", limit, minimum=1)
+    if window is not None:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise WorkloadError(f"window={window!r}: must be (t0, t1) in seconds")
+        try:
+            t0, t1 = (float(x) for x in window)
+        except (TypeError, ValueError):
+            raise WorkloadError(f"window={window!r}: must be two numbers (t0, t1) in seconds") from None
+        if not (math.isfinite(t0) and t0 >= 0 and t1 > t0):
+            raise WorkloadError(f"window={window!r}: need 0 <= t0 < t1 (t1 may be inf)")
+        window = (t0, t1)
     keep = np.ones(len(arrivals), dtype=bool)
     if window is not None:
         keep &= (arrivals >= window[0]) & (arrivals < window[1])
@@ -140,7 +140,6 @@ def _base_info(path: Path, fmt: str, attribution: str) -> dict[str, object]:
     return info
 
 
-# ------------------------------------------------------------------------- Azure
 def load_azure(
     path: str | Path,
     *,
@@ -153,10 +152,7 @@ def load_azure(
     ``limit`` then keeps the first N. ``info["epoch"]`` is the wall-clock time of t=0.
     """
     path = Path(path)
-    try:
-        f = open(path, newline="", encoding="utf-8-sig")
-    except OSError as e:
-        raise TraceError(f"cannot open Azure trace {path}: {e}") from None
+    f = _open(path, "Azure", "utf-8-sig", newline="")
     times: list[datetime] = []
     prompts: list[int] = []
     outputs: list[int] = []
@@ -211,7 +207,6 @@ def load_azure(
     return _select(path, arrivals, prompts, outputs, limit=limit, window=window, info=info, epoch=t0)
 
 
-# ---------------------------------------------------------------------- Mooncake
 def load_mooncake(
     path: str | Path,
     *,
@@ -228,10 +223,7 @@ def load_mooncake(
     Other options as :func:`load_azure`. Output lengths of 1 occur (TPOT is then null).
     """
     path = Path(path)
-    try:
-        f = open(path, encoding="utf-8")
-    except OSError as e:
-        raise TraceError(f"cannot open Mooncake trace {path}: {e}") from None
+    f = _open(path, "Mooncake", "utf-8")
     ts: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
@@ -274,13 +266,9 @@ def load_mooncake(
     raw = (np.array(ts, dtype=np.float64) - ts[0]) / 1000.0
     arrivals = _spread(raw, _BUCKET_S) if spread else raw
     info = _base_info(path, "mooncake-jsonl", MOONCAKE_ATTRIBUTION)
-    info["spread"] = (
-        (
-            f"requests sharing a timestamp spread evenly over the bucket "
-            f"(width min({_BUCKET_S} s, gap to next timestamp)), deterministic"
-        )
-        if spread
-        else False
+    info["spread"] = spread and (
+        f"requests sharing a timestamp spread evenly over the bucket "
+        f"(width min({_BUCKET_S} s, gap to next timestamp)), deterministic"
     )
     info["ignored"] = "hash_ids (prefix-sharing blocks)"
     return _select(path, arrivals, prompts, outputs, limit=limit, window=window, info=info)
@@ -296,7 +284,6 @@ def _spread(t: np.ndarray, bucket_s: float) -> np.ndarray:
     return t + rank * np.repeat(width / counts, counts)
 
 
-# ------------------------------------------------------------------ by name or path
 def load_trace(path_or_name: str | Path, *, download: bool = False, **options: object) -> Workload:
     """Load a trace by name (``azure-conv``, ``azure-code``, ``mooncake-conv``) or by path.
 

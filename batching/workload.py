@@ -31,7 +31,6 @@ __all__ = [
 ]
 
 
-# ----------------------------------------------------------------------------- Workload
 class Workload:
     """Requests sorted by arrival, plus a ``name`` and provenance ``info``.
 
@@ -100,7 +99,6 @@ class Workload:
         reqs = [Request(*row) for row in zip(ids, a.tolist(), p.tolist(), o.tolist())]
         return cls(reqs, name=name, info=info)
 
-    # -------------------------------------------------------------- read access
     @property
     def name(self) -> str:
         return self._name
@@ -166,7 +164,6 @@ class Workload:
             f"{self.total_prompt_tokens} prompt + {self.total_output_tokens} output tokens)"
         )
 
-    # ------------------------------------------------------------- derivations
     def fresh(self) -> list[Request]:
         """New Request objects with the same rid/arrival/lengths and no serving state."""
         return [
@@ -240,7 +237,6 @@ class Workload:
         )
 
 
-# ---------------------------------------------------------------------- arrivals
 def gamma_arrivals(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
     """``n`` arrival times (s) from 0 with Gamma(burstiness, 1/(rate*burstiness)) gaps, as
     vLLM bench serve: mean rate ``rate``, gap CV ``1/sqrt(burstiness)`` (1: Poisson).
@@ -260,7 +256,6 @@ def poisson_arrivals(n: int, rate: float, rng: np.random.Generator) -> np.ndarra
     return gamma_arrivals(n, rate, 1.0, rng)
 
 
-# ---------------------------------------------------------------------- builders
 def synthetic(
     n: int,
     rate: float,

@@ -34,3 +34,11 @@ def _count(name: str, value: object, minimum: int = 0) -> int:
 def _round_half_up(x: np.ndarray) -> np.ndarray:
     # np.rint rounds half to even; half-up keeps "divide by k" predictable for readers.
     return np.floor(np.asarray(x, dtype=np.float64) + 0.5).astype(np.int64)
+
+
+def colon_pair(text: str, conv: type) -> tuple:
+    """``"A:B"`` as ``(conv(A), conv(B))``; ValueError otherwise (each caller words it)."""
+    a, sep, b = text.partition(":")
+    if not sep:
+        raise ValueError(text)
+    return conv(a), conv(b)

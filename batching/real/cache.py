@@ -1,8 +1,6 @@
-"""The real engine's slab KV cache: one slab of ``max_len`` positions per slot,
-``k, v: [layers, slabs, kv_heads, max_len, head_dim]``, allocated up front (what the ``slab``
-policy of ``kv.py`` counts). With decode graphs one more slab, the scratch slab no request
-owns, takes the writes of a graph's padding rows.
-"""
+"""The slab KV cache: ``k, v [layers, slabs, kv_heads, max_len, head_dim]``, one slab per slot
+allocated up front (``kv.py``'s ``slab`` policy), plus with decode graphs a scratch slab for
+their padding rows."""
 
 from __future__ import annotations
 
@@ -19,8 +17,8 @@ def kv_cache_bytes(cfg: ModelConfig, slots: int, max_len: int, dtype: torch.dtyp
 
 
 class SlabCache:
-    """K and V slabs for ``slots`` slots of ``max_len`` positions (plus the scratch slab if
-    ``scratch``), checked against the device's free memory before they are allocated."""
+    """K and V slabs of ``slots`` x ``max_len`` positions (plus a ``scratch`` slab), checked
+    against free memory before they are allocated."""
 
     def __init__(
         self,
@@ -34,7 +32,6 @@ class SlabCache:
     ) -> None:
         self.slots, self.max_len, self.device, self.dtype = slots, max_len, device, dtype
         slabs = slots + 1 if scratch else slots
-        #: The slab a decode graph's padding rows write into (None without graphs).
         self.scratch: int | None = slots if scratch else None
         self.nbytes = kv_cache_bytes(cfg, slabs, max_len, dtype)
         shape = (cfg.layers, slabs, cfg.kv_heads, max_len, cfg.head_dim)
@@ -44,11 +41,9 @@ class SlabCache:
             f"KV cache {list(shape)} x 2 (K, V) in {dtype}",
             device,
         )
-        # Zeros, not empty: a decode batch reads every row's slab up to the batch's longest
-        # context and masks the rest; masked garbage that happened to be NaN would still
-        # poison the output (0 x NaN), so every position must hold a finite value.
+        # Zeros, not empty: decode reads masked positions too, and a NaN there would still
+        # poison the output (0 x NaN).
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        # Per-layer views made once: indexing the slab anew in every layer of every step is
-        # two more dispatches per layer, which a one-token CPU step pays in full.
+        # Per-layer views made once: indexing anew costs two dispatches per layer and step.
         self.layers: list[tuple[Tensor, Tensor]] = list(zip(self.k.unbind(0), self.v.unbind(0)))

@@ -1,10 +1,8 @@
-"""Hugging Face ``LlamaForCausalLM`` checkpoints (``config.json`` + ``model.safetensors``) of
-this engine's :class:`~batching.real.model.Llama`, both ways, so that the same weights run in
-both engines and their greedy tokens must agree.
+"""Hugging Face ``LlamaForCausalLM`` checkpoints (``config.json``, ``model.safetensors``) of
+:class:`~batching.real.model.Llama`, both ways, so both engines run the same weights.
 
-Only the layout differs: this engine keeps q, k, v in one matrix (``wqkv``) and gate, up in
-another (``w_gate_up``). Both apply RoPE rotate-half to ``[heads, head_dim]``, so no row
-permutation is needed. ``safetensors`` (the ``bench`` extra) is imported when a function runs.
+Only the layout differs (q, k, v stacked in ``wqkv``, gate and up in ``w_gate_up``); both
+rotate-half ``[heads, head_dim]``, so no row permutation. Needs ``safetensors`` (``bench``).
 """
 
 from __future__ import annotations
@@ -38,8 +36,8 @@ def _safetensors_torch() -> Any:
 
 
 def hf_config(model: Llama) -> dict[str, Any]:
-    """The ``config.json`` of ``model``: no EOS, BOS or padding ids (runs stop at each
-    request's length); ``batching_model`` records the registry shape's name."""
+    """The ``config.json`` of ``model``: no EOS, BOS or padding ids (runs stop at each request's
+    length); ``batching_model``: the registry shape's name."""
     cfg = model.cfg
     dtype = str(model.dtype).removeprefix("torch.")  # float32, bfloat16, ...
     return {
@@ -72,8 +70,7 @@ def hf_config(model: Llama) -> dict[str, Any]:
 
 
 def _hf_layout(model: Llama) -> list[tuple[Tensor, dict[str, int]]]:
-    """Each of ``model``'s tensors with the Hugging Face tensors stacked in it, top to bottom,
-    and their rows: the naming table that saving and loading share."""
+    """Each of ``model``'s tensors with the Hugging Face tensors stacked in it and their rows."""
     cfg = model.cfg
     q, kv, d, f = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.hidden, cfg.ffn
     out: list[tuple[Tensor, dict[str, int]]] = [
@@ -95,22 +92,18 @@ def _hf_layout(model: Llama) -> list[tuple[Tensor, dict[str, int]]]:
     return out
 
 
-def hf_state_dict(model: Llama) -> dict[str, Tensor]:
-    """``model``'s weights under Hugging Face names, each a contiguous tensor of its own
-    (safetensors refuses tensors sharing memory)."""
-    return {
-        name: piece.detach().to("cpu").clone().contiguous()
-        for t, parts in _hf_layout(model)
-        for name, piece in zip(parts, t.split(list(parts.values())))
-    }
-
-
 def save_hf_checkpoint(model: Llama, path: str | Path) -> Path:
     """Write ``model`` as a checkpoint directory in its own dtype; returns the directory."""
     st = _safetensors_torch()
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    st.save_file(hf_state_dict(model), str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    # Each tensor a copy of its own: safetensors refuses tensors sharing memory.
+    weights = {
+        name: piece.detach().to("cpu").clone().contiguous()
+        for t, parts in _hf_layout(model)
+        for name, piece in zip(parts, t.split(list(parts.values())))
+    }
+    st.save_file(weights, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     (out / CONFIG_FILE).write_text(json.dumps(hf_config(model), indent=2) + "\n")
     return out
 
@@ -121,9 +114,8 @@ def _require(cond: bool, msg: str) -> None:
 
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
-    """The model config of a Hugging Face Llama ``config.json``; refuses what this engine does
-    not implement (biases, another activation, a head_dim other than hidden / heads, RoPE
-    scaling). Named by ``batching_model``, else ``"hf-llama"``."""
+    """The model config of a Llama ``config.json`` (named ``batching_model``, else ``hf-llama``);
+    refuses biases, another activation, head_dim != hidden / heads and RoPE scaling."""
     _require(
         hf.get("model_type", "llama") == "llama", f"model_type={hf.get('model_type')!r}: only 'llama' loads"
     )
@@ -137,8 +129,8 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         head_dim in (None, hidden // heads),
         f"head_dim={head_dim} != hidden_size / num_attention_heads = {hidden // heads}: not supported",
     )
-    _require(not hf.get("attention_bias", False), "attention_bias=true: this engine's model has no biases")
-    _require(not hf.get("mlp_bias", False), "mlp_bias=true: this engine's model has no biases")
+    for bias in ("attention_bias", "mlp_bias"):
+        _require(not hf.get(bias, False), f"{bias}=true: this engine's model has no biases")
     _require(
         hf.get("hidden_act", "silu") == "silu", f"hidden_act={hf.get('hidden_act')!r}: only 'silu' (SwiGLU)"
     )
@@ -147,7 +139,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     _require(rope_type == "default", f"rope_type={rope_type!r}: only plain RoPE ('default') is implemented")
     theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
     dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
-    bytes_per = 2 if dtype in ("bfloat16", "float16") else 4  # the registry knows 1, 2 and 4 bytes
+    bytes_per = 2 if dtype in ("bfloat16", "float16") else 4
     return ModelConfig(
         name=hf.get("batching_model") or "hf-llama",
         layers=int(hf["num_hidden_layers"]),
@@ -177,9 +169,8 @@ def read_config(path: str | Path) -> ModelConfig:
 def load_hf_checkpoint(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> Llama:
-    """A :class:`~batching.real.model.Llama` holding a checkpoint's weights (one
-    ``model.safetensors``, not sharded), cast to ``dtype`` (default: fp32 on CPU, bf16 on
-    CUDA). An unknown, missing or misshapen tensor raises :class:`CheckpointError` naming it."""
+    """A :class:`~batching.real.model.Llama` of a checkpoint's (unsharded) weights in ``dtype``
+    (default: fp32 on CPU, bf16 on CUDA); a bad tensor raises :class:`CheckpointError` naming it."""
     st = _safetensors_torch()
     cfg = read_config(path)
     f = Path(path) / WEIGHTS_FILE
@@ -187,13 +178,13 @@ def load_hf_checkpoint(
         raise FileNotFoundError(f"{f}: no model.safetensors (sharded checkpoints are not supported)")
     tensors = st.load_file(str(f))
     if cfg.tied_embeddings:
-        # Some writers store the tied head anyway: accept it only if it is the embedding.
+        # Some writers store a tied head anyway: accepted if it is the embedding.
         head = tensors.pop("lm_head.weight", None)
         if head is not None and not torch.equal(head, tensors.get("model.embed_tokens.weight", head)):
             raise CheckpointError(
                 "lm_head.weight differs from model.embed_tokens.weight but tie_word_embeddings is true"
             )
-    model = Llama(cfg, device, dtype, seed=0)  # random init, overwritten below
+    model = Llama(cfg, device, dtype, seed=0)  # overwritten below
     layout = _hf_layout(model)
     want = {name: (rows, *t.shape[1:]) for t, parts in layout for name, rows in parts.items()}
     for what, names in (("unknown", set(tensors) - set(want)), ("missing", set(want) - set(tensors))):

@@ -1,8 +1,5 @@
-"""The real executor: the engine loop's steps run on a torch model, timed by the wall clock.
-
-Same schedulers and engine loop (``engine.run``) as the simulator; only the source of a
-step's duration changes, from a cost model's prediction to a measurement.
-"""
+"""The real executor: the simulator's schedulers and engine loop (``engine.run``), each step
+run on a torch model and timed by the wall clock instead of predicted."""
 
 from __future__ import annotations
 
@@ -37,12 +34,10 @@ _DTYPES: dict[str, torch.dtype] = {
 REGISTRY_DTYPE: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``None``: fp32 on CPU, bf16 on CUDA; else a torch dtype or a name (``fp32``, ``bf16``, ``fp64``)."""
+def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """A dtype's name (``fp32``, ``bf16``, ``fp64``); ``None``: fp32 on CPU, bf16 on CUDA."""
     if dtype is None:
         return default_dtype(device)
-    if isinstance(dtype, torch.dtype):
-        return dtype
     try:
         return _DTYPES[str(dtype).lower()]
     except KeyError:
@@ -50,9 +45,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def hardware_cost(runner: ModelRunner) -> RooflineCost | None:
-    """The roofline of the registry device this runs on, for hardware utilization's FLOPs,
-    bytes, peak and bandwidth (never durations). None without a registry entry (an unknown
-    GPU, float64, a model of other sizes): then no hardware utilization is reported."""
+    """The registry roofline behind hardware utilization (FLOPs, bytes, peak, bandwidth; never
+    durations). None for an unknown GPU, float64 or a model of other sizes: none reported."""
     cfg, dt, entry = runner.cfg, REGISTRY_DTYPE.get(runner.dtype), device_entry(runner.device)
     try:
         shape = get_model(cfg.name)
@@ -65,12 +59,8 @@ def hardware_cost(runner: ModelRunner) -> RooflineCost | None:
 
 
 class RealExecutor:
-    """Executes each step plan on the model and reports its measured duration.
-
-    ``hardware``: :func:`hardware_cost`. ``decode_run`` always returns None: a real model
-    has to run each step. ``graph_rows``/``graph_ctx``: the most rows and the longest
-    context the workload can reach, whose decode graphs the warm-up captures.
-    """
+    """Runs each step plan on the model and reports its measured duration; the warm-up captures
+    decode graphs up to ``graph_rows`` rows and ``graph_ctx`` positions (what the workload reaches)."""
 
     def __init__(
         self,
@@ -86,8 +76,8 @@ class RealExecutor:
         self.steps = 0
         self.warmup_s = 0.0
         if warmup:
-            # Untimed: a fresh process's one-off costs (ModelRunner.warmup), up to several
-            # step times, and graph captures must not show up as the first request's TTFT.
+            # A fresh process's one-off costs (several step times) and graph captures must not
+            # show up as the first request's TTFT.
             t0 = time.perf_counter()
             runner.warmup(
                 capture_graphs=True, tokens=warmup_tokens, graph_rows=graph_rows, graph_ctx=graph_ctx
@@ -96,7 +86,7 @@ class RealExecutor:
             self.warmup_s = time.perf_counter() - t0
 
     def execute(self, plan: StepPlan) -> StepResult:
-        """Run the plan as one forward pass; duration in wall-clock seconds."""
+        """One forward pass; duration in seconds."""
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -112,7 +102,7 @@ class RealExecutor:
         return StepResult(duration=duration, token_ids=tokens)
 
     def decode_run(self, plan: StepPlan, k: int) -> None:
-        """No fast path: a real model has to run and time each step."""
+        """No fast path: every real step runs."""
         return None
 
     def describe(self) -> dict[str, Any]:
@@ -146,7 +136,7 @@ def run_real(
     scheduler: Scheduler,
     model_name: str | None,
     device: str | torch.device = "auto",
-    dtype: str | torch.dtype | None = None,
+    dtype: str | None = None,
     seed: int = 0,
     threads: int | None = None,
     max_len: int | None = None,
@@ -157,23 +147,14 @@ def run_real(
 ) -> RunResult:
     """Serve a workload with ``scheduler`` on a real model; ``run_kw`` go to ``engine.run``.
 
-    Every request stops at its trace output length (EOS ignored, as vLLM's benchmark
-    does). ``threads``: torch's intra-op threads for the process. ``max_len``: each slot's
-    slab, below the model's context (longer requests are refused up front).
-    ``checkpoint``: a Hugging Face Llama checkpoint whose config sets the shape and whose
-    weights replace the seeded ones. ``runner``: an existing model and cache to serve with
-    (several runs then share one model). With either, ``model_name`` may be None and must
-    otherwise match. ``graphs``: decode steps as CUDA graphs (default on CUDA).
-    """
+    Requests stop at their trace output length (EOS ignored, as vLLM's benchmark does).
+    ``threads``: torch's intra-op threads. ``max_len``: each slot's slab (longer requests are
+    refused up front). ``checkpoint``: a Hugging Face Llama checkpoint (shape and weights);
+    ``runner``: an existing model and cache, shared between runs. With either, ``model_name``
+    may be None, else must match. ``graphs``: CUDA-graph decode (default on CUDA)."""
     reqs = workload_requests.fresh() if isinstance(workload_requests, Workload) else list(workload_requests)
     if runner is not None:
-        if (
-            checkpoint is not None
-            or device != "auto"
-            or dtype is not None
-            or max_len is not None
-            or graphs is not None
-        ):
+        if device != "auto" or any(x is not None for x in (checkpoint, dtype, max_len, graphs)):
             raise ValueError(
                 "run_real(runner=...) takes its model, device, dtype, max_len and graphs from the "
                 "runner: pass none of checkpoint, device, dtype, max_len, graphs"
@@ -205,8 +186,7 @@ def run_real(
                 f"request {r.rid}: prompt_len={r.prompt_len} + output_len={r.output_len} "
                 f"exceeds the runner's max_len={limit}"
             )
-    # A given runner serves as it is: each request's prefill overwrites its slabs, and it
-    # stores no token ids (they are the requests').
+    # A given runner serves as it is: prefills overwrite its slabs, and ids are the requests'.
     if runner is None and checkpoint is None:
         runner = ModelRunner.from_shape(
             shape, scheduler.max_slots, device=dev, dtype=dt, seed=seed, max_len=max_len, graphs=graphs
@@ -215,9 +195,7 @@ def run_real(
         check_model_fits(shape, scheduler.max_slots, dev, dt, max_len, graphs=graphs)  # before loading
         model = load_hf_checkpoint(checkpoint, dev, dt)
         runner = ModelRunner(model, scheduler.max_slots, max_len, seed, graphs=graphs)
-    assert runner is not None  # given, built, or loaded above
-    # The warm-up prefills the scheduler's largest step (the runner caps it at its slabs) and
-    # captures the decode graphs of the rows and contexts this workload can reach.
+    assert runner is not None
     ex = RealExecutor(
         runner,
         warmup_tokens=scheduler.max_step_prompt_tokens,

@@ -1,8 +1,5 @@
-"""Which device a real run uses, what the registry calls it, and how much of its memory is free.
-
-A GPU the registry lacks gets an entry whose figures are measured in the same run
-(:func:`measured_spec`), never an error at the end of a sweep.
-"""
+"""Which device a real run uses, its registry entry (a GPU the registry lacks: figures measured
+in the same run, :func:`measured_spec`) and its free memory."""
 
 from __future__ import annotations
 
@@ -18,14 +15,14 @@ import torch
 from ..cost_base import MEM_RESERVE
 from ..devices import DeviceSpec
 
-#: Substring of torch.cuda.get_device_name() -> registry device (datasheet numbers of the SXM parts).
+#: Substring of torch.cuda.get_device_name() -> registry device (the SXM parts' datasheets).
 CUDA_NAMES: tuple[tuple[str, str], ...] = (("H200", "H200-SXM"), ("H100", "H100-SXM"), ("A100", "A100-SXM"))
-#: The registry entry of any CPU (its figures are this project's CPU's, measured).
+#: The registry entry of any CPU (this project's CPU, measured).
 CPU_ENTRY = "cpu-here"
 
 
 class DeviceError(ValueError):
-    """A device the run cannot use (CUDA asked for where torch has none)."""
+    """A device the run cannot use."""
 
 
 class DeviceMemoryError(MemoryError):
@@ -40,7 +37,7 @@ def set_threads(threads: int | None) -> None:
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``"auto"``: CUDA when present, else the CPU. A CUDA device this torch cannot use raises
-    :class:`DeviceError` saying why, not torch's ``AssertionError`` in the first allocation."""
+    :class:`DeviceError` saying why (not an ``AssertionError`` at the first allocation)."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -64,30 +61,31 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for ``device``'s queued kernels (the CPU's ops are synchronous)."""
+    """Wait for ``device``'s queued kernels."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _proc(path: str, key: str) -> str | None:
+    """The value after the first line of ``path`` starting ``key`` (a /proc file), or None."""
+    try:
+        with open(path) as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith(key)), None)
+    except OSError:
+        return None
 
 
 def device_name(device: torch.device) -> str:
     """The GPU's name, or the CPU's model name from /proc/cpuinfo."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _proc("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
 
 
 @dataclass(frozen=True)
 class DeviceEntry:
-    """``name`` files a device's profiles and results (``H200-SXM``, ``cpu-here``, or for a GPU
-    the registry lacks a slug of its own name, ``nvidia-geforce-rtx-4090``); ``device_name``
-    is torch's; ``datasheet``: the registry holds this GPU's datasheet figures."""
+    """``name`` files profiles and results (``H200-SXM``, ``cpu-here``, or an unregistered GPU's
+    slug, ``nvidia-geforce-rtx-4090``); ``device_name`` is torch's; ``datasheet``: registered GPU."""
 
     name: str
     device_name: str
@@ -95,12 +93,12 @@ class DeviceEntry:
 
     @property
     def registered(self) -> bool:
-        """The registry has an entry of this name (a datasheet GPU, or ``cpu-here``)."""
+        """The registry has an entry of this name."""
         return self.datasheet or self.name == CPU_ENTRY
 
 
 def entry_for(device_type: str, name: str) -> DeviceEntry:
-    """The registry entry of a device of ``device_type`` (``cpu``/``cuda``) called ``name``."""
+    """The registry entry of a ``cpu`` or ``cuda`` device called ``name``."""
     if device_type == "cpu":
         return DeviceEntry(CPU_ENTRY, name, False)
     upper = name.upper()
@@ -119,9 +117,8 @@ def device_entry(device: torch.device) -> DeviceEntry:
 def measured_spec(
     entry: DeviceEntry, bandwidth: dict[str, Any], peak: dict[str, Any], dtype: str, mem_bytes: float
 ) -> dict[str, Any]:
-    """``DeviceSpec``'s fields for a device the registry lacks, from the bandwidth and matmul
-    peak measured in the same run (a profile's ``meta.device_spec``). Step overhead and
-    interconnect are not measured: zero, no tensor parallelism."""
+    """``DeviceSpec``'s fields of an unregistered device from the bandwidth and peak measured in
+    the same run (``meta.device_spec``); overhead and interconnect unmeasured: zero."""
     spec = DeviceSpec(
         entry.name,
         mem_bytes=float(mem_bytes),
@@ -153,20 +150,14 @@ def device_memory(device: torch.device) -> float | None:
 
 def available_bytes(device: torch.device) -> int | None:
     """Free memory of ``device`` now, or None if the platform does not say (nothing is checked).
-
-    CUDA: the driver's free bytes plus what the caching allocator holds unused:
-    ``mem_get_info`` counts that cache as taken (~30 GB after an 8B bandwidth probe)."""
+    CUDA: the driver's free bytes plus the caching allocator's unused ones, which
+    ``mem_get_info`` counts as taken (~30 GB after an 8B bandwidth probe)."""
     if device.type == "cuda":
         free = int(torch.cuda.mem_get_info(device)[0])
         cached = int(torch.cuda.memory_reserved(device)) - int(torch.cuda.memory_allocated(device))
         return free + max(cached, 0)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    if (kb := _proc("/proc/meminfo", "MemAvailable:")) is not None:
+        return int(kb.split()[0]) * 1024
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
@@ -174,8 +165,7 @@ def available_bytes(device: torch.device) -> int | None:
 
 
 def check_fits(needed: int, available: int | None, what: str, device: torch.device) -> None:
-    """Raise :class:`DeviceMemoryError` with both numbers unless ``needed`` fits in
-    ``1 - MEM_RESERVE`` of ``available`` (the cost models' headroom)."""
+    """Raise :class:`DeviceMemoryError` unless ``needed`` fits ``1 - MEM_RESERVE`` of ``available``."""
     if available is None:
         return
     usable = int(available * (1 - MEM_RESERVE))

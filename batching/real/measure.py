@@ -1,11 +1,6 @@
-"""Measure what a step costs on this device: ``python -m batching measure``.
-
-The device's bandwidth and matmul peak, then the model's decode steps against batch size
-and context, prefills against tokens and mixed steps, each as median and spread: a profile
-(``ProfileCost``'s schema 1) that the simulator interpolates. Only torch and numpy are
-needed. Decode rows sit at the measured context in a zero-filled slab (its contents do not
-change a step's cost), with no real prefill.
-"""
+"""``python -m batching measure``: the device's bandwidth and matmul peak, then the model's
+decode, prefill and mixed steps (median and spread), as a profile (``ProfileCost``'s schema
+1). Decode rows sit at their context in a zero-filled slab (contents do not change the cost)."""
 
 from __future__ import annotations
 
@@ -35,7 +30,7 @@ PROFILE_SCHEMA = 1
 
 
 def time_fn(fn: Callable[[], Any], device: torch.device, reps: int, warmup: int = 2) -> list[float]:
-    """Wall-clock seconds of ``reps`` calls after ``warmup`` untimed ones (synchronized)."""
+    """Synchronized wall-clock seconds of ``reps`` calls after ``warmup`` untimed ones."""
     for _ in range(warmup):
         fn()
     synchronize(device)
@@ -61,16 +56,14 @@ def stats(ts: list[float]) -> dict[str, float]:
     }
 
 
-# ------------------------------------------------------------------ the device
 #: Columns of the matrix-vector reference (a decode step's matrices have 512 to 14,336).
 MATVEC_COLS = 4096
 
 
 def _matvecs(src: Tensor) -> dict[str, tuple[Callable[[], Any], int]]:
-    """The matrix-vector products over ``src``'s bytes, with the bytes each reads: ``W @ x``
-    (``matvec_wx``), ``x @ W.T`` with ``W.T`` stored row-major (``matvec_xwt``), and the
-    same split one piece of the input dimension per thread, one ``bmm`` summed
-    (``matvec_split``, CPU only: how a CPU model's one-token steps multiply, ``Llama.linear``)."""
+    """Matrix-vector products over ``src``'s bytes, each with the bytes it reads: ``W @ x``,
+    ``x @ W.T`` (``W.T`` row-major) and, on CPU, that split one input piece per thread
+    (``Llama.linear``'s one-token form)."""
     n, cols = src.numel(), MATVEC_COLS
     w = src[: (n // cols) * cols].view(-1, cols)  # [rows, 4096]
     wt = w.view(cols, -1)  # the same bytes as [4096, rows]
@@ -87,17 +80,15 @@ def _matvecs(src: Tensor) -> dict[str, tuple[Callable[[], Any], int]]:
 def matvec(
     device: torch.device, dtype: torch.dtype, nbytes: int, layout: str
 ) -> tuple[Callable[[], Any], int]:
-    """One matrix-vector product over ``nbytes`` of fresh weights in ``layout`` (a
-    :func:`bandwidth` key) and the bytes it reads: the reference of decode efficiency."""
+    """One :func:`_matvecs` product (``layout``) over ``nbytes`` of fresh weights, and its bytes."""
     n = nbytes // dtype.itemsize
     return _matvecs(torch.empty(n, dtype=dtype, device=device).uniform_())[layout]
 
 
 @torch.inference_mode()
 def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int = 10) -> dict[str, Any]:
-    """Memory bandwidth: copy into an existing tensor (``clone()`` page-faults fresh memory),
-    a reduction, and the matrix-vector products of :func:`_matvecs` over ``nbytes``;
-    ``matvec``, the best of those, is the reference of decode efficiency."""
+    """Copy into an existing tensor (``clone()`` page-faults fresh memory), a reduction and
+    :func:`_matvecs` over ``nbytes``; ``matvec``, the best product, is decode efficiency's reference."""
     n = nbytes // dtype.itemsize
     src = torch.empty(n, dtype=dtype, device=device).uniform_()  # no fp32 copy: 15 GB for an 8B's bytes
     dst = torch.empty_like(src)
@@ -115,7 +106,7 @@ def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int =
 
 @torch.inference_mode()
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, reps: int = 5) -> dict[str, float]:
-    """FLOP/s of an n x n x n matrix product (the compute roof)."""
+    """FLOP/s of an n x n x n matrix product."""
     a = torch.rand(n, n, device=device).to(dtype)
     b = torch.rand(n, n, device=device).to(dtype)
     ts = time_fn(lambda: a @ b, device, reps)
@@ -126,18 +117,16 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, reps: int = 5)
     }
 
 
-# ------------------------------------------------------------------ the model
 class StepTimer:
-    """Times synthetic step plans through ``ModelRunner.execute`` exactly as the real
-    executor runs them (per-step Python included)."""
+    """Times synthetic plans through ``ModelRunner.execute``, as the real executor runs them;
+    ``pool``: statistics over every repetition of a step so far."""
 
     def __init__(self, runner: ModelRunner, reps: int, warmup: int = 2, pool: bool = False) -> None:
-        """``pool``: statistics over every repetition of a step so far, not just this call's."""
         self.r, self.reps, self.warmup = runner, reps, warmup
         self.pooled: dict[tuple, list[float]] | None = {} if pool else None
 
     def _decoding(self, rid: int, slot: int, ctx: int) -> Request:
-        """A request in ``slot`` that has ``ctx`` tokens cached and decodes next."""
+        """A request in ``slot`` with ``ctx`` tokens cached, decoding next."""
         req = Request(rid, 0.0, max(ctx, 1), 1 << 30)
         req.on_admit(slot, 0.0)
         req.on_prefill(req.prompt_len)
@@ -146,8 +135,7 @@ class StepTimer:
 
     @torch.inference_mode()
     def _time(self, key: tuple, plan: StepPlan) -> dict[str, float]:
-        # Nothing commits the step, so the requests stay where they are and every
-        # repetition is the same step.
+        # Nothing commits the step: every repetition is the same step.
         ts = time_fn(lambda: self.r.execute(plan), self.r.device, self.reps, self.warmup)
         if self.pooled is not None:
             self.pooled.setdefault(key, []).extend(ts)
@@ -157,24 +145,15 @@ class StepTimer:
     def decode(
         self, batch: int, ctx: int, uniform: bool = False, scattered: bool = False
     ) -> dict[str, float]:
-        """``batch`` decode rows with ``ctx`` cached tokens on average.
-
-        By default like a live batch: the rows' contexts differ (spread evenly over
-        ctx/2 .. 3ctx/2, so attention reads up to the longest and masks the shorter ones);
-        their slots are 0..B-1, as the schedulers' lowest-free-slot policy mostly leaves
-        them. ``scattered=True`` spreads the rows evenly over all the runner's slots, so that
-        the runner gathers (copies) their slabs in every layer; the runner must have more
-        than ``SPAN_PER_ROW`` x ``batch`` slots. ``uniform=True`` gives every row the same
-        context: the pure weight-streaming story of "Why batching".
-        """
+        """``batch`` decode rows in slots 0..B-1 with contexts over ctx/2 .. 3ctx/2, like a
+        live batch; ``uniform``: all at ``ctx``; ``scattered``: spread over all the runner's
+        slots (more than ``SPAN_PER_ROW`` x ``batch``), so that their slabs are gathered."""
         if uniform or batch == 1:
             pos = [ctx] * batch
         else:
             pos = [round(ctx * (0.5 + i / (batch - 1))) for i in range(batch)]
         slots = list(range(batch))
         if scattered and batch > 1:
-            # The runner sorts rows by slot, so any order of slots 0..B-1 is still one range,
-            # read as a view: only a span wider than SPAN_PER_ROW slots per row is gathered.
             span = self.r.slots
             if span <= SPAN_PER_ROW * batch:
                 raise ValueError(
@@ -188,10 +167,8 @@ class StepTimer:
         )
 
     def prefill(self, tokens: int, rows: int = 1) -> dict[str, float]:
-        """``rows`` prompts of ``tokens`` tokens each from empty caches (slots 0..rows-1) in
-        one pass, each emitting its first token. Several rows are a static batch's prefill of
-        equal prompts: the same positions as one prompt of ``rows x tokens``, 1/rows of its
-        attention."""
+        """``rows`` prompts of ``tokens`` tokens from empty slots 0..rows-1 in one pass (a static
+        batch's prefill: the positions of one ``rows x tokens`` prompt, 1/rows of its attention)."""
         chunks = []
         for i in range(rows):
             req = Request(i, 0.0, tokens, 1)
@@ -200,10 +177,8 @@ class StepTimer:
         return self._time(("prefill", rows, tokens), StepPlan(prefills=chunks))
 
     def mixed(self, tokens: int, rows: int, ctx: int) -> dict[str, float]:
-        """A ``tokens``-token prompt prefilled in the pass of ``rows`` decodes, its slot in
-        the middle of theirs (slots 0..rows). That is where a live batch puts it: a finished
-        request frees a slot among the running ones and the next prompt takes it, so the
-        decode rows read their slabs with a hole (runner.SPAN_PER_ROW)."""
+        """A ``tokens``-token prefill in the pass of ``rows`` decodes, its slot amid theirs (slots
+        0..rows), where a live batch's freed slot puts it: the decodes read around a hole."""
         hole = rows // 2 if rows > 1 else rows
         req = Request(rows, 0.0, tokens, 1)
         req.on_admit(hole, 0.0)
@@ -219,9 +194,8 @@ class StepTimer:
 
 @dataclass
 class Rig:
-    """What a measurement runs on (a profile, ``measure``, or the live decode sweep,
-    :mod:`.sweep`): the device and its registry entry, the torch dtype, the bandwidth and
-    matmul-peak probes taken in this process, and the warmed-up model with its slabs."""
+    """What a profile or the live sweep runs on: device, entry, dtype, this process's
+    bandwidth and peak probes, and the warmed-up runner."""
 
     dev: torch.device
     entry: DeviceEntry
@@ -233,7 +207,7 @@ class Rig:
     t0: float
 
     def where(self) -> dict[str, Any]:
-        """The meta keys every measurement records of where and how it ran."""
+        """Meta keys of where and how it ran."""
         return {
             "device": self.entry.name,
             "device_name": self.entry.device_name,
@@ -245,26 +219,23 @@ class Rig:
         }
 
     def spec(self, dtype: str) -> dict[str, Any] | None:
-        """A GPU the registry lacks: its figures as measured here (None for a registered one)."""
+        """An unregistered GPU's figures as measured here; None for a registered device."""
         if self.entry.registered:
             return None
         return measured_spec(self.entry, self.bw, self.peak, dtype, device_memory(self.dev) or 0.0)
 
 
-def target(device: str, dtype: str | None, what: str) -> tuple[torch.device, DeviceEntry, torch.dtype]:
-    """The device ("auto": the GPU if there is one), its registry entry and the torch dtype
-    of a measurement; ``what`` names it in the error for a dtype other than fp32 or bf16."""
+def target(device: str, dtype: str | None = None) -> tuple[torch.device, DeviceEntry, torch.dtype]:
+    """The device ("auto": the GPU if any), its registry entry and the torch dtype (fp32, bf16)."""
     dev = resolve_device(device)
     tdt = resolve_dtype(dtype, dev)
     if tdt not in REGISTRY_DTYPE:
-        raise ValueError(f"dtype={dtype!r}: {what} fp32 or bf16")
+        raise ValueError(f"dtype={dtype!r}: profiles are fp32 or bf16")
     return dev, device_entry(dev), tdt
 
 
 def rig(
-    dev: torch.device,
-    entry: DeviceEntry,
-    tdt: torch.dtype,
+    at: tuple[torch.device, DeviceEntry, torch.dtype],
     shape: ModelShape,
     slots: int,
     max_len: int,
@@ -274,16 +245,14 @@ def rig(
     seed: int = 0,
     graphs: bool | None = None,
 ) -> Rig:
-    """Probe the device, then build and warm up ``shape`` with ``slots`` slabs of ``max_len``.
-
-    The probes come first: their buffers (twice ``bandwidth_bytes``, by default the weights'
-    bytes) are freed before the model and its slabs take the memory (an 8B profile's slabs
-    fill most of an H200)."""
-    load0, t0 = load_average(), time.perf_counter()
+    """Probe the :func:`target`, then build and warm up ``shape`` with ``slots`` slabs of ``max_len``.
+    Probes first: their buffers (twice ``bandwidth_bytes``, default the weights' bytes) are
+    freed before the slabs take the memory (an 8B profile's fill most of an H200)."""
+    (dev, entry, tdt), load0, t0 = at, load_average(), time.perf_counter()
     nbytes = bandwidth_bytes or shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
     bw = bandwidth(dev, tdt, nbytes)
     peak = matmul_peak(dev, tdt, peak_n or (2048 if dev.type == "cpu" else 8192))
-    if dev.type == "cuda":  # hand the probes' buffers back (available_bytes counts them anyway)
+    if dev.type == "cuda":
         torch.cuda.empty_cache()
     runner = ModelRunner.from_shape(
         shape, slots, device=dev, dtype=tdt, seed=seed, max_len=max_len, graphs=graphs
@@ -320,24 +289,19 @@ def measure(
     partial: Callable[[dict[str, Any]], object] | None = None,
     partial_every_s: float = 10.0,
 ) -> dict[str, Any]:
-    """Measure one model on one device; returns the profile document (schema 1).
+    """The profile document (schema 1) of one model on one device.
 
-    ``rounds`` sweeps the whole grid that many times, ``reps`` repetitions of each step per
-    round, and each point's statistics pool all of them. On a shared machine whose speed
-    drifts by 20-30% over minutes (this project's CPU), one sweep puts a slow spell on a
-    few neighbouring points and bends the interpolated curve; rounds spread every spell
-    over the whole grid. ``graphs``: decode steps as CUDA graphs (default on CUDA, as the
-    real executor runs them; each (rows, context) bucket is captured in its first warm-up).
-    ``prefill_rows``: (rows, tokens) pairs, that many equal prompts prefilled in one pass
-    (:meth:`StepTimer.prefill`): set beside single prompts of ``rows x tokens``
-    tokens, they separate the cost of attention from the cost of positions (``ProfileCost``).
-    ``partial``: called with the profile so far (``meta.partial`` true, points not yet
-    measured null) at most every ``partial_every_s`` seconds and after each round, so that
-    a run cut by a time limit keeps what it measured (a GPU session's stage)."""
+    ``rounds`` sweeps of the grid, ``reps`` repetitions per step and round, pooled per point:
+    this project's CPU drifts 20-30% over minutes, and rounds spread a slow spell over the
+    grid instead of bending a few neighbouring points. ``graphs``: CUDA-graph decode
+    (default on CUDA). ``prefill_rows``: (rows, tokens) equal prompts in one pass; beside
+    single ``rows x tokens`` prompts they separate attention from positions. ``partial``:
+    called with the profile so far (``meta.partial``, unmeasured points null) at most every
+    ``partial_every_s`` and after each round, so that a run cut short keeps what it measured."""
     for name, n in (("rounds", rounds), ("reps", reps)):
         if not (isinstance(n, int) and n >= 1):
             raise ValueError(f"{name}={n!r}: must be an integer >= 1")
-    dev, entry, tdt = target(device, dtype, "profiles are")  # no GPU is said before any length is checked
+    dev, entry, tdt = at = target(device, dtype)  # no GPU is said before any length is checked
     shape = get_model(model)
     for name, vals in (("batches", batches), ("ctxs", ctxs), ("prefill_tokens", prefill_tokens)):
         if not vals or sorted(set(vals)) != list(vals) or vals[0] < (0 if name == "ctxs" else 1):
@@ -345,27 +309,13 @@ def measure(
     for rows, tokens in prefill_rows:
         if not (isinstance(rows, int) and isinstance(tokens, int) and rows >= 2 and tokens >= 1):
             raise ValueError(f"prefill_rows ({rows!r}, {tokens!r}): need integers rows >= 2, tokens >= 1")
-    max_len = max(
-        [c * 3 // 2 + 2 for c in ctxs]
-        + prefill_tokens
-        + [t for t, _, _ in mixed]
-        + [c + 1 for _, _, c in mixed]
-        + [t for _, t in prefill_rows]
-    )
+    lens = [c * 3 // 2 + 2 for c in ctxs] + prefill_tokens + [t for _, t in prefill_rows]
+    max_len = max(lens + [max(t, c + 1) for t, _, c in mixed])
     if max_len > shape.max_context:
         raise ValueError(f"a measured length of {max_len} exceeds {model}'s max_context={shape.max_context}")
     slots = max(batches + [r + 1 for _, r, _ in mixed] + [r for r, _ in prefill_rows])
     r = rig(
-        dev,
-        entry,
-        tdt,
-        shape,
-        slots,
-        max_len,
-        bandwidth_bytes=bandwidth_bytes,
-        peak_n=peak_n,
-        seed=seed,
-        graphs=graphs,
+        at, shape, slots, max_len, bandwidth_bytes=bandwidth_bytes, peak_n=peak_n, seed=seed, graphs=graphs
     )
     runner, bw, peak = r.runner, r.bw, r.peak
     weight_bytes = shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
@@ -381,11 +331,15 @@ def measure(
         + [("prefill_rows", i, 0) for i in range(len(prefill_rows))]
     )
 
-    def med(p: dict[str, float] | None) -> float | None:
-        return None if p is None else p["median_ms"]
+    total = len(points) * rounds
+
+    def ms(p: Any) -> Any:  # the medians of a point, or of a (nested) list of points
+        return [ms(x) for x in p] if isinstance(p, list) else None if p is None else p["median_ms"]
+
+    def section(spread: list[Any], **axes: Any) -> dict[str, Any]:
+        return {**axes, "ms": ms(spread), "spread": spread}
 
     def document(done: int) -> dict[str, Any]:
-        # The profile document (schema 1) of the points measured so far.
         doc: dict[str, Any] = {
             "schema": PROFILE_SCHEMA,
             "meta": {
@@ -420,40 +374,29 @@ def measure(
                 "pass; decode rows sit at the stated context in a zero-filled slab (no real prefill)",
             },
             "device": {"bandwidth": bw, "matmul_peak": peak},
-            "decode": {
-                "batch": batches,
-                "ctx": ctxs,
-                "ms": [[med(p) for p in row] for row in grid],
-                "spread": grid,
-            },
-            "prefill": {"tokens": prefill_tokens, "ms": [med(p) for p in pre], "spread": pre},
-            "mixed": {
-                "prefill_tokens": [t for t, _, _ in mixed],
-                "decode_rows": [r for _, r, _ in mixed],
-                "decode_ctx": [c for _, _, c in mixed],
-                "ms": [med(p) for p in mix],
-                "spread": mix,
-            },
+            "decode": section(grid, batch=batches, ctx=ctxs),
+            "prefill": section(pre, tokens=prefill_tokens),
+            "mixed": section(
+                mix,
+                prefill_tokens=[t for t, _, _ in mixed],
+                decode_rows=[r for _, r, _ in mixed],
+                decode_ctx=[c for _, _, c in mixed],
+            ),
         }
-        if (spec := r.spec(REGISTRY_DTYPE[tdt])) is not None:  # a GPU the registry lacks
+        if (spec := r.spec(REGISTRY_DTYPE[tdt])) is not None:
             doc["meta"]["device_spec"] = spec
         if prefill_rows:
-            doc["prefill_rows"] = {
-                "rows": [r for r, _ in prefill_rows],
-                "tokens": [t for _, t in prefill_rows],
-                "ms": [med(p) for p in prows],
-                "spread": prows,
-            }
-        if done < len(points) * rounds:
-            doc["meta"]["partial"] = True
-            doc["meta"]["points_done"] = done
-            doc["meta"]["points"] = len(points) * rounds
+            doc["prefill_rows"] = section(
+                prows, rows=[r for r, _ in prefill_rows], tokens=[t for _, t in prefill_rows]
+            )
+        if done < total:
+            doc["meta"].update(partial=True, points_done=done, points=total)
         return doc
 
     last = time.perf_counter()
     for n, (kind, i, j) in enumerate(_progress(points * rounds, f"{rounds} round(s)", progress), 1):
         if kind == "decode":
-            grid[i][j] = timer.decode(batches[i], ctxs[j])  # pooled over the rounds so far
+            grid[i][j] = timer.decode(batches[i], ctxs[j])
         elif kind == "prefill":
             pre[i] = timer.prefill(prefill_tokens[i])
         elif kind == "prefill_rows":
@@ -461,12 +404,8 @@ def measure(
             prows[i] = timer.prefill(tokens, rows)
         else:
             mix[i] = timer.mixed(*mixed[i])
-        end_of_round = n % len(points) == 0
-        if (
-            partial is not None
-            and n < len(points) * rounds
-            and (end_of_round or time.perf_counter() - last >= partial_every_s)
-        ):
+        due = n % len(points) == 0 or time.perf_counter() - last >= partial_every_s
+        if partial is not None and n < total and due:
             partial(document(n))
             last = time.perf_counter()
-    return document(len(points) * rounds)
+    return document(total)

@@ -1,12 +1,8 @@
-"""A Llama-style decoder in one file: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP,
-tied or untied lm head, built from a registry :class:`~batching.models.ModelShape` with
-seeded random weights (what batching costs does not depend on what the weights know).
+"""A Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU, tied or untied
+head) of a registry :class:`~batching.models.ModelShape`, with seeded random weights.
 
-The model owns no KV cache. :meth:`Llama.forward` runs every linear layer on all ``T``
-tokens of a step packed into one ``[T, hidden]`` matrix (the weights are streamed once per
-step) and hands each layer's q, k, v to an ``attend`` callback: the runner writes them into
-its slabs and decides who attends to what. :meth:`Llama.forward_full` is the cache-free
-reference.
+It owns no KV cache: :meth:`Llama.forward` runs every linear layer once on a step's ``T``
+packed tokens and hands each layer's q, k, v to an ``attend`` callback (the runner's slabs).
 
 Shapes in comments: T packed tokens, H query heads, K kv heads, D head dim, V vocab.
 """
@@ -32,15 +28,11 @@ AttendFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 class ModelConfig(ModelShape):
     """A registry shape plus what only the torch model needs."""
 
-    # Llama 3 trains with theta 500,000 so that rotations stay distinguishable over 128K
-    # positions; the small demo shapes serve at most 2,048 positions, for which the
-    # original RoPE's 10,000 (RoFormer, Llama 1/2) is the usual choice.
+    # Llama 3's 500,000 keeps rotations apart over 128K positions; the demo shapes serve at
+    # most 2,048, for which RoPE's original 10,000 is usual.
     rope_theta: float = 10_000.0
-    # Llama 3's rms_norm_eps.
-    norm_eps: float = 1e-5
-    # Embedding (and untied lm head) init, as Llama/GPT-2 initialize. The matrices inside
-    # the blocks are scaled by fan-in instead: see Llama._init_weights.
-    embed_std: float = 0.02
+    norm_eps: float = 1e-5  # Llama 3's
+    embed_std: float = 0.02  # embedding (and untied head) init; blocks: see Llama._init_weights
 
     @classmethod
     def from_shape(cls, shape: ModelShape) -> ModelConfig:
@@ -57,9 +49,8 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm: x [T, d] -> [T, d], in at least fp32 as Llama does for bf16.
 
-    ``F.rms_norm`` is one call where the bf16 formula is six (CPU one-token norm: ~25 against
-    ~39 us); on CUDA (torch >= 2.8) it is one fused kernel that accumulates bf16 in fp32 and
-    multiplies by the weight before rounding (Llama's formula rounds first)."""
+    ``F.rms_norm`` is one call for six (CPU one-token norm: ~25 vs ~39 us); on CUDA (torch >=
+    2.8) one fused kernel that multiplies by the weight before rounding (Llama rounds first)."""
     if x.dtype in (torch.bfloat16, torch.float16) and x.device.type != "cuda":
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
@@ -69,9 +60,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
     """RoPE: x [T, n, D] rotated by its token's angles; cos, sin_signed [T, 1, D].
 
-    Hugging Face's ``x * cos + rotate_half(x) * sin`` in three ops instead of six:
-    rotate_half(x) is x rolled by D/2 with its first half negated, and that sign is folded
-    into ``sin_signed`` (on CPU a small op costs more in dispatch than in arithmetic)."""
+    ``x * cos + rotate_half(x) * sin`` in three ops, not six (on CPU a small op costs more in
+    dispatch than arithmetic): rotate_half is a roll by D/2, its sign folded into ``sin_signed``."""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
@@ -89,25 +79,22 @@ def _gqa_kv(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, dict[str, 
 
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> Tensor:
-    """Grouped-query attention: q [B, H, Tq, D], k, v [B, K, Tk, D] -> [B, H, Tq, D].
-
-    ``mask``: boolean (True may attend) or a float bias (0 or -inf), broadcast to [B, H, Tq, Tk].
-    """
+    """q [B, H, Tq, D], k, v [B, K, Tk, D] -> [B, H, Tq, D]; ``mask``: boolean (True attends)
+    or a float bias, broadcast to [B, H, Tq, Tk]."""
     k, v, gqa = _gqa_kv(q, k, v)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, **gqa)
 
 
-#: Token id of static batching's padding (7.1) and of decode graphs' padding rows; prompts never contain it.
+#: Token id of static batching's padding and of decode graphs' padding rows; never in a prompt.
 PAD_ID = 0
 
 
 def gqa_decode(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """One query per row against its slab: q [B, H, D], k, v [B, K, L, D], mask [B, 1, 1, L]
-    (None: all seen) -> [B, H, D].
+    """One query per row: q [B, H, D], k, v [B, K, L, D], mask [B, 1, 1, L] or None -> [B, H, D].
 
-    Query heads j*G .. j*G + G - 1 share kv head j, so as G queries of head j they are plain
-    multi-head attention, which every SDPA backend runs with a mask (masked ``enable_gqa``
-    falls back to the math kernel on CUDA in torch 2.11)."""
+    The G query heads of kv head j become G queries of head j: plain multi-head attention,
+    which every SDPA backend runs masked (masked ``enable_gqa`` is the math kernel on CUDA,
+    torch 2.11)."""
     B, H, D = q.shape
     K = k.shape[1]
     return sdpa(q.view(B, K, H // K, D), k, v, mask).reshape(B, H, D)  # [B, K, G, D] -> [B, H, D]
@@ -125,12 +112,11 @@ def gqa_chunk(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
 
 
 def sdpa_backend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, causal: bool = False) -> str:
-    """The SDPA kernel torch picks for these inputs (``flash_attention``, ``math``, ...):
-    recorded with every profile and real run (no server runs the math kernel)."""
+    """The SDPA kernel torch picks for these inputs (``flash_attention``, ``math``, ...)."""
     from torch.nn.attention import SDPBackend
 
     k, v, gqa = _gqa_kv(q, k, v)
-    # A private API: where it fails, say so, never fail a run.
+    # A private API: never fail a run on it.
     try:
         return str(SDPBackend(int(torch._fused_sdp_choice(q, k, v, mask, 0.0, causal, **gqa))).name).lower()
     except (AttributeError, RuntimeError, TypeError, ValueError) as e:
@@ -143,12 +129,10 @@ WX_MAX_TOKENS = 128
 
 
 def padded_tokens(T: int) -> int:
-    """How many rows a CPU ``(W @ x.T).T`` product of ``T`` tokens runs on.
-
-    MKL is fast for multiples of 8 (and 4), slow in between (whole ``cpu-m`` decode steps:
-    3 rows 55.6 ms against 38.9 for 4, 7 rows 84.4 against 70.2 for 8, 13-15 rows 126-148
-    against 87.9 for 16), so zero rows pad up to the next multiple of 8, except 1, 2, 5 and
-    6 rows, which cost less than their padded size (5 rows 57 ms, 8 rows 70)."""
+    """Rows a CPU ``(W @ x.T).T`` product of ``T`` tokens runs on: MKL is fast at multiples of
+    8 (and 4), slow between (``cpu-m`` steps: 3 rows 55.6 ms vs 38.9 for 4, 7 rows 84.4 vs 70.2
+    for 8, 13-15 rows 126-148 vs 87.9 for 16), so pad to a multiple of 8, except 1, 2, 5 and 6
+    rows, cheaper than padded (5 rows 57 ms, 8 rows 70)."""
     if T <= 8:
         return {3: 4, 7: 8}.get(T, T)
     return -(-T // 8) * 8
@@ -162,14 +146,13 @@ LINEAR_CPU = (
 
 
 def split_ways(in_features: int, threads: int) -> int:
-    """Pieces a CPU one-token matrix-vector product splits its input into: one per thread,
-    as many as divide ``in_features`` evenly (:meth:`Llama.linear`)."""
+    """Pieces a CPU one-token product splits its input into: up to one per thread, dividing
+    ``in_features`` evenly."""
     return max(s for s in range(1, max(threads, 1) + 1) if in_features % s == 0)
 
 
 def batch1_copy_params(cfg: ModelConfig) -> int:
-    """Elements of the transposed copies a CPU model keeps for one-token steps: every
-    linear weight, the lm head included (the runner's memory check counts them)."""
+    """Elements of a CPU model's transposed one-token copies: every linear weight and the head."""
     H, K, D, d = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.hidden
     per_layer = (H + 2 * K) * D * d + d * H * D + 2 * cfg.ffn * d + d * cfg.ffn
     return cfg.layers * per_layer + cfg.vocab * d
@@ -184,8 +167,7 @@ class Block(nn.Module):
         kw: dict[str, Any] = {"device": device, "dtype": dtype}
         self.cfg = cfg
         self.attn_norm = nn.Parameter(torch.ones(d, **kw), requires_grad=False)
-        # q, k and v share one matrix (and gate and up another): one matmul call each
-        # instead of three and two, which matters where per-call overhead is ~ms (CPU).
+        # q, k, v in one matrix, gate and up in another: fewer calls where each costs ~ms (CPU).
         self.wqkv = nn.Parameter(
             torch.empty((cfg.heads + 2 * cfg.kv_heads) * hd, d, **kw), requires_grad=False
         )
@@ -206,8 +188,7 @@ class Block(nn.Module):
         cfg, T = self.cfg, x.shape[0]
         H, K, D = cfg.heads, cfg.kv_heads, cfg.head_dim
         qkv = linear(rms_norm(x, self.attn_norm, cfg.norm_eps), self.wqkv)  # [T, (H + 2K) D]
-        # q and k heads sit side by side in qkv: rotate them in one go (half the small ops
-        # of a decode step's RoPE, which on CPU cost as much as their arithmetic).
+        # q and k heads are adjacent in qkv: one RoPE for both (half its small ops, costly on CPU).
         qk = apply_rope(qkv[:, : (H + K) * D].view(T, H + K, D), cos, sin)  # [T, H + K, D]
         q, k = qk.narrow(1, 0, H), qk.narrow(1, H, K)  # [T, H, D], [T, K, D]
         a = attend(layer, q, k, qkv[:, (H + K) * D :].view(T, K, D))  # [T, H, D]
@@ -217,10 +198,8 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    """A Llama-style decoder with seeded random weights; ``wx`` (default: on CPU) picks
-    ``(W @ x.T).T`` over ``F.linear`` (see :meth:`linear`)."""
+    """A Llama-style decoder with seeded random weights; ``wx`` (default on CPU): see :meth:`linear`."""
 
-    # Buffers (register_buffer) and the lm head (a parameter, or the embedding when tied).
     cos: Tensor
     sin_signed: Tensor
     lm_head: Tensor
@@ -248,7 +227,7 @@ class Llama(nn.Module):
             else nn.Parameter(torch.empty(cfg.vocab, cfg.hidden, **kw), requires_grad=False)
         )
         self._init_weights(seed)
-        # RoPE angles for every servable position, computed in float64 once.
+        # RoPE angles of every servable position, in float64.
         inv_freq = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim)
         ang = torch.outer(torch.arange(cfg.max_context, dtype=torch.float64), inv_freq)  # [P, D/2]
         ang = torch.cat((ang, ang), dim=-1)  # [P, D]
@@ -261,47 +240,39 @@ class Llama(nn.Module):
 
     @property
     def layers(self) -> list[Block]:
-        """The decoder layers, typed."""
         return cast("list[Block]", list(self.blocks))
 
-    # ------------------------------------------------------------------ batch-1 copies
     def linear_weights(self) -> list[Tensor]:
         """Every matrix a forward pass multiplies by (the lm head last)."""
         return [w for b in self.layers for w in (b.wqkv, b.wo, b.w_gate_up, b.w_down)] + [self.lm_head]
 
     def _weights_state(self) -> tuple[tuple[int, int], ...]:
-        # Identity and in-place version of each weight: a checkpoint copied in, or a
-        # model moved to another dtype, changes one of them.
+        # A checkpoint copied in, or a move to another dtype, changes one of these.
         return tuple((id(w), w._version) for w in self.linear_weights())
 
     @torch.no_grad()
     def refresh_batch1(self) -> None:
-        """(Re)build the transposed weights of CPU one-token steps (``forward`` calls this
-        itself when a weight has changed)."""
+        """(Re)build the transposed weights of CPU one-token steps (``forward`` does on a change)."""
         self._b1 = {id(w): w.T.contiguous() for w in self.linear_weights()} if self.wx else {}
         self._b1_state = self._weights_state()
 
     @property
     def linear_form(self) -> str:
-        """How this model multiplies by its weights (recorded with every run)."""
+        """How this model multiplies by its weights."""
         return LINEAR_CPU if self.wx else "F.linear"
 
     def batch1_bytes(self) -> int:
-        """Memory held by the batch-1 copies."""
+        """Bytes of the batch-1 copies."""
         return sum(t.numel() * t.element_size() for t in self._b1.values())
 
     @torch.no_grad()
     def _init_weights(self, seed: int) -> None:
-        """Seeded normal weights, drawn in fp32 and cast (a float64 model holds exactly the
-        fp32 model's weights).
+        """Seeded normal weights, drawn in fp32 and cast (float64 holds the fp32 weights).
 
-        Embeddings use std 0.02; block matrices 1/sqrt(fan_in), residual outputs further
-        / sqrt(2 x layers) (GPT-2): with 0.02 everywhere the tied head scores the input
-        token highest and greedy decoding repeats one token forever. q and k get twice
-        that, so attention is sharp: near-uniform attention makes about half the greedy
-        tokens repeat their predecessor (``tiny``: 0.49 against ~0.03), and the
-        batch-invariance tests need tokens that depend on the context.
-        """
+        Block matrices 1/sqrt(fan_in), residual outputs / sqrt(2 x layers) (GPT-2): with 0.02
+        everywhere the tied head scores the input token highest and greedy decoding repeats
+        it. q and k twice that: near-uniform attention repeats about half the greedy tokens
+        (``tiny``: 0.49 vs ~0.03), and batch-invariance tests need context-dependent tokens."""
         g = torch.Generator(device=self.device).manual_seed(seed)
 
         def fill(p: Tensor, std: float) -> None:
@@ -327,21 +298,16 @@ class Llama(nn.Module):
     def linear(self, x: Tensor, w: Tensor) -> Tensor:
         """x [T, in] @ W[out, in].T -> [T, out].
 
-        On this project's CPU ``F.linear`` leaves MKL's fast matrix-vector kernel at T = 2
-        (batch 2 costs ~1.9x batch 1); ``(W @ x.T).T`` keeps the step flat up to batch ~4
-        (shared/notes/cpu-decode-measurements.md). GPUs have no such cliff: F.linear.
-        The result is made contiguous because the next linear's fast path needs row-major
-        input (6656x768 at T=2: 4.1 vs 1.4 ms). Above :data:`WX_MAX_TOKENS` tokens both
-        kernels are compute-bound and F.linear runs; below it the rows are padded
-        (:func:`padded_tokens`).
+        On this CPU ``F.linear`` leaves MKL's fast matrix-vector kernel at T = 2 (batch 2 ~1.9x
+        batch 1); ``(W @ x.T).T`` stays flat to batch ~4 (shared/notes/cpu-decode-measurements.md;
+        GPUs: F.linear). Made contiguous: the next linear's fast path needs row-major input
+        (6656x768 at T=2: 4.1 vs 1.4 ms). Above :data:`WX_MAX_TOKENS` both are compute-bound.
 
-        One-token steps use every core: MKL runs a matrix-vector product on one thread
-        (~14-22 GB/s here), a batched product one matrix per thread, so the weight is also
-        kept transposed ([in, out]) and split into :func:`split_ways` pieces, one ``bmm``,
-        summed (6656x768: 27.2 against 21.7 GB/s; whole cpu-m steps 21.4-28.9 ms against
-        32.6-36.0). The copies cost memory (+100% of the weights), not bandwidth. From two
-        tokens the per-thread kernel is slower (6656x768 at T=4: 10.2 against 15.4 GB/s).
-        """
+        One token: MKL runs a matrix-vector product on one thread (~14-22 GB/s), a batched
+        product one matrix per thread, so a transposed copy [in, out] split into
+        :func:`split_ways` pieces runs as one ``bmm``, summed (6656x768: 27.2 vs 21.7 GB/s;
+        cpu-m steps 21.4-28.9 vs 32.6-36.0 ms), for +100% memory. From two tokens it is slower
+        (T=4: 10.2 vs 15.4 GB/s)."""
         T = x.shape[0]
         if self.wx and T == 1:
             wt = self._b1[id(w)]  # [in, out]
@@ -360,19 +326,14 @@ class Llama(nn.Module):
         return F.linear(x, w)
 
     def token_buckets(self) -> list[int] | None:
-        """The row counts linear layers run on (:func:`padded_tokens`), which profiles
-        record so that ``ProfileCost`` charges the same; None when nothing is padded."""
+        """Row counts linear layers run on (:func:`padded_tokens`, for ``ProfileCost``); None: no padding."""
         if not self.wx:
             return None
         return [t for t in range(1, WX_MAX_TOKENS + 1) if padded_tokens(t) == t]
 
     def forward(self, ids: Tensor, pos: Tensor, attend: AttendFn, rows: Tensor | None = None) -> Tensor:
-        """One forward pass over ``T`` packed tokens of any number of sequences.
-
-        ids, pos [T] (int64); ``attend(layer, q, k, v)`` does attention (and caching);
-        ``rows`` [R] selects the tokens that need logits (the lm head is a small model's
-        largest matrix). Returns logits [R, V] (all T rows if ``rows`` is None).
-        """
+        """ids, pos [T] (int64) -> logits [R, V] of the tokens ``rows`` [R] selects (None: all T);
+        ``attend(layer, q, k, v)`` does attention and caching."""
         if self.wx and self._weights_state() != self._b1_state:
             self.refresh_batch1()
         x = self.embed[ids]  # [T, d]
@@ -396,7 +357,7 @@ class Llama(nn.Module):
 
     @torch.inference_mode()
     def generate_full(self, prompt: list[int], n: int) -> list[int]:
-        """Greedy tokens of one sequence alone, recomputing everything each token."""
+        """Greedy tokens of one sequence alone, recomputed from scratch each token."""
         seq = list(prompt)
         for _ in range(n):
             seq.append(int(self.forward_full(torch.tensor(seq))[-1].argmax()))

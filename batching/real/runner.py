@@ -1,14 +1,9 @@
 """Run any :class:`~batching.plan.StepPlan` as one forward pass over the slab KV cache.
 
-A step packs every token of the plan into one ``[T, hidden]`` matrix: decode rows (and
-static batching's dead rows), one token each, sorted by slot; then prefill chunks, each
-``n`` prompt tokens plus its ``pad`` padding tokens. Every linear layer runs once on all
-``T`` tokens; attention is one batched SDPA call for all decode rows and one per chunk,
-grouped-query heads packed as queries of their kv head so that a masked call runs a fused
-kernel.
-
-Prompts are made up from the seed (:func:`prompt_ids`; id 0 is left for padding) whenever
-a prefill needs them; generated ids are the request's own (``Request.token_ids``).
+A step packs its tokens into one ``[T, hidden]`` matrix: decode (and dead) rows sorted by
+slot, then prefill chunks with their padding. Attention is one SDPA call for all decode rows
+and one per chunk. Prompts come from the seed (:func:`prompt_ids`); generated ids are the
+request's own (``Request.token_ids``).
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from .hardware import available_bytes, check_fits
 from .model import PAD_ID, Llama, ModelConfig, batch1_copy_params, default_dtype, gqa_chunk, gqa_decode, sdpa
 from .model import sdpa_backend as _backend
 
-#: The largest prefill :meth:`ModelRunner.warmup` runs (tokens): about a second of cpu-s.
+#: The largest prefill :meth:`ModelRunner.warmup` runs, in tokens (about a second of cpu-s).
 WARMUP_TOKENS_MAX = 2048
 
 
@@ -40,15 +35,14 @@ def check_model_fits(
     dtype: torch.dtype,
     max_len: int | None = None,
     mem_available: int | None = None,
-    wx: bool | None = None,
     graphs: bool | None = None,
 ) -> int:
     """Refuse (:class:`DeviceMemoryError`) a model and its KV slabs that would not fit
-    ``device`` together, before anything is allocated; returns the weights' bytes. A CPU
-    model (``wx``) also keeps batch-1 copies; decode graphs (default on CUDA) one more slab."""
+    ``device``, before allocating; returns the weights' bytes (a CPU model's batch-1 copies
+    included; decode graphs, default on CUDA, add a slab)."""
     cfg = ModelConfig.from_shape(shape)
     elem = dtype.itemsize
-    copies = batch1_copy_params(cfg) if (device.type == "cpu" if wx is None else wx) else 0
+    copies = batch1_copy_params(cfg) if device.type == "cpu" else 0
     weights = (cfg.params + copies) * elem
     slabs = slots + (1 if (device.type == "cuda" if graphs is None else graphs) else 0)
     kv = kv_cache_bytes(cfg, slabs, cfg.max_context if max_len is None else max_len, dtype)
@@ -65,34 +59,30 @@ def check_model_fits(
 
 
 def prompt_ids(seed: int, rid: int, prompt_len: int, vocab: int) -> list[int]:
-    """Deterministic pseudo-random prompt of request ``rid`` (ids 1..vocab-1)."""
+    """Seeded prompt of request ``rid`` (ids 1..vocab-1: 0 is padding)."""
     return np.random.default_rng([seed, rid]).integers(1, vocab, prompt_len).tolist()
 
 
 @dataclass
 class StepOutput:
-    """The emitted token of each emitting request, and its logits row (for tests)."""
+    """Each emitting request's token and its logits row."""
 
     token_ids: dict[int, int] = field(default_factory=dict)
     logits: dict[int, Tensor] = field(default_factory=dict)
 
 
-#: Decode rows with free slots between them read every slab from their lowest slot to their
-#: highest, holes included, while that span holds at most this many slots per row; wider
-#: spans gather the rows' slabs into a copy (a read, a write and a second read). 16 rows in
-#: slots 0-16 but one: ``cpu-s`` 31.3 ms as a view with the hole, 37.0 gathered, 28.3 for
-#: slots 0-15. Nearly every mixed step has such a hole: the slot being prefilled.
+#: Decode rows read their slabs as one view, holes included, while their slot span is at most
+#: this many slots per row; wider spans gather a copy (read, write, read again). 16 rows in
+#: slots 0-16 but one: ``cpu-s`` 31.3 ms as a view, 37.0 gathered, 28.3 for slots 0-15.
+#: Nearly every mixed step has such a hole: the slot being prefilled.
 SPAN_PER_ROW = 2
 
 
 @dataclass(frozen=True)
 class DecodeIndex:
-    """How one step's decode rows read their slabs, worked out once for all layers.
-
-    ``sel``: the slabs read, a slice of slots (a view) or a tensor of slots (a gather);
-    ``length``: positions read, the longest row's context; ``mask`` [N, 1, 1, length]: what
-    each slab's query may see (None when every row sees all ``length``); ``place``: where
-    each row sits in a slice with holes (None when the rows are the slice)."""
+    """How one step's decode rows read their slabs, for all layers: ``sel`` a slice (view) or
+    tensor (gather) of slots; ``length`` the longest context; ``mask`` [N, 1, 1, length] or
+    None (all see all); ``place`` each row's index in a slice with holes (None: no holes)."""
 
     sel: slice | Tensor
     length: int
@@ -102,8 +92,7 @@ class DecodeIndex:
 
 @dataclass(frozen=True)
 class ChunkSpan:
-    """A prefill chunk's place in the packed batch: tokens ``offset .. offset+length-1``
-    at positions ``start .. start+length-1`` of ``slot`` (padding included)."""
+    """Packed tokens ``offset ..`` of a chunk: positions ``start .. start+length-1`` of ``slot``."""
 
     offset: int
     slot: int
@@ -123,8 +112,8 @@ class ModelRunner:
         mem_available: int | None = None,
         graphs: bool | None = None,
     ) -> None:
-        """``mem_available`` overrides the free-memory figure (tests). ``graphs``: decode-only
-        steps as CUDA graphs, default on CUDA; on a CPU, True runs them eagerly (tests)."""
+        """``mem_available``: the free memory to check against (tests). ``graphs``: decode-only
+        steps as CUDA graphs, default on CUDA; on a CPU True runs the fixed-shape step eagerly."""
         cfg = model.cfg
         max_len = cfg.max_context if max_len is None else max_len
         if not (isinstance(slots, int) and slots >= 1):
@@ -137,9 +126,8 @@ class ModelRunner:
         self.model, self.cfg = model, cfg
         self.device, self.dtype = model.device, model.dtype
         self.slots, self.max_len, self.seed = slots, max_len, seed
-        self._warm_tokens = 0  # the largest prefill warmup() has run on this runner
+        self._warm_tokens = 0  # the largest prefill warmup() has run
         graphs = self.device.type == "cuda" if graphs is None else graphs
-        # Decode graphs pad a batch with rows that write into a slab no request owns.
         self.cache = SlabCache(cfg, slots, max_len, self.device, self.dtype, graphs, mem_available)
         self.graphs = DecodeGraphs(model, self.cache, capture=self.device.type == "cuda") if graphs else None
         self._backends: dict[str, str] | None = None
@@ -155,31 +143,28 @@ class ModelRunner:
         seed: int = 0,
         max_len: int | None = None,
         mem_available: int | None = None,
-        wx: bool | None = None,
         graphs: bool | None = None,
     ) -> ModelRunner:
-        """Build the model of a registry shape and its cache, checking first that both fit."""
+        """Build a registry shape's model and cache, checking first that both fit."""
         device = torch.device(device)
         dtype = dtype or default_dtype(device)
-        weights = check_model_fits(shape, slots, device, dtype, max_len, mem_available, wx, graphs)
-        model = Llama(ModelConfig.from_shape(shape), device, dtype, seed=seed, wx=wx)
+        weights = check_model_fits(shape, slots, device, dtype, max_len, mem_available, graphs)
+        model = Llama(ModelConfig.from_shape(shape), device, dtype, seed=seed)
         return cls(
             model, slots, max_len, seed, None if mem_available is None else mem_available - weights, graphs
         )
 
-    # ------------------------------------------------------------------ tokens
     def tokens(self, req: Request) -> list[int]:
-        """Request ``req``'s ids so far: its prompt, then the ids it generated."""
+        """Request ``req``'s prompt and generated ids."""
         return self.prompt(req) + req.token_ids
 
     def prompt(self, req: Request) -> list[int]:
-        """Request ``req``'s prompt ids (:func:`prompt_ids` of this runner's seed)."""
+        """Request ``req``'s prompt ids (this runner's seed)."""
         return prompt_ids(self.seed, req.rid, req.prompt_len, self.cfg.vocab)
 
     @staticmethod
     def _check_ids(req: Request) -> None:
-        # The runner reads generated ids from the request: a request that ran on a simulated
-        # clock, or was committed without its tokens, has none to read.
+        # A request run on a simulated clock, or committed without its tokens, has no ids.
         if len(req.token_ids) != req.generated:
             raise RuntimeError(
                 f"request {req.rid}: {req.generated} tokens generated but {len(req.token_ids)} "
@@ -187,7 +172,7 @@ class ModelRunner:
             )
 
     def _prefill_ids(self, req: Request, start: int, n: int) -> list[int]:
-        """Ids ``start .. start+n-1`` of a (re)prefill: prompt, then generated ids (a recompute)."""
+        """Ids ``start .. start+n-1`` of a prefill (or a recompute, through generated ids)."""
         self._check_ids(req)
         if start + n > req.prompt_len + req.generated:
             raise RuntimeError(
@@ -199,7 +184,6 @@ class ModelRunner:
     def _decode_id(self, req: Request) -> int:
         """The id a decode (or dead) row computes: its newest, at position ``num_computed``."""
         self._check_ids(req)
-        # While decoding, the cache holds every id but the newest, which this step computes.
         i = req.num_computed - req.prompt_len
         if req.generated == 0 or i != req.generated - 1:
             raise RuntimeError(
@@ -208,22 +192,15 @@ class ModelRunner:
             )
         return req.token_ids[i]
 
-    # ------------------------------------------------------------------ the step
     def execute(self, plan: StepPlan) -> dict[int, int]:
         """Run ``plan`` as one forward pass; {rid: greedy token} of every emitting request."""
         return self.forward(plan).token_ids
 
     @torch.inference_mode()
     def forward(self, plan: StepPlan) -> StepOutput:
-        """Run ``plan`` as one forward pass; the tokens and logits it emits.
-
-        Decode and dead rows compute position ``num_computed`` (their newest id); a chunk
-        positions ``num_computed .. +n-1`` and its padding after them. Logits are computed
-        for decode rows, dead rows (their cost is real; their tokens are discarded) and the
-        last token of each chunk that completes a prefill.
-        """
-        # Decode rows sorted by slot: a batch whose slots form one range then reads its
-        # slabs as a view instead of gathering a copy (see _decode_attention).
+        """Run ``plan`` as one forward pass: logits of decode rows, dead rows (real cost, tokens
+        dropped) and each chunk that completes a prefill."""
+        # Sorted by slot: rows whose slots form one range read their slabs as a view.
         rows = sorted(
             [(r, True) for r in plan.decodes] + [(r, False) for r in plan.dead], key=lambda x: _slot(x[0])
         )
@@ -237,8 +214,7 @@ class ModelRunner:
             r, start = c.req, c.req.num_computed
             m = c.n + c.pad
             chunks.append(ChunkSpan(len(ids), _slot(r), start, m))
-            # Right padding: pad tokens sit after the prompt, at positions the request's
-            # decode steps will overwrite before any query attends to them.
+            # Right padding: positions the request's decodes overwrite before anyone reads them.
             ids += self._prefill_ids(r, start, c.n) + [PAD_ID] * c.pad
             pos += range(start, start + m)
             slot += [_slot(r)] * m
@@ -253,7 +229,7 @@ class ModelRunner:
                 f"slots {min(slot)}..{max(slot)} (slots {self.slots})"
             )
         logits = None
-        if self.graphs is not None and not chunks:  # decode-only: a fixed-shape step (graphs.py)
+        if self.graphs is not None and not chunks:
             logits = self.graphs.run(ids, pos, slot)  # [R, V]; None where its bucket failed to capture
         if logits is None:
             logits = self._forward_packed(ids, pos, slot, len(rows), chunks, logit_rows)  # [R, V]
@@ -284,8 +260,8 @@ class ModelRunner:
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             kc, vc = self.cache.layers[layer]  # [S, K, L, D]
-            # One scatter writes every token's K/V (decode, prompt, padding) into its slab;
-            # a plan holds each request once, so no (slot, position) is written twice.
+            # One scatter for every token's K/V; a plan holds each request once, so no
+            # (slot, position) is written twice.
             kc[slot_t, :, pos_t] = k  # k [T, K, D]
             vc[slot_t, :, pos_t] = v
             outs = []
@@ -298,7 +274,7 @@ class ModelRunner:
         return self.model(ids_t, pos_t, attend, torch.tensor(logit_rows, dtype=torch.long, device=dev))
 
     def _decode_index(self, row_slots: list[int], row_pos: list[int]) -> DecodeIndex:
-        """How decode rows read their slabs (:class:`DecodeIndex`); ``row_slots`` ascending."""
+        """:class:`DecodeIndex` of rows with ascending ``row_slots``."""
         n, length = len(row_slots), max(row_pos) + 1
         lo, hi = row_slots[0], row_slots[-1]
         sel: slice | Tensor = slice(lo, hi + 1)  # one range of slots: a view
@@ -307,8 +283,7 @@ class ModelRunner:
             sel = torch.tensor(row_slots, dtype=torch.long, device=self.device)
         elif hi - lo + 1 > n:  # a range with holes: a view, holes read too
             place = torch.tensor([s - lo for s in row_slots], dtype=torch.long, device=self.device)
-            # A hole's query (zeros) attends to its slab's position 0 alone, so that no
-            # softmax row is empty; its output is dropped.
+            # A hole's zero query sees position 0 alone (no empty softmax row); its output is dropped.
             pos = [0] * (hi - lo + 1)
             for s_, p_ in zip(row_slots, row_pos):
                 pos[s_ - lo] = p_
@@ -321,8 +296,8 @@ class ModelRunner:
 
     @staticmethod
     def _decode_attention(q: Tensor, kc: Tensor, vc: Tensor, idx: DecodeIndex) -> Tensor:
-        """All decode rows in one SDPA call: q [R, H, D] -> [R, H, D]. Each row reads its
-        slab up to the longest context and masks the tail (the price of not paging)."""
+        """All decode rows in one SDPA call, each slab read to the longest context and masked
+        (the price of not paging): q [R, H, D] -> [R, H, D]."""
         sel, length = idx.sel, idx.length
         if isinstance(sel, slice):  # narrow: a view, in fewer dispatches than kc[sel, :, :length]
             k = kc.narrow(0, sel.start, sel.stop - sel.start).narrow(2, 0, length)  # [N, K, L, D]
@@ -336,8 +311,7 @@ class ModelRunner:
 
     @staticmethod
     def _chunk_attention(q: Tensor, kc: Tensor, vc: Tensor, c: ChunkSpan) -> Tensor:
-        """One prefill chunk: causal within itself, plus its slot's cached positions before
-        it. q [m, H, D] -> [m, H, D]."""
+        """One chunk, causal, after its slot's cached positions: q [m, H, D] -> [m, H, D]."""
         end = c.start + c.length
         k = kc[c.slot : c.slot + 1, :, :end]  # [1, K, end, D]
         v = vc[c.slot : c.slot + 1, :, :end]
@@ -348,8 +322,8 @@ class ModelRunner:
         return gqa_chunk(q, k, v, mask)  # [m, H, D]
 
     def attention_backends(self) -> dict[str, str]:
-        """The SDPA kernel each attention path selects here: ``decode`` (masked, packed),
-        ``prefill`` (a first chunk, causal), ``chunk`` (after cached context, masked)."""
+        """The SDPA kernel of each attention path here: ``decode`` (masked, packed), ``prefill``
+        (a first chunk, causal), ``chunk`` (after cached context, masked)."""
         if self._backends is None:
             cfg, dev, dt = self.cfg, self.device, self.dtype
             H, K, D, L, m = cfg.heads, cfg.kv_heads, cfg.head_dim, min(self.max_len, 128), 8
@@ -367,7 +341,7 @@ class ModelRunner:
         return dict(self._backends)
 
     def graphs_info(self) -> dict[str, Any] | None:
-        """:meth:`DecodeGraphs.info` (results' executor record, profiles' meta); None when off."""
+        """:meth:`DecodeGraphs.info`; None without graphs."""
         return None if self.graphs is None else self.graphs.info()
 
     @torch.inference_mode()
@@ -378,16 +352,13 @@ class ModelRunner:
         graph_rows: int | None = None,
         graph_ctx: int | None = None,
     ) -> None:
-        """One small mixed step (a decode row and a 4-token chunk) through every layer, so
-        that no timed step pays kernel selection, thread start-up or first-touch allocation
-        (it writes K/V into slots 0 and 1, which a prefill overwrites before reading).
-        ``capture_graphs``: also capture every decode graph of up to ``graph_rows`` rows and
-        ``graph_ctx`` positions (default: all this runner can replay).
-
-        ``tokens``: also one prefill of that many positions (at most
-        :data:`WARMUP_TOKENS_MAX`), once per runner and size, as vLLM runs a maximal dummy
-        step: a process's first step of a size pays for fresh activation memory (cpu-s,
-        2,048 tokens: 1,251-1,373 ms the first time, 708-953 ms after)."""
+        """One small mixed step (a decode row, a 4-token chunk into slots 1 and 0), so that no
+        timed step pays kernel selection, thread start-up or first-touch allocation.
+        ``capture_graphs``: also every decode graph up to ``graph_rows`` x ``graph_ctx``
+        (default: all). ``tokens``: also one prefill of that many positions (at most
+        :data:`WARMUP_TOKENS_MAX`), once per size, as vLLM's maximal dummy step: a first step
+        of a size pays for fresh activation memory (cpu-s, 2,048 tokens: 1,251-1,373 ms, then
+        708-953)."""
         if capture_graphs and self.graphs is not None and self.graphs.capture:
             self.graphs.capture_all(graph_rows, graph_ctx)
         m = min(4, self.max_len)
@@ -406,6 +377,6 @@ class ModelRunner:
 
 
 def _slot(req: Request) -> int:
-    """The slot of a request in a plan (admitted, so it has one)."""
+    """The slot of an admitted request."""
     assert req.slot is not None, f"request {req.rid} is in a plan without a slot"
     return req.slot

@@ -1,5 +1,5 @@
-"""The live decode sweep: decode-step time against batch size on the reader's device, with
-the probes and setup a profile uses (:func:`.measure.rig`)."""
+"""The live decode sweep: decode-step time against batch size on the reader's device, set up
+as a profile is (:func:`.measure.rig`)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from .measure import StepTimer, rig, stats, target
 from .model import LINEAR_CPU
 from .runner import SPAN_PER_ROW
 
-#: Model and batch sizes per device type. On the CPU cpu-m is bandwidth-bound while cpu-s is
-#: dominated by per-step overhead (shared/notes/cpu-decode-measurements.md).
+#: Model and batch sizes per device type: on the CPU cpu-m is bandwidth-bound, cpu-s dominated
+#: by per-step overhead (shared/notes/cpu-decode-measurements.md).
 LIVE_DEFAULTS: dict[str, tuple[str, tuple[int, ...]]] = {
     "cpu": ("cpu-m", (1, 2, 4, 8, 16, 32, 64, 128)),
     "cuda": ("llama-8b", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
@@ -45,15 +45,10 @@ def live_defaults(
 
 
 def decode_paths(graphs: bool = False) -> dict[str, dict[str, bool]]:
-    """The decode paths the sweep times, as ``StepTimer.decode`` options.
-
-    * ``uniform``: equal contexts, slots 0..B-1 (the slabs read as one view);
-    * ``mixed``: contexts over ctx/2 .. 3ctx/2, slots 0..B-1: attention reads every row's
-      slab up to the longest context and masks the rest;
-    * ``gathered``: the mixed contexts in slots spread over more than twice the batch: the
-      runner copies the slabs in every layer. Not with CUDA ``graphs``, whose replay reads
-      the slabs by its own rule whatever the slots.
-    """
+    """The decode paths the sweep times, as ``StepTimer.decode`` options: ``uniform`` (equal
+    contexts), ``mixed`` (contexts over ctx/2 .. 3ctx/2, masked to the longest) and, except
+    with CUDA ``graphs`` (whose replay reads slabs by its own rule), ``gathered`` (the mixed
+    rows scattered, so the runner copies their slabs in every layer)."""
     paths: dict[str, dict[str, bool]] = {"uniform": {"uniform": True}, "mixed": {}}
     return paths if graphs else {**paths, "gathered": {"scattered": True}}
 
@@ -61,11 +56,9 @@ def decode_paths(graphs: bool = False) -> dict[str, dict[str, bool]]:
 def decode_sweep(
     model: str | None = None,
     device: str = "auto",
-    dtype: str | None = None,
     batches: Sequence[int] | None = None,
     ctx: int = 128,
     reps: int = 5,
-    seed: int = 0,
     peak_n: int | None = None,
     bandwidth_bytes: int | None = None,
 ) -> dict[str, Any]:
@@ -76,30 +69,18 @@ def decode_sweep(
     ``<path>_p25_ms``/``<path>_p75_ms``, and ``matvec_gbs``, ``copy_gbs``, ``read_gbs`` (best
     of each probe; copy counts read + write), ``peak_tflops``.
     """
-    dev, entry, tdt = target(device, dtype, "the live sweep runs in")
+    dev, entry, tdt = at = target(device)
     free = float(available_bytes(dev) or 0) if dev.type == "cuda" else None
     name, bs = live_defaults(dev.type, model, batches, free)
     shape = get_model(name).with_dtype(REGISTRY_DTYPE[tdt])
     if not (isinstance(ctx, int) and ctx >= 2 and ctx * 3 // 2 + 2 <= shape.max_context):
         raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
-    # The gathered path spreads the rows over more than SPAN_PER_ROW slots each, which makes
-    # the eager runner copy their slabs.
     paths = decode_paths(graphs=dev.type == "cuda")
     slots = SPAN_PER_ROW * max(bs) + 1 if "gathered" in paths else max(bs)
     nbytes = bandwidth_bytes or (
         shape.weight_read_bytes if dev.type == "cpu" else min(shape.weight_read_bytes, 2 << 30)
     )
-    r = rig(
-        dev,
-        entry,
-        tdt,
-        get_model(name),
-        slots,
-        ctx * 3 // 2 + 2,
-        bandwidth_bytes=nbytes,
-        peak_n=peak_n,
-        seed=seed,
-    )
+    r = rig(at, get_model(name), slots, ctx * 3 // 2 + 2, bandwidth_bytes=nbytes, peak_n=peak_n)
     # Round-robin over (batch, path), each after one untimed step: a slow spell of a shared
     # machine spreads over all points instead of bending one stretch of the curve.
     timer = StepTimer(r.runner, 1, warmup=1)
@@ -123,9 +104,9 @@ def decode_sweep(
         "weight_read_bytes": float(shape.weight_read_bytes),
         "kv_bytes_per_token": float(shape.kv_bytes_per_token),
         "reps": reps,
-        "seed": seed,
+        "seed": 0,
         "bandwidth_bytes": float(nbytes),
-        "peak_n": peak_n or (2048 if dev.type == "cpu" else 8192),
+        "peak_n": r.peak["n"],
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "loadavg_before": r.load0,
         "loadavg_after": load_average(),
@@ -134,7 +115,7 @@ def decode_sweep(
         "linear_split": r.runner.model.linear_form == LINEAR_CPU,
         "matvec_layout": r.bw["matvec"]["layout"],
     }
-    if (spec := r.spec(shape.dtype)) is not None:  # a GPU the registry lacks: its figures, measured here
+    if (spec := r.spec(shape.dtype)) is not None:
         meta["device_spec"] = spec
     out = {
         "meta": meta,

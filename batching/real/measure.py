@@ -154,6 +154,8 @@ class StepTimer:
             pos = [round(ctx * (0.5 + i / (batch - 1))) for i in range(batch)]
         slots = list(range(batch))
         if scattered and batch > 1:
+            # The runner sorts rows by slot, so any order of slots 0..B-1 is still one range read
+            # as a view: only a span wider than SPAN_PER_ROW slots per row is gathered.
             span = self.r.slots
             if span <= SPAN_PER_ROW * batch:
                 raise ValueError(
@@ -207,7 +209,8 @@ class Rig:
     t0: float
 
     def where(self) -> dict[str, Any]:
-        """Meta keys of where and how it ran."""
+        """The meta keys every measurement records of where, how and when it ran (the load and
+        the wall clock up to this call)."""
         return {
             "device": self.entry.name,
             "device_name": self.entry.device_name,
@@ -216,6 +219,10 @@ class Rig:
             "threads": torch.get_num_threads(),
             "decode_graphs": self.runner.graphs_info(),
             "attention": self.runner.attention_backends(),
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "loadavg_before": self.load0,
+            "loadavg_after": load_average(),
+            "wall_s": time.perf_counter() - self.t0,
         }
 
     def spec(self, dtype: str) -> dict[str, Any] | None:
@@ -314,10 +321,10 @@ def measure(
     if max_len > shape.max_context:
         raise ValueError(f"a measured length of {max_len} exceeds {model}'s max_context={shape.max_context}")
     slots = max(batches + [r + 1 for _, r, _ in mixed] + [r for r, _ in prefill_rows])
-    r = rig(
+    rg = rig(
         at, shape, slots, max_len, bandwidth_bytes=bandwidth_bytes, peak_n=peak_n, seed=seed, graphs=graphs
     )
-    runner, bw, peak = r.runner, r.bw, r.peak
+    runner, bw, peak = rg.runner, rg.bw, rg.peak
     weight_bytes = shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
     timer = StepTimer(runner, reps, pool=True)
     grid: list[list[Any]] = [[None] * len(ctxs) for _ in batches]
@@ -343,18 +350,13 @@ def measure(
         doc: dict[str, Any] = {
             "schema": PROFILE_SCHEMA,
             "meta": {
-                "device": entry.name,
-                "device_name": entry.device_name,
-                "datasheet": entry.datasheet,
+                **rg.where(),
                 "model": shape.name,
                 "dtype": REGISTRY_DTYPE[tdt],
                 "element_bytes": tdt.itemsize,
-                "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                 "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
                 "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE"),
-                "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                 "host": socket.gethostname(),
                 "python": platform.python_version(),
                 "params": shape.params,
@@ -363,13 +365,8 @@ def measure(
                 "rounds": rounds,
                 "seed": seed,
                 "token_buckets": runner.model.token_buckets(),
-                "decode_graphs": runner.graphs_info(),
-                "attention": runner.attention_backends(),
-                "loadavg_before": r.load0,
                 "slots": runner.slots,
                 "max_len": runner.max_len,
-                "loadavg_after": load_average(),
-                "wall_s": time.perf_counter() - r.t0,
                 "how": "python -m batching measure: synchronized wall clock around ModelRunner's packed forward "
                 "pass; decode rows sit at the stated context in a zero-filled slab (no real prefill)",
             },
@@ -383,7 +380,7 @@ def measure(
                 decode_ctx=[c for _, _, c in mixed],
             ),
         }
-        if (spec := r.spec(REGISTRY_DTYPE[tdt])) is not None:
+        if (spec := rg.spec(REGISTRY_DTYPE[tdt])) is not None:
             doc["meta"]["device_spec"] = spec
         if prefill_rows:
             doc["prefill_rows"] = section(

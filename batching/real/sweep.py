@@ -3,15 +3,12 @@ as a profile is (:func:`.measure.rig`)."""
 
 from __future__ import annotations
 
-import datetime as dt
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ..models import get_model
-from ..results import load_average
 from .executor import REGISTRY_DTYPE
 from .hardware import available_bytes
 from .measure import StepTimer, rig, stats, target
@@ -72,7 +69,8 @@ def decode_sweep(
     dev, entry, tdt = at = target(device)
     free = float(available_bytes(dev) or 0) if dev.type == "cuda" else None
     name, bs = live_defaults(dev.type, model, batches, free)
-    shape = get_model(name).with_dtype(REGISTRY_DTYPE[tdt])
+    base = get_model(name)
+    shape = base.with_dtype(REGISTRY_DTYPE[tdt])
     if not (isinstance(ctx, int) and ctx >= 2 and ctx * 3 // 2 + 2 <= shape.max_context):
         raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
     paths = decode_paths(graphs=dev.type == "cuda")
@@ -80,7 +78,7 @@ def decode_sweep(
     nbytes = bandwidth_bytes or (
         shape.weight_read_bytes if dev.type == "cpu" else min(shape.weight_read_bytes, 2 << 30)
     )
-    r = rig(at, get_model(name), slots, ctx * 3 // 2 + 2, bandwidth_bytes=nbytes, peak_n=peak_n)
+    r = rig(at, base, slots, ctx * 3 // 2 + 2, bandwidth_bytes=nbytes, peak_n=peak_n)
     # Round-robin over (batch, path), each after one untimed step: a slow spell of a shared
     # machine spreads over all points instead of bending one stretch of the curve.
     timer = StepTimer(r.runner, 1, warmup=1)
@@ -107,10 +105,6 @@ def decode_sweep(
         "seed": 0,
         "bandwidth_bytes": float(nbytes),
         "peak_n": r.peak["n"],
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "loadavg_before": r.load0,
-        "loadavg_after": load_average(),
-        "wall_s": time.perf_counter() - r.t0,
         "linear": r.runner.model.linear_form,
         "linear_split": r.runner.model.linear_form == LINEAR_CPU,
         "matvec_layout": r.bw["matvec"]["layout"],

@@ -64,3 +64,8 @@ def test_capacity_numbers_by_hand():
         "b2048_relaxed_itl_ms": 32.5,
         "b512_strict": 0.0,
     }
+    # 49.1 ms against a 50 ms target: the ITL binds; 39.0 req/s under both SLOs: the same.
+    cap = {"mix_strict_itl_ms": 49.1, "b2048_strict": 39.0, "b2048_relaxed": 39.0}
+    assert chunked.capacity_limits(cap, 50.0) == {"mix_itl_bound": True, "budget_same": True}
+    cap = {"b2048_strict": 30.0, "b2048_relaxed": 39.0}  # no strict ITL at capacity: the queue
+    assert chunked.capacity_limits(cap, 50.0) == {"mix_itl_bound": False, "budget_same": False}

@@ -360,3 +360,14 @@ def capacity_numbers(
         if math.isfinite(r["itl_p99_ms"]):
             out[f"{k}_itl_ms"] = float(r["itl_p99_ms"])
     return out
+
+
+def capacity_limits(cap: Mapping[str, float], strict_ms: float) -> dict[str, bool]:
+    """Which limit binds, from :func:`capacity_numbers`: ``mix_itl_bound``, continuous batching
+    with mixed prefill fails the strict SLO on its p99 ITL (within 10% of ``strict_ms`` at
+    capacity), not on its queue; ``budget_same``, chunked prefill with a 2,048-token budget
+    sustains the same rate (within 2%) under both SLOs."""
+    return {
+        "mix_itl_bound": cap.get("mix_strict_itl_ms", 0.0) > 0.9 * strict_ms,
+        "budget_same": abs(cap["b2048_relaxed"] / max(cap["b2048_strict"], 1e-9) - 1) < 0.02,
+    }

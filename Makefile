@@ -44,7 +44,7 @@ book: venv
 # Then the same five stages, dry, on this CPU (~30 s): no device minute is spent on a broken script.
 gpu-prep: venv
 	mkdir -p .gpu/traces/azure-2023
-	cp $$($(PY) -c "from batching.trace_files import find_trace; print(find_trace('azure-conv'))") .gpu/traces/azure-2023/
+	cp $$($(PY) -c "from batching.workloads.trace_files import find_trace; print(find_trace('azure-conv'))") .gpu/traces/azure-2023/
 	$(RUN) $(PY) benchmarks/gpu_session.py --dry-run --out _build/gpu-dry
 
 clean:

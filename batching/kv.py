@@ -8,20 +8,16 @@ from __future__ import annotations
 import math
 
 from .request import Request
+from .validate import ConfigError, integer
 
 POLICIES = ("slab", "exact")
-
-
-class ConfigError(ValueError):
-    """A scheduler or engine configuration that cannot work."""
 
 
 class KVCache:
     def __init__(self, capacity: float, policy: str, max_context: int) -> None:
         if policy not in POLICIES:
             raise ConfigError(f"kv policy={policy!r}: must be one of {', '.join(POLICIES)}")
-        if not (isinstance(max_context, int) and max_context >= 1):
-            raise ConfigError(f"max_context={max_context!r}: must be an integer >= 1")
+        max_context = integer("max_context", max_context)
         if not (capacity == math.inf or (isinstance(capacity, int) and capacity >= 1)):
             raise ConfigError(f"kv capacity={capacity!r}: must be an integer number of tokens >= 1 (or inf)")
         if policy == "slab" and capacity < max_context:

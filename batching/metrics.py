@@ -157,10 +157,11 @@ def summarize(
         "e2e": _dist(col("e2e")),
         "itl": _dist(itl),
     }
-    if result.cost is not None and getattr(result.cost, "model", None) is not None:
-        flops, bytes_ = result.log.hardware(result.cost.model)
-        s["hw_compute_utilization"] = float(flops.sum() / (busy * result.cost.peak_flops))
-        s["hw_bandwidth_utilization"] = float(bytes_.sum() / (busy * result.cost.bandwidth))
+    hw = result.hardware
+    if hw is not None and hw.model is not None:
+        flops, bytes_ = result.log.hardware(hw.model)
+        s["hw_compute_utilization"] = float(flops.sum() / (busy * hw.peak_flops))
+        s["hw_bandwidth_utilization"] = float(bytes_.sum() / (busy * hw.bandwidth))
     if slo is not None:
         s["goodput"] = goodput(slo, records, len(reqs), window)
     return s

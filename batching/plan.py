@@ -28,15 +28,14 @@ class PrefillChunk:
 @dataclass
 class StepPlan:
     """One forward pass. ``decodes`` each emit one token; ``dead`` are a static batch's
-    finished rows, still computed, tokens discarded; ``slots`` is the capacity slot
-    utilization counts against; ``steady`` how many identical decode-only steps could run
-    before the scheduler's state changes; ``arrival_sensitive``: an arrival could change it.
+    finished rows, still computed, tokens discarded; ``steady`` how many identical
+    decode-only steps could run before the scheduler's state changes; ``arrival_sensitive``:
+    an arrival could change it.
     """
 
     prefills: list[PrefillChunk] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
     dead: list[Request] = field(default_factory=list)
-    slots: int = 1
     steady: int = 1
     arrival_sensitive: bool = True
     _work: StepWork | None = field(default=None, init=False, repr=False, compare=False)

@@ -6,8 +6,9 @@ tokens (``prefill_target``), and completing that emits its next token.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+
+from .validate import integer, number
 
 
 class RequestError(ValueError):
@@ -15,18 +16,9 @@ class RequestError(ValueError):
 
 
 def check_length(name: str, value: object, rid: object = None) -> int:
-    """Return ``value`` as an int >= 1, or raise naming the field and the value."""
+    """``value`` as an int >= 1 (a whole float too), or raise naming the field and the value."""
     where = f" (request {rid})" if rid is not None else ""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or isinstance(value, float)
-        and not math.isfinite(value)
-    ):
-        raise RequestError(f"{name}={value!r}{where}: must be a positive integer")
-    if int(value) != value or value < 1:
-        raise RequestError(f"{name}={value!r}{where}: must be a positive integer")
-    return int(value)
+    return integer(name, value, 1, error=RequestError, where=where, whole_floats=True)
 
 
 @dataclass(eq=False)
@@ -53,15 +45,7 @@ class Request:
     def __post_init__(self) -> None:
         self.prompt_len = check_length("prompt_len", self.prompt_len, self.rid)
         self.output_len = check_length("output_len", self.output_len, self.rid)
-        if (
-            isinstance(self.arrival, bool)
-            or not isinstance(self.arrival, (int, float))
-            or not math.isfinite(self.arrival)
-        ):
-            raise RequestError(f"arrival={self.arrival!r} (request {self.rid}): must be a finite number")
-        if self.arrival < 0:
-            raise RequestError(f"arrival={self.arrival!r} (request {self.rid}): must be >= 0")
-        self.arrival = float(self.arrival)
+        self.arrival = number("arrival", self.arrival, 0, error=RequestError, where=f" (request {self.rid})")
         self.prefill_target = self.prompt_len
         self._check()
 

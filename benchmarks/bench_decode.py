@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from batching.models import get_model
+from batching.costs.models import get_model
 from batching.real.executor import REGISTRY_DTYPE, resolve_dtype
 from batching.real.hardware import device_entry, resolve_device
 from batching.real.measure import StepTimer, bandwidth, matmul_peak, time_fn

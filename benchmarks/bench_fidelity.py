@@ -26,17 +26,17 @@ from pathlib import Path
 import numpy as np
 
 from batching.book.checks import predicted_steps
+from batching.costs.models import get_model
+from batching.costs.profile import ProfileCost
 from batching.engine import SimExecutor, run
 from batching.metrics import request_records, summarize
-from batching.models import get_model
-from batching.profile import ProfileCost
 from batching.real.executor import resolve_device, run_real
 from batching.real.hardware import device_entry
 from batching.real.measure import StepTimer
 from batching.real.runner import ModelRunner
 from batching.results import load_average, write_json
 from batching.schedulers import make_scheduler
-from batching.traces import load_trace
+from batching.workloads.traces import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 

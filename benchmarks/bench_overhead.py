@@ -29,14 +29,14 @@ from pathlib import Path
 
 import torch
 
+from batching.costs.models import get_model
 from batching.engine import RunResult, run
-from batching.models import get_model
 from batching.real.executor import RealExecutor
 from batching.real.hardware import device_entry, resolve_device
 from batching.real.runner import ModelRunner
 from batching.results import load_average
 from batching.schedulers import make_scheduler
-from batching.workload import Workload
+from batching.workloads import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
 

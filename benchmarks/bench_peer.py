@@ -51,8 +51,8 @@ def build_workload(a: argparse.Namespace) -> list[tuple[int, int, int]]:
     """(rid, prompt_len, output_len) of every request, all arriving at t=0."""
     import numpy as np
 
-    from batching.lengths import LogNormal
-    from batching.workload import Workload
+    from batching.workloads import Workload
+    from batching.workloads.lengths import LogNormal
 
     rng = np.random.default_rng(a.seed)
     prompts = LogNormal(a.prompt_median, a.prompt_sigma, a.prompt_lo, a.prompt_hi).sample(a.requests, rng)
@@ -448,7 +448,7 @@ def main() -> None:
 
     import torch
 
-    from batching.models import get_model
+    from batching.costs.models import get_model
     from batching.real.checkpoint import save_hf_checkpoint
     from batching.real.executor import device_name
     from batching.real.model import Llama, ModelConfig

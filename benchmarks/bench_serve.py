@@ -7,7 +7,7 @@ divided by ``--scale-lengths``, replayed ``--time-scale`` times faster) goes thr
   checkpoint (this engine's real torch executor; its clock is the sum of measured step
   durations and jumps idle gaps, see ``shared/notes/conventions.md``), and
 * ``hf-serve``: ``transformers serve --continuous-batching --device cpu`` on the same
-  checkpoint (``batching.hf_serve``), driven by ``python -m batching replay`` at the trace's
+  checkpoint (``batching.servers.transformers_serve``), driven by ``python -m batching replay`` at the trace's
   arrival times over HTTP (wall clock; the client shares the CPU with the server).
 
 Each mode runs in its own process, the order of modes rotates from round to round, and
@@ -43,8 +43,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from batching import hf_serve  # noqa: E402
 from batching.results import machine_busy  # noqa: E402
+from batching.servers import transformers_serve  # noqa: E402
 
 CACHE = ROOT / "_build" / "serve"
 MODES = ("ours-continuous", "ours-chunked", "hf-serve")
@@ -103,7 +103,7 @@ def run_ours(mode: str, a: argparse.Namespace, ckpt: Path, out: Path) -> dict[st
 def run_server(a: argparse.Namespace, ckpt: Path, out: Path) -> dict[str, Any]:
     import httpx
 
-    with hf_serve.transformers_serve(ckpt, threads=a.threads, log=out.with_suffix(".log")) as srv:
+    with transformers_serve.transformers_serve(ckpt, threads=a.threads, log=out.with_suffix(".log")) as srv:
         warm = {"model": srv.model, "prompt": "t1 t2 t3 t4", "max_tokens": 2, "temperature": 0.0}
         httpx.post(f"{srv.url}/completions", json=warm, timeout=120).raise_for_status()
         cmd = py(
@@ -191,7 +191,7 @@ def main() -> None:
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"--modes: unknown mode {m!r}; valid: {', '.join(MODES)}")
-    missing = hf_serve.missing_packages()
+    missing = transformers_serve.missing_packages()
     if missing:
         raise SystemExit(f"needs the serve extra; missing: {', '.join(missing)}")
     out_path = (
@@ -203,7 +203,9 @@ def main() -> None:
             else ROOT / "benchmarks" / "results" / f"serve-cpu-here-{a.model}.json"
         )
     )
-    ckpt = hf_serve.prepare_checkpoint(CACHE / f"{a.model}-seed{a.model_seed}", a.model, seed=a.model_seed)
+    ckpt = transformers_serve.prepare_checkpoint(
+        CACHE / f"{a.model}-seed{a.model_seed}", a.model, seed=a.model_seed
+    )
     work = CACHE / "runs"
     work.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -277,7 +279,7 @@ def main() -> None:
             },
             "hf-serve": {
                 "server": "transformers serve --continuous-batching --device cpu --dtype float32 "
-                + " ".join(hf_serve.CPU_CB_FLAGS),
+                + " ".join(transformers_serve.CPU_CB_FLAGS),
                 "client": "python -m batching replay --prompt text (httpx, streaming), wall clock",
             },
         },

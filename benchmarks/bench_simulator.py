@@ -24,7 +24,7 @@ from batching.engine import SimExecutor, run
 from batching.metrics import summarize
 from batching.results import load_average
 from batching.schedulers import make_scheduler
-from batching.traces import load_trace
+from batching.workloads.traces import load_trace
 
 OUT = Path(__file__).resolve().parent / "results" / "simulator_speed.json"
 

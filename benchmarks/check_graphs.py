@@ -32,14 +32,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from batching.models import get_model
+from batching.costs.models import get_model
 from batching.plan import StepPlan
 from batching.real.executor import device_name, resolve_device, run_real
 from batching.real.model import Llama, ModelConfig
 from batching.real.runner import ModelRunner
 from batching.request import Request
 from batching.schedulers import make_scheduler
-from batching.workload import Workload
+from batching.workloads import Workload
 
 
 def workload(n: int, max_len: int, seed: int = 0) -> Workload:

@@ -19,8 +19,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from batching.trace_files import TRACES  # noqa: E402
-from batching.traces import AZURE_ATTRIBUTION, load_azure  # noqa: E402
+from batching.workloads.trace_files import TRACES  # noqa: E402
+from batching.workloads.traces import AZURE_ATTRIBUTION, load_azure  # noqa: E402
 
 QS = np.round(np.arange(101) / 100, 2)
 

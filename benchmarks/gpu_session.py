@@ -182,7 +182,7 @@ def install(src: Path, root: Path = ROOT) -> list[Path]:
     file its stage left partial, a profile whose decode graphs failed or were off (its
     decode steps were timed eagerly, not as a server runs them), and a folder with none
     of the files."""
-    from batching.profile import ProfileCost
+    from batching.costs.profile import ProfileCost
 
     texts = {n: (src / n).read_text() for n in INSTALL if (src / n).is_file()}
     if not texts:

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 def model64():
     """The ``tiny`` model in float64 (argmax near-ties cannot flip), seed 0; read-only in every test."""
     torch = pytest.importorskip("torch")
-    from batching.models import get_model
+    from batching.costs.models import get_model
     from batching.real.model import Llama, ModelConfig
 
     return Llama(ModelConfig.from_shape(get_model("tiny")), "cpu", torch.float64, seed=0)

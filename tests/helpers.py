@@ -10,10 +10,10 @@ import numpy as np
 
 from batching.costs import get_cost_model
 from batching.engine import SimExecutor
-from batching.lengths import LogNormal
 from batching.plan import StepWork
 from batching.request import Request
-from batching.workload import Workload, synthetic
+from batching.workloads import Workload, synthetic
+from batching.workloads.lengths import LogNormal
 
 
 class LinearCost:
@@ -21,6 +21,7 @@ class LinearCost:
 
     peak_flops = 0.0
     bandwidth = 0.0
+    model = None  # no FLOPs or bytes: no hardware utilization reported
 
     def __init__(self, base: float = 1.0, per_token: float = 0.0) -> None:
         self.base, self.per_token = base, per_token

@@ -64,7 +64,7 @@ def test_cli_writes_every_efficiency_figure(tmp_path: Path) -> None:
     assert bd["matmul_ms"] > 0 and bd["other_ms"] > 0
     assert bd["matmul_ms"] + bd["other_ms"] == pytest.approx(bd["profiled_step_ms"])
     assert bd["matmul_share"] == pytest.approx(bd["matmul_ms"] / bd["profiled_step_ms"])
-    from batching.models import get_model
+    from batching.costs.models import get_model
 
     tiny = get_model("tiny")
     assert bd["matmul_GBps"] == pytest.approx(tiny.weight_read_bytes / (bd["matmul_ms"] / 1e3) / 1e9)

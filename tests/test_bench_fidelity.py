@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 
 from helpers import load_benchmark
 
-from batching.models import get_model
+from batching.costs.models import get_model
+from batching.costs.profile import ProfileCost
 from batching.plan import StepWork
-from batching.profile import ProfileCost
 from batching.real.measure import StepTimer, measure
 from batching.real.runner import ModelRunner
 

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from helpers import load_benchmark
 
-from batching.models import get_model
+from batching.costs.models import get_model
 from batching.real.runner import ModelRunner
 
 pytestmark = pytest.mark.model

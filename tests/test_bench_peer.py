@@ -11,7 +11,7 @@ pytest.importorskip("safetensors")
 
 from helpers import load_benchmark
 
-from batching.models import get_model
+from batching.costs.models import get_model
 from batching.real.checkpoint import save_hf_checkpoint
 from batching.real.model import Llama, ModelConfig
 

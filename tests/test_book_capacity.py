@@ -10,8 +10,8 @@ import pytest
 from helpers import H100_8B
 
 from batching.book import capacity as cap
-from batching.lengths import LogNormal
-from batching.workload import synthetic
+from batching.workloads import synthetic
+from batching.workloads.lengths import LogNormal
 
 
 def test_slos_are_5x_and_25x_the_decode_step_of_32_rows_at_4096_tokens() -> None:

@@ -8,7 +8,7 @@ import pytest
 from batching.book import (
     checks,
 )
-from batching.workload import Workload
+from batching.workloads import Workload
 
 
 def test_crosscheck_agrees_only_when_every_step_and_iteration_count_matches():
@@ -134,3 +134,8 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
     assert {n: m["steps"] for n, m in rs["sim"].items()} == {"static": 40, "continuous": 30}
     assert rs["sim"]["static"]["busy_s"] == pytest.approx(0.400)
     assert checks.real_schedulers_rows(rs)[1][0] == "measured (simulated)"
+
+
+def test_within_noise_by_hand() -> None:
+    assert checks.within_noise([{"e2e_err": 0.05, "noise": 0.07}, {"e2e_err": 0.07, "noise": 0.07}])
+    assert not checks.within_noise([{"e2e_err": 0.05, "noise": 0.07}, {"e2e_err": 0.11, "noise": 0.07}])

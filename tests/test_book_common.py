@@ -17,7 +17,7 @@ from batching.book import (
     static,
 )
 from batching.book import kv as kvbook
-from batching.workload import preset
+from batching.workloads import preset
 
 
 def test_glue_helpers():

@@ -12,10 +12,11 @@ from batching.book import (
     common,
     continuous,
 )
+from batching.book.common import Claim
 from batching.costs import get_cost_model
 from batching.engine import run
 from batching.schedulers import ContinuousScheduler
-from batching.workload import Workload
+from batching.workloads import Workload
 
 
 # ------------------------------------------------------------------------------ 7.2
@@ -177,3 +178,11 @@ def test_real_engine_crosscheck_agrees_with_the_simulator_on_steps_and_iteration
 def test_probe_summary_by_hand():
     its = {"from_admission": np.array([20, 20, 21]), "from_arrival": np.array([20, 25, 22])}
     assert continuous.probe_summary(its, 20) == {"exact_fraction": pytest.approx(2 / 3), "arrival_p50": 22.0}
+
+
+def test_real_tail_by_hand() -> None:
+    static = {"e2e_p99": 8.0, "slot_util": 0.5}
+    t = continuous.real_tail(static, {"e2e_p99": 2.0, "slot_util": 0.4})
+    assert t == {"claim": Claim.HOLDS, "p99_ratio": 4.0, "slot_lower": True}
+    t = continuous.real_tail(static, {"e2e_p99": 10.0, "slot_util": 0.5})
+    assert t == {"claim": Claim.DOES_NOT_HOLD, "p99_ratio": 1.25, "slot_lower": False}

@@ -13,7 +13,7 @@ from helpers import H100_8B, UNIT, _texts, reqs, small_trace
 from batching.book import common, figures, plots, static
 from batching.engine import run
 from batching.schedulers import ContinuousScheduler, StaticScheduler
-from batching.workload import Workload, preset
+from batching.workloads import Workload, preset
 
 Seg = static.Segment
 

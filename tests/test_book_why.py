@@ -132,7 +132,7 @@ def _synthetic_sweep(device_type: str = "cpu") -> dict:
 
 
 def test_live_numbers_by_hand():
-    from batching.models import get_model
+    from batching.costs.models import get_model
 
     sw = _synthetic_sweep()
     n = decode.live_numbers(sw)
@@ -298,7 +298,7 @@ def test_flat_verdict_reads_the_step_at_bstar_against_the_roofline_then_the_knee
 
 
 def test_first_step_rates_by_hand():
-    from batching.models import get_model
+    from batching.costs.models import get_model
 
     m = get_model("cpu-m")
     sw = _synthetic_sweep()
@@ -314,7 +314,7 @@ def test_first_step_rates_by_hand():
 
 
 def test_gather_numbers_by_hand():
-    from batching.models import get_model
+    from batching.costs.models import get_model
 
     # cpu-m: 12 layers x 4 KV heads x 64 dims x 4 bytes, K and V, 193 positions, 128 rows.
     assert decode.gather_bytes(get_model("cpu-m"), 128, 192) == 2 * 12 * 4 * 64 * 4 * 193 * 128

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 st = pytest.importorskip("safetensors.torch")
 
 from batching.cli import main
-from batching.models import get_model
+from batching.costs.models import get_model
 from batching.real.checkpoint import (
     WEIGHTS_FILE,
     CheckpointError,

@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batching.costs import CostModel, RooflineCost, get_cost_model
-from batching.devices import DEVICES, get_device
-from batching.models import get_model
+from batching.costs import RooflineCost, get_cost_model
+from batching.costs.devices import DEVICES, get_device
+from batching.costs.models import get_model
+from batching.costs.profile import ProfileCost, ProfileError
+from batching.engine import StepCost
 from batching.plan import StepWork
-from batching.profile import ProfileCost, ProfileError
 
 H100, H200 = get_device("h100"), get_device("h200")
 
@@ -414,7 +415,7 @@ def test_profile_from_json_and_factory(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ shared contract
-def _models() -> list[CostModel]:
+def _models() -> list[StepCost]:
     return [
         RooflineCost(get_model("llama-8b"), H100),
         RooflineCost(get_model("llama-70b"), H200, tp=2),
@@ -425,7 +426,7 @@ def _models() -> list[CostModel]:
 
 def test_cost_models_follow_protocol() -> None:
     for c in _models():
-        assert isinstance(c, CostModel)
+        assert isinstance(c, StepCost)
         assert isinstance(c.describe(), dict) and c.peak_flops > 0 and c.bandwidth > 0
 
 
@@ -471,7 +472,7 @@ def test_no_step_is_estimated_below_the_cheapest_measured_step() -> None:
 def test_the_intro_quotes_the_roofline_assumptions_as_the_code_has_them() -> None:
     # chapters/intro.md names the roofline's unmeasured constants in prose (a .md page has
     # no glue): if one changes here, the sentence must change with it.
-    from batching.cost_base import MEM_RESERVE
+    from batching.costs.base import MEM_RESERVE
 
     intro = " ".join((Path(__file__).resolve().parent.parent / "chapters" / "intro.md").read_text().split())
     gpus = [d for d in DEVICES.values() if d.name != "cpu-here"]

@@ -18,7 +18,7 @@ from batching.real.graphs import batch_bucket, ctx_bucket
 from batching.real.model import Llama, gqa_decode, sdpa
 from batching.real.runner import ModelRunner, kv_cache_bytes
 from batching.schedulers import make_scheduler
-from batching.workload import Workload
+from batching.workloads import Workload
 
 pytestmark = pytest.mark.model
 

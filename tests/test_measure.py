@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 
 from batching.book import decode
 from batching.cli import main
+from batching.costs.profile import ProfileCost
 from batching.plan import StepWork
-from batching.profile import ProfileCost
 from batching.real import sweep
 from batching.real.measure import measure
 
@@ -181,7 +181,7 @@ def test_scattered_decode_rows_really_make_the_runner_gather_their_slabs():
     # back into one range and read as a view, so the rows must span > SPAN_PER_ROW x B slots.
     import torch
 
-    from batching.models import get_model
+    from batching.costs.models import get_model
     from batching.real.measure import StepTimer
     from batching.real.runner import SPAN_PER_ROW, ModelRunner
 

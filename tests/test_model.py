@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from batching.models import MODELS, get_model
+from batching.costs.models import MODELS, get_model
 from batching.plan import PrefillChunk, StepPlan
 from batching.real.hardware import DeviceMemoryError
 from batching.real.model import Llama, ModelConfig

@@ -112,12 +112,12 @@ class CheckingExecutor(SimExecutor):
         if isinstance(s, ChunkedPrefillScheduler):
             assert plan.num_tokens <= s.token_budget
             assert all(c.n <= s.chunk_size for c in plan.prefills)
-        kv = s.kv
-        assert kv.reserved <= kv.capacity
+        kv, state = s.kv, s.snapshot(plan)
+        assert state.kv_reserved <= kv.capacity and state.running == len(s.running)
         if kv.policy == "exact":  # reserved = held + what this step writes
-            assert kv.reserved == kv.used + sum(c.n + c.pad for c in plan.prefills) + len(plan.decodes)
+            assert state.kv_reserved == state.kv_used
         else:
-            assert kv.reserved == kv.num_holders * kv.max_context
+            assert state.kv_reserved == kv.num_holders * kv.max_context
 
     def execute(self, plan):
         self.check(plan)

@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from batching.costs.models import get_model
 from batching.engine import RunResult, run
 from batching.metrics import summarize
-from batching.models import get_model
 from batching.real.executor import RealExecutor, run_real
 from batching.real.model import Llama, ModelConfig
 from batching.real.runner import ModelRunner, prompt_ids
@@ -138,7 +138,7 @@ def test_real_run_durations_and_summary() -> None:
     res = run_real(reqs, ContinuousScheduler(3, 512), "tiny", device="cpu", seed=1, max_len=64)
     dur = np.asarray(res.log.cols["dur"])
     assert len(dur) == res.num_steps and (dur > 0).all() and np.isfinite(dur).all()
-    assert res.cost is not None and res.cost.device.name == "cpu-here"
+    assert res.hardware is not None and res.hardware.device.name == "cpu-here"
     s = summarize(res)
     assert s["output_tokens"] == sum(2 + i for i in range(5)) and s["busy_s"] > 0
     assert 0 < s["hw_bandwidth_utilization"] < 1 and 0 < s["hw_compute_utilization"] < 1

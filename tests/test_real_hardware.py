@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from batching.cli import main
-from batching.devices import DeviceSpec
-from batching.profile import ProfileCost
+from batching.costs.devices import DeviceSpec
+from batching.costs.profile import ProfileCost
 from batching.real import hardware, measure
 from batching.real.hardware import DeviceError, available_bytes, entry_for, resolve_device
 

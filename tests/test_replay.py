@@ -139,7 +139,7 @@ def test_bundled_chunks_and_missing_usage_are_marked(tmp_path):
 def test_http_error_stops_with_one_line_and_keeps_results(tmp_path, capsys, code):
     with FakeOpenAI(mode=f"status:{code}") as srv:
         # The third request of the workload (its prompt length identifies it) is rejected.
-        from batching.workload import preset
+        from batching.workloads import preset
 
         w = preset("chat-rag", seed=0, n=6).scale(lengths=40, time=20)
         srv.bad_prompt_len = int(w.prompt_lens[2])
@@ -187,7 +187,7 @@ def test_bad_options_are_one_line(tmp_path, capsys):
             (["--extra-body", "[1]"], "--extra-body '[1]': expected a JSON object"),
             (["--prompt", "text"], "--prompt text needs --tokenizer"),
             (["--max-connections", "0"], "--max-connections=0: must be >= 1"),
-            (["--request-timeout", "0"], "--request-timeout=0.0: must be a positive number"),
+            (["--request-timeout", "0"], "--request-timeout=0.0: must be a finite number > 0"),
         ]:
             rc, _ = replay(tmp_path, srv.url, *extra)
             err = capsys.readouterr().err.strip()
@@ -217,9 +217,9 @@ def test_replay_runs_inside_a_running_event_loop():
     # A notebook kernel runs an event loop: the library call must still work there.
     import asyncio
 
-    from batching.replay import ReplayOptions
-    from batching.replay import replay as replay_fn
-    from batching.workload import Workload
+    from batching.servers.replay import ReplayOptions
+    from batching.servers.replay import replay as replay_fn
+    from batching.workloads import Workload
 
     w = Workload.from_arrays([0.0, 0.01], [5, 6], [3, 2])
     with FakeOpenAI() as srv:

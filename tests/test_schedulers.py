@@ -8,7 +8,6 @@ import pytest
 from helpers import UNIT, reqs
 
 from batching.engine import run
-from batching.kv import ConfigError
 from batching.metrics import summarize
 from batching.request import RequestError
 from batching.schedulers import (
@@ -17,6 +16,7 @@ from batching.schedulers import (
     DynamicScheduler,
     StaticScheduler,
 )
+from batching.validate import ConfigError
 
 
 def go(requests, sched, **kw):
@@ -46,6 +46,17 @@ def test_static_padding_pair_pays_80x_prefill():
     assert s["padding_fraction"] == pytest.approx(3950 / 8000)
     (_, _, kind, n, pad), _ = res.log.occupancy[0]
     assert kind == "P" and (n + pad) / n == 80  # the 50-token prompt costs 4,000 positions
+
+
+@pytest.mark.parametrize("sched", [StaticScheduler(2, 64), DynamicScheduler(2, 64)])
+def test_the_log_counts_a_dense_batchers_queue(sched):
+    """Five requests at t = 0, batches of two, one prefill and one decode step each: while the
+    first batch runs three wait (static batching holds them in one sealed batch and the forming
+    one, dynamic in its queue), while the second runs one, then none."""
+    res = go(reqs(*[(0, 10, 2)] * 5), sched)
+    assert res.log.cols["waiting"] == [3, 3, 1, 1, 0, 0]
+    assert res.log.cols["running"] == [2, 2, 2, 2, 1, 1]
+    assert sched.snapshot() == (0, 0, 0, 0)  # after the run: nothing waits, runs or is held
 
 
 def test_static_timeout_seals_the_batch_and_late_arrivals_wait():

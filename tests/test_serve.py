@@ -1,5 +1,5 @@
 """A real OpenAI-compatible server on this CPU: ``transformers serve --continuous-batching``
-on the seeded ``tiny`` checkpoint, replayed with a small workload (batching.hf_serve)."""
+on the seeded ``tiny`` checkpoint, replayed with a small workload (batching.servers.transformers_serve)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from batching import hf_serve
 from batching.cli import main
+from batching.servers import transformers_serve
 
-MISSING = hf_serve.missing_packages()
+MISSING = transformers_serve.missing_packages()
 
 pytestmark = [
     pytest.mark.slow,
@@ -35,16 +35,16 @@ def _group_alive(pgid: int) -> bool:
 def test_tokenizer_counts_words_and_its_eos_is_out_of_the_models_reach(tmp_path):
     from transformers import AutoTokenizer
 
-    hf_serve.write_tokenizer(tmp_path, 256)
+    transformers_serve.write_tokenizer(tmp_path, 256)
     tok = AutoTokenizer.from_pretrained(str(tmp_path))
     assert tok("t1 t2 t255 t7").input_ids == [1, 2, 255, 7]  # no BOS: N words are N tokens
     assert tok.eos_token_id == 256  # the tiny model has 256 logits: ids 0..255
 
 
 def test_replay_against_transformers_serve(tmp_path):
-    ckpt = hf_serve.prepare_checkpoint(tmp_path / "tiny", "tiny", seed=0)
+    ckpt = transformers_serve.prepare_checkpoint(tmp_path / "tiny", "tiny", seed=0)
     out = tmp_path / "r.json"
-    with hf_serve.transformers_serve(ckpt, threads=2) as srv:
+    with transformers_serve.transformers_serve(ckpt, threads=2) as srv:
         pgid = srv.process.pid
         t_start = time.time()
         rc = main(

@@ -1,4 +1,4 @@
-"""Tests for batching.traces and batching.trace_files: Azure and Mooncake loaders, lookup,
+"""Tests for batching.workloads.traces and batching.workloads.trace_files: Azure and Mooncake loaders, lookup,
 quantile tables."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batching import trace_files
-from batching.lengths import QUANTILE_DIR, Empirical, quantile_table
-from batching.trace_files import TraceError, find_trace
-from batching.traces import load_azure, load_mooncake, load_trace
-from batching.workload_base import WorkloadError
+from batching.workloads import trace_files
+from batching.workloads.errors import WorkloadError
+from batching.workloads.lengths import QUANTILE_DIR, Empirical, quantile_table
+from batching.workloads.trace_files import TraceError, find_trace
+from batching.workloads.traces import load_azure, load_mooncake, load_trace
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 

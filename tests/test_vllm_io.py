@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from batching.cli import main
-from batching.vllm_io import fit_gamma
-from batching.workload import Workload, gamma_arrivals
+from batching.servers.vllm_io import fit_gamma
+from batching.workloads import Workload, gamma_arrivals
 
 
 def test_gamma_fit_recovers_vllms_arrival_model():
@@ -40,7 +40,7 @@ def test_export_writes_vllms_custom_dataset(tmp_path, capsys):
     args = ["--preset", "chat-rag", "-n", "20", "--out", str(out), "--info", str(info)]
     assert main(["export", "--format", "vllm-custom", *args]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    from batching.workload import preset
+    from batching.workloads import preset
 
     w = preset("chat-rag", seed=0, n=20)
     assert [r["output_tokens"] for r in rows] == w.output_lens.tolist()
@@ -66,7 +66,7 @@ def test_export_with_a_tokenizer_has_exact_prompt_lengths(tmp_path):
     out = tmp_path / "w.jsonl"
     args = ["--preset", "chat-rag", "-n", "10", "--scale-lengths", "10", "--out", str(out)]
     assert main(["export", "--format", "vllm-custom", *args, "--tokenizer", str(tmp_path)]) == 0
-    from batching.workload import preset
+    from batching.workloads import preset
 
     want = preset("chat-rag", seed=0, n=10).scale(lengths=10).prompt_lens.tolist()
     rows = [json.loads(line) for line in out.read_text().splitlines()]
@@ -126,7 +126,7 @@ def test_import_vllm_result(tmp_path, capsys):
 
 
 def test_import_vllm_checks_lengths_against_the_workload():
-    from batching.vllm_io import VllmFormatError, import_result
+    from batching.servers.vllm_io import VllmFormatError, import_result
 
     res = vllm_result(n_err=1)
     w = Workload.from_arrays([0, 1, 2], [10, 20, 31], [3, 1, 3], name="mine", rids=[7, 8, 9])

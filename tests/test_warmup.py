@@ -7,12 +7,12 @@ import pytest
 
 pytest.importorskip("torch")
 
+from batching.costs.models import get_model
 from batching.engine import run
-from batching.models import get_model
 from batching.real.executor import RealExecutor, run_real
 from batching.real.runner import WARMUP_TOKENS_MAX, ModelRunner
 from batching.schedulers import ChunkedPrefillScheduler, ContinuousScheduler, StaticScheduler
-from batching.workload import Workload
+from batching.workloads import Workload
 
 
 def warmed_size(scheduler, max_len: int) -> int:

@@ -1,4 +1,4 @@
-"""Tests for batching.workload and batching.lengths: containers, arrivals, length distributions,
+"""Tests for batching.workloads.workload and batching.workloads.lengths: containers, arrivals, length distributions,
 presets."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batching.lengths import Empirical, Fixed, LogNormal, quantile_table
 from batching.request import Request, RequestError
-from batching.workload import PRESETS, Workload, gamma_arrivals, poisson_arrivals, preset, synthetic
-from batching.workload_base import WorkloadError
+from batching.workloads import PRESETS, Workload, gamma_arrivals, poisson_arrivals, preset, synthetic
+from batching.workloads.errors import WorkloadError
+from batching.workloads.lengths import Empirical, Fixed, LogNormal, quantile_table
 
 
 def _spec(w: Workload | list[Request]) -> list[tuple[int, float, int, int]]:

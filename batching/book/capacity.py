@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..workload import Workload
+from ..workloads import Workload
 from .common import metrics, offered_rate, simulate
 
 #: SLO multipliers of the decode step time (Sarathi-Serve, section 5.1).

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..results import load_average, machine_load
 from ..schedulers import make_scheduler
-from ..workload import Workload
+from ..workloads import Workload
 from .common import ROOT, metrics, simulate
 from .continuous import iterations
 from .profiles import PROFILE_DIR
@@ -45,7 +45,7 @@ def real_runner(
 ) -> Any:
     """7.1, 7.3: one model (``None``: :func:`real_model`) with its slab KV cache on ``device``,
     built once and served by several real runs in turn."""
-    from ..models import get_model
+    from ..costs.models import get_model
     from ..real.hardware import resolve_device, set_threads
     from ..real.runner import ModelRunner
 
@@ -177,7 +177,7 @@ def real_schedulers(
     :func:`profile_measured_here`), ``sim`` (the same runs simulated on it) and ``profile``.
     The slabs hold the model's whole context, the limit the simulator's schedulers see too:
     slabs cut to the longest request left a long prompt batched alone."""
-    from ..profile import ProfileCost
+    from ..costs.profile import ProfileCost
 
     slots = max(int(o.get("slots", 32)) for o in configs.values())
     runner = real_runner(model, device, slots=slots, threads=threads)
@@ -354,3 +354,10 @@ def fidelity_rows(root: str | None = None) -> tuple[list[list[str]], list[str]]:
             ]
         )
     return rows, header
+
+
+def within_noise(records: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the simulator's error is inside the noise of what it simulates on every
+    fidelity record (:func:`fidelity_records`): ``e2e_err`` at most ``noise``, the disagreement
+    of two real runs."""
+    return all(r["e2e_err"] <= r["noise"] for r in records)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..engine import RunResult
-from ..workload import Workload
+from ..workloads import Workload
 from .common import at, columns, flat, metrics, simulate, step_work
 
 

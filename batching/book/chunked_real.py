@@ -11,7 +11,7 @@ import numpy as np
 
 from ..engine import RunResult
 from ..results import load_average, machine_load
-from ..workload import Workload
+from ..workloads import Workload
 from .chunked import long_prompt_among_decodes, stall_configs, stall_summary
 
 #: How many times :func:`real_stall` calibrates and runs before it gives up (see :func:`stall_overlaps`).

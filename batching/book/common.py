@@ -14,12 +14,12 @@ import numpy as np
 
 from ..engine import RunResult, SimExecutor, run
 from ..metrics import summarize
-from ..models import ModelShape
 from ..plan import StepWork
 from ..request import Request
 from ..schedulers import make_scheduler
-from ..traces import load_trace
-from ..workload import Workload
+from ..steplog import Accounting
+from ..workloads import Workload
+from ..workloads.traces import load_trace
 
 #: The repository root: committed results (``benchmarks/results``) and profiles
 #: (``data/profiles``) are read relative to it.
@@ -104,7 +104,7 @@ def simulate(
     return run(reqs, sched, SimExecutor(cost), record_slots=record_slots, fast=fast)
 
 
-def useful_flops(requests: Iterable[Request], model: ModelShape) -> float:
+def useful_flops(requests: Iterable[Request], model: Accounting) -> float:
     """FLOPs an ideal engine spends on these requests, by the cost model's formulas: each
     prompt prefilled once and each later token decoded once over its context; no padding,
     dead rows or recomputation after a preemption."""
@@ -142,11 +142,11 @@ def metrics(result: RunResult) -> dict[str, float]:
     for k in ("queue", "ttft", "e2e", "itl", "tpot"):
         for stat, v in s[k].items():
             out[f"{k}_{stat}"] = float("nan") if v is None else float(v)
-    cost = result.cost
-    if "hw_compute_utilization" in s:
+    hw = result.hardware
+    if hw is not None and hw.model is not None:
         out["hw_compute"] = s["hw_compute_utilization"]
         out["hw_bandwidth"] = s["hw_bandwidth_utilization"]
-        out["useful_compute"] = useful_flops(result.requests, cost.model) / (s["busy_s"] * cost.peak_flops)
+        out["useful_compute"] = useful_flops(result.requests, hw.model) / (s["busy_s"] * hw.peak_flops)
     return {k: float(v) for k, v in out.items()}
 
 

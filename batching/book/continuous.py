@@ -11,7 +11,7 @@ import numpy as np
 
 from ..engine import RunResult
 from ..metrics import request_record
-from ..workload import Workload, preset
+from ..workloads import Workload, preset
 from .capacity import capacity, run_point
 from .common import Claim, columns, simulate
 
@@ -203,3 +203,16 @@ def p99_claim(p99: Mapping[str, Mapping[str, Any]], dense: str, cont: str) -> Cl
     if not d["stable"] or c["e2e_p99"] * 2 <= d["e2e_p99"]:
         return Claim.HOLDS
     return Claim.DOES_NOT_HOLD
+
+
+def real_tail(static: Mapping[str, Any], cont: Mapping[str, Any]) -> dict[str, Any]:
+    """7.2's live check of "p99 shrinks" from the real static and continuous runs' numbers
+    (``checks.real_schedulers``): ``claim`` holds if continuous batching's E2E p99 is the
+    lower; ``p99_ratio`` the larger p99 over the smaller; ``slot_lower``: its slot utilization
+    is below static batching's (below saturation its free slots sit empty between requests)."""
+    s, c = static["e2e_p99"], cont["e2e_p99"]
+    return {
+        "claim": Claim.HOLDS if c < s else Claim.DOES_NOT_HOLD,
+        "p99_ratio": max(s, c) / min(s, c),
+        "slot_lower": bool(cont["slot_util"] < static["slot_util"]),
+    }

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..models import ModelShape, get_model
+from ..costs.models import ModelShape, get_model
 from .common import step_work
 from .why import bstar_of, knee, roofline_curve
 

@@ -3,6 +3,7 @@ budget sweeps, simulated and on the real model."""
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..engine import RunResult
-from ..workload import Workload
+from ..workloads import Workload
 from .common import Claim, at, columns, metrics, simulate
 
 POLICIES = ("slab", "exact")
@@ -231,7 +232,7 @@ def real_kv(
     where this machine has a profile), plus ``budget``, ``max_context`` and ``slots``. The
     runner holds a slab per slot; the budget is the schedulers' KV accounting, as in the
     simulator."""
-    from ..models import get_model
+    from ..costs.models import get_model
     from .checks import real_model, real_schedulers
 
     name = real_model(model, device)
@@ -285,3 +286,24 @@ def real_kv_numbers(rs: Mapping[str, Any]) -> dict[str, float]:
                 rs["sim"][name]["throughput_tok"] / rs["real"][name]["throughput_tok"] - 1
             )
     return out
+
+
+def below_roofline(measured: Sequence[Mapping[str, float]], roofline: Sequence[Mapping[str, float]]) -> bool:
+    """Whether every simulated exact-over-slab ``gain`` (:func:`budget_numbers`) stays below the
+    roofline's at the same budget (:func:`policy_roofline`), pairwise."""
+    return all(m["gain"] < r["gain"] for m, r in zip(measured, roofline, strict=True))
+
+
+class Kept(str, enum.Enum):
+    """What the live runs say slabs keep of the exact policy's gain (:func:`real_kv_numbers`'s
+    ``slab_kept``): no gain to share, all of it, or a share (the notebook quotes it)."""
+
+    NO_GAIN = "no-gain"
+    ALL = "all"
+    SHARE = "share"
+
+
+def kept_kind(slab_kept: float) -> Kept:
+    if math.isnan(slab_kept):
+        return Kept.NO_GAIN
+    return Kept.ALL if slab_kept >= 1 else Kept.SHARE

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..profile import ProfileCost
+from ..costs.profile import ProfileCost
 from .common import ROOT
 from .why import bstar_of, knee, roofline_curve
 

@@ -10,12 +10,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..costs.profile import ProfileCost
 from ..engine import RunResult
 from ..metrics import request_records, summarize
-from ..profile import ProfileCost
 from ..results import machine_busy
-from ..traces import load_trace
-from ..workload import Workload, preset
+from ..workloads import Workload, preset
+from ..workloads.traces import load_trace
 from .common import ROOT, simulate
 from .profiles import PROFILE_DIR
 
@@ -70,8 +70,8 @@ def live_row(
     """Replay ``w`` live against ``server_url`` (OpenAI-compatible ``.../v1``, token-id prompts,
     its first listed model unless ``served_model``) or, without, a ``transformers serve`` of
     ``model`` started here. Returns the row and the model and requests it completed."""
-    from .. import hf_serve, served
-    from ..replay import ReplayOptions, replay
+    from ..servers import served, transformers_serve
+    from ..servers.replay import ReplayOptions, replay
 
     if server_url is not None:
         if served_model is None:
@@ -81,8 +81,8 @@ def live_row(
         reqs, meta = replay(w, ReplayOptions(url=server_url, model=served_model))
     else:
         folder = Path(tempfile.gettempdir()) / "batching-serve" / f"{model}-seed0"
-        ckpt = hf_serve.prepare_checkpoint(folder, model, seed=0)
-        with hf_serve.transformers_serve(ckpt, threads=threads) as srv:
+        ckpt = transformers_serve.prepare_checkpoint(folder, model, seed=0)
+        with transformers_serve.transformers_serve(ckpt, threads=threads) as srv:
             served_model = srv.model
             opts = ReplayOptions(url=srv.url, model=srv.model, prompt="text", tokenizer=str(ckpt))
             replay(Workload.from_arrays([0.0], [4], [2], name="warm-up"), opts)  # not timed

@@ -12,7 +12,7 @@ import numpy as np
 from ..costs import RooflineCost
 from ..engine import RunResult
 from ..results import load_average, machine_load
-from ..workload import Workload
+from ..workloads import Workload
 from .capacity import queue_growth
 from .common import Versus, columns, metrics, simulate, step_work, versus
 

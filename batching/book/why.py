@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..cost_base import MEM_RESERVE
 from ..costs import RooflineCost
-from ..models import ModelShape
+from ..costs.base import MEM_RESERVE
+from ..costs.models import ModelShape
 from .common import Claim, roofline_numbers
 
 

@@ -11,13 +11,13 @@ from typing import Any
 import torch
 
 from ..costs import RooflineCost
-from ..devices import get_device
+from ..costs.devices import get_device
+from ..costs.models import ModelShape, get_model
 from ..engine import RunResult, StepResult, run
-from ..models import ModelShape, get_model
 from ..plan import StepPlan
 from ..request import Request, RequestError
 from ..schedulers.base import Scheduler
-from ..workload import Workload
+from ..workloads import Workload
 from .checkpoint import load_hf_checkpoint, read_config
 from .hardware import device_entry, device_name, resolve_device, set_threads, synchronize
 from .model import default_dtype

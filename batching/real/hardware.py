@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from ..cost_base import MEM_RESERVE
-from ..devices import DeviceSpec
+from ..costs.base import MEM_RESERVE
+from ..costs.devices import DeviceSpec
 
 #: Substring of torch.cuda.get_device_name() -> registry device (the SXM parts' datasheets).
 CUDA_NAMES: tuple[tuple[str, str], ...] = (("H200", "H200-SXM"), ("H100", "H100-SXM"), ("A100", "A100-SXM"))

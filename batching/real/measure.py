@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..models import ModelShape, get_model
+from ..costs.models import ModelShape, get_model
 from ..plan import PrefillChunk, StepPlan
 from ..request import Request
 from ..results import load_average

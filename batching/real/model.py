@@ -1,5 +1,5 @@
 """A Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU, tied or untied
-head) of a registry :class:`~batching.models.ModelShape`, with seeded random weights.
+head) of a registry :class:`~batching.costs.models.ModelShape`, with seeded random weights.
 
 It owns no KV cache: :meth:`Llama.forward` runs every linear layer once on a step's ``T``
 packed tokens and hands each layer's q, k, v to an ``attend`` callback (the runner's slabs).
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models import ModelShape
+from ..costs.models import ModelShape
 
 #: Query, key, value of one layer for the packed tokens -> attention output [T, H, D].
 AttendFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..models import ModelShape
+from ..costs.models import ModelShape
 from ..plan import StepPlan
 from ..request import Request
 from .cache import SlabCache, kv_cache_bytes

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..models import get_model
+from ..costs.models import get_model
 from .executor import REGISTRY_DTYPE
 from .hardware import available_bytes
 from .measure import StepTimer, rig, stats, target

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from ..validate import ConfigError
 from .base import Scheduler
 from .chunked import ChunkedPrefillScheduler
 from .continuous import ContinuousScheduler
@@ -51,6 +52,4 @@ def make_scheduler(
         return ChunkedPrefillScheduler(
             slots, max_context, token_budget=token_budget, chunk_size=chunk_size, **kv
         )
-    from ..kv import ConfigError
-
     raise ConfigError(f"scheduler={name!r}: must be one of {', '.join(SCHEDULERS)}")

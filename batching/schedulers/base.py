@@ -9,26 +9,11 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
-from ..kv import ConfigError, KVCache
+from ..kv import KVCache
 from ..plan import StepPlan
 from ..request import Request, RequestError
-
-
-def check_int(name: str, value: object, lo: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ConfigError(f"{name}={value!r}: must be an integer >= {lo}")
-    return value
-
-
-def check_time(name: str, value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ConfigError(f"{name}={value!r}: must be a finite number of seconds >= 0")
-    return float(value)
+from ..steplog import SchedulerState
+from ..validate import integer
 
 
 class Scheduler:
@@ -39,8 +24,8 @@ class Scheduler:
     def __init__(
         self, max_slots: int, max_context: int, kv_capacity: float = math.inf, kv_policy: str = "slab"
     ) -> None:
-        self.max_slots = check_int("max_slots", max_slots)
-        self.kv = KVCache(kv_capacity, kv_policy, check_int("max_context", max_context))
+        self.max_slots = integer("max_slots", max_slots)
+        self.kv = KVCache(kv_capacity, kv_policy, integer("max_context", max_context))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # holding a slot, in admission order
         self._free_slots = list(range(self.max_slots))  # a heap: the lowest free row first
@@ -82,6 +67,17 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests that arrived and hold no slot yet, in whatever queues the scheduler keeps."""
+        return len(self.waiting)
+
+    def snapshot(self, plan: StepPlan | None = None) -> SchedulerState:
+        """Queue and KV now; given the ``plan`` just scheduled, during that step: KV used then
+        counts the tokens the step writes (its prefill chunks with their padding, one per decode)."""
+        written = 0 if plan is None else plan.work().prefill_tokens + len(plan.decodes)
+        return SchedulerState(self.num_waiting, len(self.running), self.kv.reserved, self.kv.used + written)
 
     @property
     def max_step_prompt_tokens(self) -> int:
@@ -132,6 +128,13 @@ class Scheduler:
         self.kv.free_request(req)
         req.on_release()
 
+    def _newest(self, prefilling: bool = False) -> Request:
+        """Preemption's victim, the one rule for every scheduler: the newest running request
+        (``prefilling``: the newest still in its prefill), so that the oldest always progress."""
+        if prefilling:
+            return next(v for v in reversed(self.running) if v.in_prefill)
+        return self.running[-1]
+
     def _preempt(self, req: Request) -> None:
         """vLLM's recompute preemption: free everything, go back to the front of the queue."""
         self._release(req)
@@ -148,7 +151,7 @@ class Scheduler:
         while queue:
             r = queue.pop(0)
             while not self.kv.can_reserve(r, 1):
-                victim = self.running[-1]
+                victim = self._newest()
                 self._preempt(victim)
                 preempted = True
                 if victim is r:
@@ -159,6 +162,17 @@ class Scheduler:
                 self.kv.reserve(r, 1)
                 kept.append(r)
         return kept, preempted
+
+    def _decode_plan(self, decodes: list[Request], preempted: bool) -> StepPlan | None:
+        """A decode-only step of ``decodes`` (None if there are none). After a preemption the
+        freed KV may admit the queue head next step, so such a step is not steady."""
+        if not decodes:
+            return None
+        return StepPlan(
+            decodes=decodes,
+            steady=1 if preempted else self._steady(decodes),
+            arrival_sensitive=not self.waiting and bool(self._free_slots),
+        )
 
     def _steady(self, decodes: list[Request]) -> int:
         """How many identical decode-only steps can run before this state changes."""

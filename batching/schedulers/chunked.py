@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 
-from ..kv import ConfigError
 from ..plan import PrefillChunk, StepPlan
-from .base import Scheduler, check_int
+from ..validate import ConfigError, integer
+from .base import Scheduler
 
 
 class ChunkedPrefillScheduler(Scheduler):
@@ -25,8 +25,8 @@ class ChunkedPrefillScheduler(Scheduler):
         kv_policy: str = "slab",
     ) -> None:
         super().__init__(max_slots, max_context, kv_capacity, kv_policy)
-        self.token_budget = check_int("token_budget", token_budget)
-        self.chunk_size = check_int("chunk_size", token_budget if chunk_size is None else chunk_size)
+        self.token_budget = integer("token_budget", token_budget)
+        self.chunk_size = integer("chunk_size", token_budget if chunk_size is None else chunk_size)
         if self.token_budget < self.max_slots:
             raise ConfigError(
                 f"token_budget={token_budget} < max_slots={max_slots}: the decodes alone could exceed "
@@ -58,11 +58,8 @@ class ChunkedPrefillScheduler(Scheduler):
             n = min(r.remaining_prefill, self.chunk_size, budget)
             # Under exact KV, make room by preempting newer requests (never older ones,
             # so the oldest prefill always progresses); failing that take what is free.
-            while not self.kv.can_reserve(r, n):
-                victim = next(v for v in reversed(self.running) if v.in_prefill)
-                if victim is r:
-                    break
-                self._preempt(victim)
+            while not self.kv.can_reserve(r, n) and self._newest(prefilling=True) is not r:
+                self._preempt(self._newest(prefilling=True))
                 preempted = True
             n = min(n, int(self.kv.free)) if not self.kv.can_reserve(r, n) else n
             if n == 0:
@@ -81,14 +78,6 @@ class ChunkedPrefillScheduler(Scheduler):
             self._admit(head, now, n)
             chunks.append(PrefillChunk(head, n))
             budget -= n
-        if not chunks and not decodes:
-            return None
         if chunks:
-            return StepPlan(prefills=chunks, decodes=decodes, slots=self.max_slots)
-        # After a preemption the freed KV may admit the queue head next step: not steady.
-        return StepPlan(
-            decodes=decodes,
-            slots=self.max_slots,
-            steady=1 if preempted else self._steady(decodes),
-            arrival_sensitive=not self.waiting and bool(self._free_slots),
-        )
+            return StepPlan(prefills=chunks, decodes=decodes)
+        return self._decode_plan(decodes, preempted)

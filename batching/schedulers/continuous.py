@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 
-from ..kv import ConfigError
 from ..plan import PrefillChunk, StepPlan
+from ..validate import ConfigError
 from .base import Scheduler
 
 PREFILL_MODES = ("mixed", "separate")
@@ -48,19 +48,11 @@ class ContinuousScheduler(Scheduler):
     def schedule(self, now: float) -> StepPlan | None:
         decodes = [r for r in self.running if not r.in_prefill]
         if self.prefill_mode == "separate" and (new := self._admit_waiting(now)):
-            return StepPlan(prefills=new, slots=self.max_slots)
+            return StepPlan(prefills=new)
         preempted = False
         if self.kv.policy == "exact":
             decodes, preempted = self._reserve_decodes(decodes)
         # A request preempted in this step is not re-admitted in the same step.
         if self.prefill_mode == "mixed" and not preempted and (new := self._admit_waiting(now)):
-            return StepPlan(prefills=new, decodes=decodes, slots=self.max_slots)
-        if not decodes:
-            return None
-        # After a preemption the freed KV may admit the queue head next step: not steady.
-        return StepPlan(
-            decodes=decodes,
-            slots=self.max_slots,
-            steady=1 if preempted else self._steady(decodes),
-            arrival_sensitive=not self.waiting and bool(self._free_slots),
-        )
+            return StepPlan(prefills=new, decodes=decodes)
+        return self._decode_plan(decodes, preempted)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..request import Request
-from .base import check_time
+from ..validate import number
 from .static import DenseBatchScheduler
 
 
@@ -23,7 +23,7 @@ class DynamicScheduler(DenseBatchScheduler):
         kv_policy: str = "slab",
     ) -> None:
         super().__init__(batch_size, max_context, kv_capacity, kv_policy)
-        self.max_wait = check_time("max_wait", max_wait)
+        self.max_wait = number("max_wait", max_wait, unit="seconds")
 
     def config(self) -> dict:
         return {**super().config(), "max_wait": self.max_wait}

@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from ..kv import ConfigError
 from ..plan import PrefillChunk, StepPlan
 from ..request import Request
-from .base import Scheduler, check_int, check_time
+from ..validate import ConfigError, integer, number
+from .base import Scheduler
 
 
 class DenseBatchScheduler(Scheduler):
@@ -20,7 +20,7 @@ class DenseBatchScheduler(Scheduler):
     def __init__(
         self, batch_size: int, max_context: int, kv_capacity: float = math.inf, kv_policy: str = "slab"
     ) -> None:
-        super().__init__(check_int("batch_size", batch_size), max_context, kv_capacity, kv_policy)
+        super().__init__(integer("batch_size", batch_size), max_context, kv_capacity, kv_policy)
         # The dense cache is [batch_size, max_context]: refuse a batch the KV budget can't hold.
         if batch_size * max_context > kv_capacity:
             raise ConfigError(
@@ -51,7 +51,6 @@ class DenseBatchScheduler(Scheduler):
             return StepPlan(
                 decodes=live,
                 dead=dead,
-                slots=self.max_slots,
                 steady=self._steady(live),
                 arrival_sensitive=False,
             )
@@ -64,7 +63,6 @@ class DenseBatchScheduler(Scheduler):
         self.batch = members
         return StepPlan(
             prefills=[PrefillChunk(r, r.prefill_target, longest - r.prefill_target) for r in members],
-            slots=self.max_slots,
             arrival_sensitive=False,
         )
 
@@ -97,7 +95,7 @@ class StaticScheduler(DenseBatchScheduler):
         kv_policy: str = "slab",
     ) -> None:
         super().__init__(batch_size, max_context, kv_capacity, kv_policy)
-        self.timeout = check_time("timeout", timeout)
+        self.timeout = number("timeout", timeout, unit="seconds")
         self.forming: list[Request] = []
         self.sealed: deque[list[Request]] = deque()
 
@@ -134,3 +132,8 @@ class StaticScheduler(DenseBatchScheduler):
     @property
     def has_work(self) -> bool:
         return bool(self.forming or self.sealed) or super().has_work
+
+    @property
+    def num_waiting(self) -> int:
+        """Static batching queues in the forming batch and the sealed ones, never in ``waiting``."""
+        return len(self.forming) + sum(len(b) for b in self.sealed)

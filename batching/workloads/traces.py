@@ -17,9 +17,10 @@ from typing import TextIO
 
 import numpy as np
 
+from ..validate import integer
+from .errors import WorkloadError
 from .trace_files import _KNOWN_SHA, TRACES, TraceError, _sha256, find_trace
 from .workload import Workload
-from .workload_base import WorkloadError, _count
 
 __all__ = [
     "TraceError",
@@ -94,7 +95,7 @@ def _select(
     ``info["epoch"]`` is the wall-clock time of the new t=0 when the trace has one.
     """
     if limit is not None:
-        limit = _count("limit", limit, minimum=1)
+        limit = integer("limit", limit, 1, error=WorkloadError)
     if window is not None:
         if not isinstance(window, (tuple, list)) or len(window) != 2:
             raise WorkloadError(f"window={window!r}: must be (t0, t1) in seconds")

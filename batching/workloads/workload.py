@@ -16,9 +16,10 @@ from typing import Literal, overload
 
 import numpy as np
 
-from .lengths import LengthDist, LogNormal, _describe, as_length_dist, quantile_table
-from .request import Request, RequestError
-from .workload_base import WorkloadError, _count, _positive_finite, _round_half_up
+from ..request import Request, RequestError
+from ..validate import integer, number
+from .errors import WorkloadError
+from .lengths import LengthDist, LogNormal, _describe, as_length_dist, quantile_table, round_half_up
 
 __all__ = [
     "WorkloadError",
@@ -191,7 +192,7 @@ class Workload:
         not fit. ``mode="cap"`` shortens the prompt first (to >= 1 token), then the output;
         returns the workload and the number capped, also in ``info["capped"]``.
         """
-        max_context = _count("max_context", max_context, minimum=2)
+        max_context = integer("max_context", max_context, 2, error=WorkloadError)
         if mode not in ("error", "cap"):
             raise WorkloadError(f"mode={mode!r}: must be 'error' or 'cap'")
         total = self._prompt + self._output
@@ -220,12 +221,12 @@ class Workload:
     def scale(self, lengths: float = 1, time: float = 1) -> Workload:
         """Divide token lengths by ``lengths`` (half-up, floor 1) and inter-arrival gaps by
         ``time``; the factors compose in ``info["scale_lengths"]`` / ``info["time_scale"]``."""
-        k = _positive_finite("lengths", lengths)
-        t = _positive_finite("time", time)
+        k = number("lengths", lengths, above=True, error=WorkloadError)
+        t = number("time", time, above=True, error=WorkloadError)
         a0 = self._arrival[0]
         arrivals = a0 + (self._arrival - a0) / t
-        prompts = np.maximum(1, _round_half_up(self._prompt / k))
-        outputs = np.maximum(1, _round_half_up(self._output / k))
+        prompts = np.maximum(1, round_half_up(self._prompt / k))
+        outputs = np.maximum(1, round_half_up(self._output / k))
         return self._derive(
             arrivals,
             prompts,
@@ -241,9 +242,9 @@ def gamma_arrivals(n: int, rate: float, burstiness: float, rng: np.random.Genera
     """``n`` arrival times (s) from 0 with Gamma(burstiness, 1/(rate*burstiness)) gaps, as
     vLLM bench serve: mean rate ``rate``, gap CV ``1/sqrt(burstiness)`` (1: Poisson).
     ``rate=inf`` sends everything at t=0."""
-    n = _count("n", n)
-    rate = _positive_finite("rate", rate, allow_inf=True)
-    burstiness = _positive_finite("burstiness", burstiness)
+    n = integer("n", n, 0, error=WorkloadError)
+    rate = number("rate", rate, above=True, finite=False, error=WorkloadError)
+    burstiness = number("burstiness", burstiness, above=True, error=WorkloadError)
     if math.isinf(rate) or n == 0:
         return np.zeros(n)
     gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n - 1)
@@ -267,7 +268,7 @@ def synthetic(
 ) -> Workload:
     """A seeded synthetic workload: arrivals, prompt lengths, output lengths drawn in this
     order from ``np.random.default_rng(seed)``."""
-    n = _count("n", n, minimum=1)
+    n = integer("n", n, 1, error=WorkloadError)
     p, o = as_length_dist(prompt, "prompt"), as_length_dist(output, "output")
     rng = np.random.default_rng(seed)
     arrivals = gamma_arrivals(n, rate, burstiness, rng)
@@ -316,7 +317,7 @@ def preset(name: str, seed: int = 0, *, n: int | None = None, rate: float | None
             return Workload.from_arrays([0.0, 0.0], [50, 4000], [20, 20], name=name, info=info)
         return Workload.from_arrays(np.zeros(32), np.full(32, 128), [2000] + [20] * 31, name=name, info=info)
     if name == "chat-rag":
-        n = _count("n", 500 if n is None else n, minimum=1)
+        n = integer("n", 500 if n is None else n, 1, error=WorkloadError)
         rate = 4.0 if rate is None else rate
         rng = np.random.default_rng(seed)
         arrivals = poisson_arrivals(n, rate, rng)

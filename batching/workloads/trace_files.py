@@ -4,7 +4,7 @@ The traces themselves are never part of the repository (see ``shared/traces/READ
 :data:`TRACES` names each (its path inside a traces directory, download URL and sha256);
 :func:`find_trace` looks in ``$BATCHING_TRACES``, in ``../shared/traces`` next to the
 repository, then in ``~/.cache/batching/traces``, and keeps a download only if its sha256
-matches. :mod:`batching.traces` parses the files into workloads.
+matches. :mod:`batching.workloads.traces` parses the files into workloads.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from .workload_base import WorkloadError
+from .errors import WorkloadError
 
 __all__ = ["TraceError", "TRACES", "trace_dirs", "find_trace"]
 
@@ -58,7 +58,7 @@ def _sha256(path: Path) -> str:
 
 
 def _repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def _cache_dir() -> Path:

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from ..plan import StepWork
 from .devices import DeviceSpec
 from .models import ModelShape
-from .plan import StepWork
 
 #: Fraction of device memory kept for activations, CUDA graphs, the runtime and
 #: fragmentation (vLLM's default gpu_memory_utilization is 0.9).

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import SLO, _dist, goodput
-from .results import SCHEMA, run_meta
+from ..metrics import SLO, _dist, goodput
+from ..results import SCHEMA, run_meta
 
 # Request outcomes; every one but "ok" is counted in the summary and printed.
 STATUSES = ("ok", "usage_mismatch", "stream_mismatch", "error", "timeout", "cancelled")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .cost_base import _VectorCost
+from .base import _VectorCost
 from .devices import DeviceSpec, get_device
 from .models import ModelShape, canonical_dtype, get_model
 

@@ -8,25 +8,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import cli, results, served
+from .. import results
+from ..servers import served
+from ..validate import number
+from ..workloads import Workload
+from . import options
 
 NO_CONTEXT_LIMIT = 10**9  # the server enforces its own context (a too-long row is a 4xx)
 
 
-def _workload(a: argparse.Namespace) -> cli.Workload:
-    return cli.load_workload(a, a.max_context or NO_CONTEXT_LIMIT)
+def _workload(a: argparse.Namespace) -> Workload:
+    return options.load_workload(a, a.max_context or NO_CONTEXT_LIMIT)
 
 
 def _write(a: argparse.Namespace, doc: dict[str, Any]) -> None:
-    cli.write_outputs(a, doc)
+    options.write_outputs(a, doc)
     for line in served.problems(doc):
         print(line, file=sys.stderr)
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    from .replay import ReplayError, ReplayOptions, finite_positive, parse_extra_body, parse_vocab, replay
+    from ..servers.replay import ReplayError, ReplayOptions, parse_extra_body, parse_vocab, replay
 
-    slo = cli.parse_slo(a)
+    slo = options.parse_slo(a)
     w = _workload(a)
     opts = ReplayOptions(
         url=a.url,
@@ -35,7 +39,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
         tokenizer=a.tokenizer,
         vocab=parse_vocab(a.vocab),
         max_connections=a.max_connections,
-        timeout_s=finite_positive("--request-timeout", a.request_timeout),
+        timeout_s=number("--request-timeout", a.request_timeout, above=True, error=ValueError),
         seed=a.seed,
         extra_body=parse_extra_body(a.extra_body),
     )
@@ -43,7 +47,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
         raise ValueError(f"--max-connections={opts.max_connections}: must be >= 1")
     config = {
         "command": "replay",
-        **cli.workload_config(a, w),
+        **options.workload_config(a, w),
         "model": a.served_model,
         "device": "server",
         "url": a.url,
@@ -56,7 +60,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
     }
     failure: ReplayError | None = None
     try:
-        reqs, meta = replay(w, opts, progress=cli.progress(a))
+        reqs, meta = replay(w, opts, progress=options.progress(a))
     except ReplayError as e:
         if not e.requests:
             raise
@@ -79,7 +83,7 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from .vllm_io import export_custom
+    from ..servers.vllm_io import export_custom
 
     w = _workload(a)
     info = export_custom(w, a.out, tokenizer=a.tokenizer, seed=a.seed)
@@ -99,12 +103,12 @@ def cmd_export(a: argparse.Namespace) -> int:
 
 
 def cmd_import_vllm(a: argparse.Namespace) -> int:
-    from .vllm_io import import_result, read_result
+    from ..servers.vllm_io import import_result, read_result
 
     doc_in = read_result(a.result)
     w = _workload(a) if (a.trace or a.preset) else None
     reqs, params, duration = import_result(doc_in, w)
-    slo = cli.parse_slo(a)
+    slo = options.parse_slo(a)
     name = w.name if w is not None else Path(a.result).stem
     config = {
         "command": "import-vllm",
@@ -127,7 +131,7 @@ def cmd_import_vllm(a: argparse.Namespace) -> int:
 def add_parsers(sub: Any) -> None:
     """Register ``replay``, ``export`` and ``import-vllm`` on ``sub``."""
     r = sub.add_parser("replay", help="replay a workload against an OpenAI-compatible server")
-    cli.add_workload_args(r)
+    options.add_workload_args(r)
     g = r.add_argument_group("server")
     g.add_argument("--url", required=True, help="base URL of the OpenAI API, e.g. http://127.0.0.1:8000/v1")
     g.add_argument("--served-model", required=True, help="model name as the server's /v1/models lists it")
@@ -146,11 +150,11 @@ def add_parsers(sub: Any) -> None:
     )
     g.add_argument("--extra-body", help="JSON object merged into every request body")
     g.add_argument("--max-context", type=int, help="refuse (or --cap) requests longer than this")
-    cli.add_output_args(r)
+    options.add_output_args(r)
     r.set_defaults(func=cmd_replay)
 
     e = sub.add_parser("export", help="write a workload for another benchmark (vllm bench serve)")
-    cli.add_workload_args(e)
+    options.add_workload_args(e)
     e.add_argument("--format", choices=["vllm-custom"], required=True)
     e.add_argument("--out", required=True, help="JSONL path")
     e.add_argument("--tokenizer", help="served model's tokenizer.json: prompts of exact length")
@@ -162,10 +166,10 @@ def add_parsers(sub: Any) -> None:
         "import-vllm", help="turn a vllm bench serve --save-detailed result into a results file"
     )
     i.add_argument("result", help="the JSON vllm bench serve --save-result --save-detailed wrote")
-    cli.add_workload_args(i)
+    options.add_workload_args(i)
     # The workload is optional here: given, it checks vLLM's lengths and supplies the rids.
     for grp in i._mutually_exclusive_groups:
         grp.required = False
     i.add_argument("--max-context", type=int)
-    cli.add_output_args(i)
+    options.add_output_args(i)
     i.set_defaults(func=cmd_import_vllm)

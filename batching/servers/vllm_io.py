@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..workloads import Workload
 from .served import ServedRequest
-from .workload import Workload
 
 
 class VllmFormatError(ValueError):

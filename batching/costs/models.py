@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .plan import StepWork
+from ..plan import StepWork
 
 #: Bytes per element of each dtype the project uses.
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp8": 1}

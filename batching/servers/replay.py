@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from ..validate import colon_pair
+from ..workloads import Workload
 from .served import ServedRequest
-from .workload import Workload
-from .workload_base import colon_pair
 
 
 class ReplayError(ValueError):
@@ -344,12 +343,6 @@ def parse_extra_body(text: str | None) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise ValueError(f"--extra-body {text!r}: expected a JSON object")
     return d
-
-
-def finite_positive(name: str, x: float) -> float:
-    if not (math.isfinite(x) and x > 0):
-        raise ValueError(f"{name}={x!r}: must be a positive number")
-    return x
 
 
 __all__: Sequence[str] = ("ReplayError", "ReplayOptions", "replay", "replay_async", "check_server", "body")

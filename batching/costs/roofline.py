@@ -1,38 +1,16 @@
-"""How long one engine step takes, the simulator's clock: :class:`RooflineCost` or
-:class:`~batching.profile.ProfileCost` (a profile the real engine measured), one interface."""
+"""The roofline cost model: a step's time from the model's FLOPs and bytes and the device's
+datasheet peak and bandwidth (tensor parallelism with ring all-reduces)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
-from .cost_base import MEM_RESERVE, _VectorCost
-from .devices import DeviceSpec, get_device
-from .models import ModelShape, canonical_dtype, get_model
-from .plan import StepWork
-from .profile import ProfileCost
-
-
-@runtime_checkable
-class CostModel(Protocol):
-    """What the simulator asks of a cost model; ``peak_flops`` and ``bandwidth`` are summed
-    over the devices a step runs on (utilization = flops / step_time / peak_flops)."""
-
-    peak_flops: float
-    bandwidth: float
-
-    def step_time(self, work: StepWork) -> float: ...
-
-    def decode_run(self, rows: int, ctx0: int, growth: int, k: int) -> np.ndarray: ...
-
-    def flops(self, work: StepWork) -> float: ...
-
-    def bytes_moved(self, work: StepWork) -> float: ...
-
-    def describe(self) -> dict[str, Any]: ...
-
-    def kv_capacity(self) -> int: ...
+from ..plan import StepWork
+from .base import MEM_RESERVE, _VectorCost
+from .devices import DeviceSpec
+from .models import ModelShape
 
 
 class RooflineCost(_VectorCost):
@@ -166,24 +144,3 @@ class RooflineCost(_VectorCost):
             "bstar": self.bstar(),
             "device_source": d.source,
         }
-
-
-def get_cost_model(
-    model: str, device: str, tp: int = 1, profile: str | None = None, dtype: str | None = None
-) -> RooflineCost | ProfileCost:
-    """The CLI's cost model: a roofline, or the profile at path ``profile`` (measured for this
-    model on one such device)."""
-    shape, dev = get_model(model), get_device(device)
-    if profile is None:
-        return RooflineCost(shape, dev, tp=tp, dtype=dtype)
-    if tp != 1:
-        raise ValueError(f"tp={tp}: profiles are measured on one device; use the roofline for tp > 1")
-    cost = ProfileCost.from_json(profile)
-    if cost.model.name != shape.name or cost.device.name != dev.name:
-        raise ValueError(
-            f"profile {profile} was measured for {cost.model.name} on {cost.device.name}, "
-            f"not {shape.name} on {dev.name}"
-        )
-    if dtype is not None and canonical_dtype(dtype) != cost.model.dtype:
-        raise ValueError(f"profile {profile} is {cost.model.dtype}, not {canonical_dtype(dtype)}")
-    return cost

@@ -13,8 +13,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from .request import RequestError, check_length
-from .workload_base import WorkloadError, _count, _positive_finite, _round_half_up
+from ..validate import integer, number
+from .errors import WorkloadError
 
 __all__ = [
     "LengthDist",
@@ -27,7 +27,13 @@ __all__ = [
 ]
 
 #: Derived length tables (see data/README.md); next to the package, not inside it.
-QUANTILE_DIR = Path(__file__).resolve().parent.parent / "data" / "length_quantiles"
+QUANTILE_DIR = Path(__file__).resolve().parents[2] / "data" / "length_quantiles"
+
+
+def round_half_up(x: np.ndarray) -> np.ndarray:
+    """Scaled and sampled lengths, rounded: np.rint rounds half to even; half-up keeps
+    "divide by k" predictable for readers."""
+    return np.floor(np.asarray(x, dtype=np.float64) + 0.5).astype(np.int64)
 
 
 class LengthDist(Protocol):
@@ -43,13 +49,10 @@ class Fixed:
     value: int
 
     def __post_init__(self) -> None:
-        try:
-            check_length("value", self.value)
-        except RequestError as e:
-            raise WorkloadError(f"Fixed: {e}") from None
+        integer("value", self.value, 1, error=WorkloadError, where=" (Fixed)", whole_floats=True)
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        return np.full(_count("n", n), self.value, dtype=np.int64)
+        return np.full(integer("n", n, 0, error=WorkloadError), self.value, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -63,26 +66,21 @@ class LogNormal:
     hi: int | None = None
 
     def __post_init__(self) -> None:
-        _positive_finite("LogNormal median", self.median)
-        if (
-            isinstance(self.sigma, bool)
-            or not isinstance(self.sigma, (int, float, np.integer, np.floating))
-            or not (math.isfinite(self.sigma) and self.sigma >= 0)
-        ):
-            raise WorkloadError(f"LogNormal sigma={self.sigma!r}: must be finite and >= 0")
-        try:
-            check_length("lo", self.lo)
-            if self.hi is not None:
-                check_length("hi", self.hi)
-        except RequestError as e:
-            raise WorkloadError(f"LogNormal: {e}") from None
+        where = " (LogNormal)"
+        number("median", self.median, above=True, error=WorkloadError, where=where)
+        number("sigma", self.sigma, error=WorkloadError, where=where)
+        integer("lo", self.lo, 1, error=WorkloadError, where=where, whole_floats=True)
+        if self.hi is not None:
+            integer("hi", self.hi, 1, error=WorkloadError, where=where, whole_floats=True)
         if self.hi is not None and self.hi < self.lo:
             raise WorkloadError(f"LogNormal: hi={self.hi!r} < lo={self.lo!r}")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        x = rng.lognormal(mean=math.log(self.median), sigma=self.sigma, size=_count("n", n))
+        x = rng.lognormal(
+            mean=math.log(self.median), sigma=self.sigma, size=integer("n", n, 0, error=WorkloadError)
+        )
         hi = np.inf if self.hi is None else self.hi
-        return _round_half_up(np.clip(x, self.lo, hi))
+        return round_half_up(np.clip(x, self.lo, hi))
 
 
 @dataclass(frozen=True)
@@ -162,8 +160,8 @@ class Empirical:
         return cls(tuple(qs), tuple(vs), source=f"{path.name}:{column}")
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        u = rng.random(_count("n", n))
-        return np.maximum(1, _round_half_up(np.interp(u, self.q, self.values)))
+        u = rng.random(integer("n", n, 0, error=WorkloadError))
+        return np.maximum(1, round_half_up(np.interp(u, self.q, self.values)))
 
     def quantile(self, p: float | np.ndarray) -> float | np.ndarray:
         """The table's (interpolated) value at quantile ``p``."""

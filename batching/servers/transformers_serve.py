@@ -58,9 +58,9 @@ def prepare_checkpoint(folder: str | Path, model: str = "tiny", seed: int = 0) -
     if not (folder / "model.safetensors").exists() or not (folder / "tokenizer.json").exists():
         import torch
 
-        from .models import get_model
-        from .real.checkpoint import save_hf_checkpoint
-        from .real.model import Llama, ModelConfig
+        from ..costs.models import get_model
+        from ..real.checkpoint import save_hf_checkpoint
+        from ..real.model import Llama, ModelConfig
 
         shape = get_model(model)
         save_hf_checkpoint(Llama(ModelConfig.from_shape(shape), "cpu", torch.float32, seed=seed), folder)

@@ -1,17 +1,20 @@
 """The book: every chapter notebook runs, the book builds with -W, and it works offline.
 
-(a) Each `chapters/*.ipynb` is executed by papermill in smoke mode (`smoke=True`), with the
-    venv's python3 kernel and the repository root as working directory; a failing cell
-    fails the test with papermill's error. No notebooks, no test items (not a skip).
-(b) The `make book` pipeline (tools/build_book.py) runs with smoke parameters into
-    `_build/test/`, then every built page is opened in headless Chromium
-    (tools/browser_check.py): title and heading rendered, every image decoded, no console
-    error, and no request to anything but the local server. Screenshots land in
-    `_build/test/screens/`.
+The `make book` pipeline (tools/build_book.py) runs once, with smoke parameters
+(`smoke=True`), into `_build/test/`: papermill executes each `chapters/*.ipynb` with the
+venv's python3 kernel and the repository root as working directory (a failing cell fails
+the build with papermill's error), then `jupyter-book build -W` builds the HTML. From that
+one build:
+(a) each notebook's executed copy is checked on its own (one test item per notebook; no
+    notebooks, no items, not a skip);
+(b) every built page is opened in headless Chromium (tools/browser_check.py): title and
+    heading rendered, every image decoded, no console error, and no request to anything but
+    the local server. Screenshots land in `_build/test/screens/`.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -28,14 +31,25 @@ NOTEBOOKS = build_book.notebooks()
 SMOKE = {"smoke": True}
 BUILD = REPO / "_build" / "test"
 
+
+@pytest.fixture(scope="module")
+def smoke_book() -> Path:
+    """The book built once in smoke mode: the HTML folder (every notebook executed once)."""
+    return build_book.build_book(BUILD, parameters=SMOKE)
+
+
 # Parametrizing over an empty list would add a skipped item; with no notebook yet there
 # is simply no such test.
 if NOTEBOOKS:
 
     @pytest.mark.notebook
+    @pytest.mark.book
     @pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-    def test_notebook_runs_in_smoke_mode(nb: Path, tmp_path: Path) -> None:
-        build_book.execute_notebook(nb, tmp_path / nb.name, parameters=SMOKE, kernel="python3", cwd=REPO)
+    def test_notebook_runs_in_smoke_mode(nb: Path, smoke_book: Path) -> None:
+        executed = BUILD / "src" / "chapters" / nb.name
+        meta = json.loads(executed.read_text())["metadata"]["papermill"]
+        assert meta["parameters"] == SMOKE and not meta.get("exception"), meta
+        assert (smoke_book / "chapters" / f"{nb.stem}.html").is_file()
 
 
 def _external_refs(html: Path) -> list[str]:
@@ -52,8 +66,8 @@ def _external_refs(html: Path) -> list[str]:
 
 @pytest.mark.book
 @pytest.mark.slow
-def test_book_builds_and_renders_offline() -> None:
-    html = build_book.build_book(BUILD, parameters=SMOKE)
+def test_book_builds_and_renders_offline(smoke_book: Path) -> None:
+    html = smoke_book
 
     expected = ["chapters/intro.html"] + [f"chapters/{nb.stem}.html" for nb in NOTEBOOKS]
     missing = [p for p in expected if not (html / p).is_file()]

@@ -230,8 +230,7 @@ def test_chunk_tradeoff_figure_separates_loads_and_keeps_labels_apart():
 @pytest.mark.model
 def test_real_stall_serves_the_long_prompt_whole_or_in_chunks_on_the_model():
     pytest.importorskip("torch")
-    # tail_steps=20: the running requests keep decoding through the newcomer's chunks even
-    # if the calibration overstated the step 4x (a noisy neighbour on a shared machine).
+    # The newcomer is placed by step count: the same steps on any machine, busy or not.
     st = chunked_real.real_stall(
         model="tiny",
         device="cpu",
@@ -244,11 +243,20 @@ def test_real_stall_serves_the_long_prompt_whole_or_in_chunks_on_the_model():
     )
     assert st["budget"] == 16 + 4 and st["at_s"] > 0 and st["decode_ms"] > 0
     assert st["cpus"] >= 1 and st["busy"] == (st["load"] > st["cpus"])
-    output = 2 * 10 + math.ceil(100 / 16) + 20
+    # Chunked prefill takes the running prompts (3 x 40) in 7 steps of 20 tokens (from the
+    # 4th on, the decodes of the prompts done take their share), the others in 1: the
+    # newcomer arrives 10 decode steps after the slowest prefill, at step 17.
+    assert st["at_step"] == 7 + 10
+    output = 10 + math.ceil(100 / 16) + 20
     for tag, res in st["results"].items():
         done = {r.rid: len(r.token_ids) for r in res.requests}
         assert done == {0: output, 1: output, 2: output, 3: 8}, tag  # every token, nobody dropped
         L = res.log.cols
+        # On the measured clock again: back to back, each row one measured step.
+        assert L["t"][1:] == pytest.approx(list(np.cumsum(L["dur"])[:-1])) and min(L["dur"]) > 0
+        newcomer = next(r for r in res.requests if r.rid == 3)
+        assert newcomer.arrival == pytest.approx(sum(L["dur"][:17])), tag  # after the 17th step
+        assert chunked_real.stall_overlaps(res, range(3), 3), tag
         prefills = [int(p) for p in L["prefill"] if p]
         if tag == "chk":
             # Budget 20 with the 3 running decodes: the newcomer's 100 tokens go in chunks

@@ -36,31 +36,24 @@ def test_kv_fit_for_llama_8b_on_h100():
     assert fit["exact_avg"] > fit["exact_final"] > fit["slab"]
 
 
-def test_kv_budget_sweep_exact_beats_slab_when_memory_binds():
+def test_kv_budget_sweep_exact_beats_slab_and_slab_beats_static_when_memory_binds():
     w = small_trace(120, rate=50.0)
     sw = kvbook.kv_budget_sweep(w, H100_8B, [16384, 65536], slots=128)
-    slab, exact = sw["slab"], sw["exact"]
-    assert np.all(slab["preemptions"] == 0)
-    assert list(slab["running_peak"]) == [2, 8]
+    assert set(sw) == {"slab", "exact", "static"}
+    slab, exact, st = sw["slab"], sw["exact"], sw["static"]
+    assert np.all(slab["preemptions"] == 0) and np.all(st["preemptions"] == 0)
+    # One slab per row under both: 16384 / 8192 and 65536 / 8192 rows.
+    assert list(slab["running_peak"]) == [2, 8] and list(st["running_peak"]) == [2, 8]
     assert np.all(exact["running_peak"] > slab["running_peak"])
     assert np.all(exact["throughput_tok"] > slab["throughput_tok"])
+    # Same concurrency cap as slab reservations, but no refill until the batch ends.
+    assert np.all(slab["throughput_tok"] > st["throughput_tok"])
     assert np.all(np.diff(slab["throughput_tok"]) > 0)
     assert kvbook.budget_numbers(sw, 16384)["gain"] > 1
-
-
-# ------------------------------------------------------------------------------ budget
-def test_budget_sweep_gives_static_one_slab_per_row_and_continuous_beats_it():
-    w = small_trace().scale(time=16.0)
-    sw = kvbook.kv_budget_sweep(w, H100_8B, [16384, 65536], slots=128)
-    assert set(sw) == {"slab", "exact", "static"}
-    st = sw["static"]
-    np.testing.assert_array_equal(st["running_peak"], [2, 8])  # 16384 / 8192, 65536 / 8192
-    assert np.all(st["preemptions"] == 0)
-    # Same concurrency cap as slab reservations, but no refill until the batch ends.
-    assert np.all(sw["slab"]["throughput_tok"] > st["throughput_tok"])
     assert "static" not in kvbook.kv_budget_sweep(w, H100_8B, [16384], slots=128, static_timeout=None)
 
 
+# ------------------------------------------------------------------------------ budget
 def test_budget_numbers_by_hand():
     one = {k: np.array([0.0]) for k in kvbook.BUDGET_KEYS if k != "throughput_tok"}
     sweep = {

@@ -123,13 +123,3 @@ def test_the_cli_turns_a_model_too_big_into_its_numbers(capsys) -> None:
     err = capsys.readouterr().err
     assert "needed=" in err and "available=" in err
     assert hardware.DeviceMemoryError.__mro__[1] is MemoryError  # the library keeps its own type
-
-
-def test_the_new_real_modules_import_on_their_own() -> None:
-    """tests/test_layout.py's check for the modules this change added (an import cycle shows
-    up as an ImportError in a fresh interpreter)."""
-    import subprocess
-    import sys
-
-    for m in ("hardware", "cache"):
-        subprocess.run([sys.executable, "-c", f"import batching.real.{m}"], check=True)

@@ -80,11 +80,15 @@ def test_replay_sends_exact_lengths_at_arrival_times(tmp_path, capsys):
         assert r["ttft"] == pytest.approx(t[0] - r["arrival"]) and r["e2e"] == pytest.approx(
             t[-1] - r["arrival"]
         )
-    # The server saw the requests in arrival order, spaced as the (scaled) trace spaces them.
+    # The server saw the requests in arrival order, spaced as the (scaled) trace spaces them
+    # but for how late the client sent each (its dispatch lateness, which a busy machine
+    # raises) and a margin for the loopback server's own thread.
     seen = [t for t, _ in srv.received]
-    arrivals = [r["arrival"] for r in sorted(reqs, key=lambda r: r["sent"])]
-    for (a0, a1), (s0, s1) in zip(zip(arrivals, arrivals[1:]), zip(seen, seen[1:])):
-        assert s1 - s0 == pytest.approx(a1 - a0, abs=0.08)
+    by_send = sorted(reqs, key=lambda r: r["sent"])
+    assert [r["arrival"] for r in by_send] == sorted(r["arrival"] for r in reqs)
+    for (r0, r1), (s0, s1) in zip(zip(by_send, by_send[1:]), zip(seen, seen[1:])):
+        late = (r0["sent"] - r0["arrival"]) + (r1["sent"] - r1["arrival"])
+        assert abs((s1 - s0) - (r1["arrival"] - r0["arrival"])) <= late + 0.1
     s = doc["summary"]
     sim = simulate_doc(tmp_path)
     assert (

@@ -55,12 +55,15 @@ def real_runner(
     return ModelRunner.from_shape(get_model(name), slots, device=dev, max_len=max_len)
 
 
-def serve_real(runner: Any, workload: Workload, scheduler: str, **options: Any) -> Any:
-    """7.1, 7.3: one real run of ``workload`` on ``runner`` under ``scheduler``; the RunResult."""
+def serve_real(
+    runner: Any, workload: Workload, scheduler: str, *, step_clock: bool = False, **options: Any
+) -> Any:
+    """7.1, 7.3: one real run of ``workload`` on ``runner`` under ``scheduler``; the RunResult.
+    ``step_clock``: the workload's arrivals count steps (``run_real``)."""
     from ..real.executor import run_real
 
     sched = make_scheduler(scheduler, max_context=runner.max_len, **options)
-    return run_real(workload, sched, None, runner=runner)
+    return run_real(workload, sched, None, runner=runner, step_clock=step_clock)
 
 
 #: Committed runs of ``benchmarks/bench_stall.py`` (7.1's padding, 7.3's stall), relative to the

@@ -9,18 +9,33 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..engine import RunResult
+from ..engine import RunResult, SimExecutor, run
+from ..plan import StepWork
 from ..results import load_average, machine_load
+from ..schedulers import make_scheduler
 from ..workloads import Workload
 from .chunked import long_prompt_among_decodes, stall_configs, stall_summary
 
-#: How many times :func:`real_stall` calibrates and runs before it gives up (see :func:`stall_overlaps`).
-STALL_ATTEMPTS = 3
+
+class UnitStep:
+    """A cost model in which every step takes one second: the schedule of the step clock."""
+
+    peak_flops = bandwidth = 0.0
+    model = None  # no FLOPs: no utilization
+
+    def step_time(self, work: StepWork) -> float:
+        return 1.0
+
+    def decode_run(self, rows: int, ctx0: int, growth: int, k: int) -> np.ndarray:
+        return np.ones(k)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "one second per step"}
 
 
 def stall_overlaps(result: RunResult, running: Sequence[int], newcomer: int) -> bool:
-    """Whether every running request was still decoding at the newcomer's first token (a
-    machine much faster in the run than in calibration lets them finish first: no stall)."""
+    """Whether every running request was still decoding at the newcomer's first token (else
+    no running request saw the stall)."""
     first = next(r for r in result.requests if r.rid == newcomer).token_times[0]
     ids = set(running)
     return all(r.token_times[-1] > first for r in result.requests if r.rid in ids)
@@ -48,9 +63,10 @@ def real_stall(
     threads: int | None = None,
 ) -> dict[str, Any]:
     """7.3, measured: ``running`` requests decode on the real model when a ``prompt``-token
-    prompt arrives ``lead_steps`` calibrated decode steps after their prefill; one run per
-    :func:`~batching.book.chunked.stall_configs`. Returns
-    :func:`~batching.book.chunked.stall_summary` plus the sizes, arrival, calibrated step,
+    prompt arrives ``lead_steps`` decode steps after their prefill (counted in steps, so the
+    same on any machine); one run per :func:`~batching.book.chunked.stall_configs`. Returns
+    :func:`~batching.book.chunked.stall_summary` plus the sizes, the arrival (``at_s``
+    measured, ``at_step`` on the step clock), the median decode step before it (chunked run),
     runs, executor and machine load. None sizes take :data:`REAL_STALL`'s for the device."""
     from .checks import real_kind, real_runner, serve_real
 
@@ -68,60 +84,49 @@ def real_stall(
     ):
         if isinstance(v, bool) or not (isinstance(v, int) and v >= lo):
             raise ValueError(f"{name}={v!r}: must be an integer >= {lo}")
-    # Twice the lead: a fresh model's first steps run slow (the calibration's median can
-    # overstate the step), and a running request that ran out of tokens early would miss
-    # the very stall it is here to show.
-    output = 2 * lead_steps + math.ceil(prompt / chunk) + tail_steps
+    # The long prompt is placed by step count, on the engine's step clock (run_real's
+    # step_clock): the same place on any machine at any speed, busy or quiet. Where that is
+    # depends only on the schedulers' decisions, not on how long a step takes, so a run of
+    # the running requests alone at one second per step finds it: their last prefill step.
+    output = lead_steps + math.ceil(prompt / chunk) + tail_steps
     slots = running + 1
-    runner = real_runner(
-        model, device, slots=slots, max_len=max(prompt + 8, running_prompt + output), threads=threads
-    )
     configs = stall_configs(chunk, slots)
-    load0 = load_average()
-    # Calibrate under chunked prefill, the slowest to prefill the running prompts, so that
-    # in every configuration they are all decoding when the long prompt arrives.
-    _, sched, opts = configs["chk"]
-    calib = Workload.from_arrays(
-        np.zeros(running),
-        np.full(running, running_prompt),
-        np.full(running, 16),
-        name="decode-step calibration",
+    max_len = max(prompt + 8, running_prompt + output)
+    alone = Workload.from_arrays(
+        np.zeros(running), np.full(running, running_prompt), np.full(running, output), name="running alone"
     )
-    for _attempt in range(STALL_ATTEMPTS):
-        cal = serve_real(runner, calib, sched, slots=slots, **opts)
-        L = cal.log.cols
-        dec = np.asarray(L["dur"])[np.asarray(L["prefill"]) == 0]
-        if dec.size < 2:
-            raise RuntimeError("the calibration run had fewer than two decode-only steps")
-        step = float(np.median(dec[dec.size // 2 :]))  # the later half: past the first steps' warm-up
-        at = max(r.token_times[0] for r in cal.requests) + lead_steps * step
-        w = long_prompt_among_decodes(
-            running=running,
-            prompt=prompt,
-            at=at,
-            running_prompt=running_prompt,
-            running_output=output,
-            output=8,
+    prefilled = 0.0
+    for _, sched, o in configs.values():
+        res = run(
+            alone.fresh(),
+            make_scheduler(sched, max_context=max_len, slots=slots, **o),
+            SimExecutor(UnitStep()),
         )
-        runs = {}
-        for tag, (label, sched, opts_t) in configs.items():
-            runs[tag] = (label, serve_real(runner, w, sched, slots=slots, **opts_t))
-        missed = [tag for tag, (_, res) in runs.items() if not stall_overlaps(res, range(running), running)]
-        if not missed:
-            break
-    else:
-        # A machine whose speed changed several-fold between calibration and run (a busy
-        # shared CPU, a tiny model's sub-millisecond steps): say so rather than report a
-        # stall that no running request saw.
-        raise RuntimeError(
-            f"after {STALL_ATTEMPTS} calibrations the running requests had finished before the "
-            f"long prompt's first token in {', '.join(missed)}: the decode step measured "
-            f"{step * 1e3:.2f} ms in calibration and ran much faster in the runs"
-        )
+        prefilled = max(prefilled, max(r.token_times[0] for r in res.requests))
+    at = prefilled + lead_steps  # in steps: lead_steps decode steps after the last prefill
+    w = long_prompt_among_decodes(
+        running=running, prompt=prompt, at=at, running_prompt=running_prompt, running_output=output, output=8
+    )
+    runner = real_runner(model, device, slots=slots, max_len=max_len, threads=threads)
+    load0 = load_average()
+    runs = {
+        tag: (label, serve_real(runner, w, sched, slots=slots, step_clock=True, **opts))
+        for tag, (label, sched, opts) in configs.items()
+    }
+    # By construction every running request still decodes at the newcomer's first token
+    # (it arrives with more than its prefill's steps of their output left): check it.
+    missed = [tag for tag, (_, res) in runs.items() if not stall_overlaps(res, range(running), running)]
+    if missed:
+        raise RuntimeError(f"the running requests finished before the long prompt's first token in {missed}")
+    res = runs["chk"][1]
+    newcomer = next(r for r in res.requests if r.rid == running)
+    L = res.log.cols
+    before = [s for t, s, pre in zip(L["t"], L["dur"], L["prefill"]) if pre == 0 and t < newcomer.arrival]
+    step = float(np.median(before[len(before) // 2 :]))  # the later half: past the first steps' warm-up
     out = stall_summary(runs, range(running), running)
-    res = runs[next(reversed(runs))][1]  # the last configuration's run names the executor
     out.update(
-        at_s=at,
+        at_s=newcomer.arrival,  # measured: when the lead_steps-th decode step after the prefill ended
+        at_step=at,
         decode_ms=step * 1e3,
         lead_steps=lead_steps,
         running=running,
@@ -265,7 +270,7 @@ COMMITTED_STALL_HEADER = (
 
 def committed_stall_rows(docs: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     """Rows of :data:`COMMITTED_STALL_HEADER` per committed ``bench_stall.py`` result; the
-    median ITL is the unchunked run's own (the stall's denominator), not the calibration's."""
+    median ITL is the unchunked run's own (the stall's denominator)."""
     rows = []
     for d in docs:
         s, n = d["stall"], d["stall"]["numbers"]

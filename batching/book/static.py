@@ -91,7 +91,7 @@ def real_padding(
     load0 = load_average()
     for _ in range(reps):
         for key, (w, sched, opts) in runs.items():
-            res = serve_real(runner, w, sched, **opts)
+            res = serve_real(runner, w, sched, slots=opts["slots"])
             L = res.log.cols
             if len(L["dur"]) != 1:  # one token each: the prefill step is the whole run
                 raise RuntimeError(f"{key}: expected one step, the engine ran {len(L['dur'])}")

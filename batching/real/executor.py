@@ -4,10 +4,11 @@ run on a torch model and timed by the wall clock instead of predicted."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..costs import RooflineCost
@@ -131,6 +132,57 @@ class RealExecutor:
         }
 
 
+class StepClock:
+    """Wraps an executor so that the engine's clock advances one nominal second per step while
+    the wrapped executor measures each real step (``measured``). Arrivals then fall on step
+    counts, the same on a fast machine, a slow one or a busy one; :func:`retime` puts the
+    measured seconds back into the finished run."""
+
+    def __init__(self, inner: RealExecutor) -> None:
+        self.inner = inner
+        self.measured: list[float] = []
+
+    @property
+    def hardware(self) -> RooflineCost | None:
+        return self.inner.hardware
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        res = self.inner.execute(plan)
+        self.measured.append(res.duration)
+        return StepResult(duration=1.0, token_ids=res.token_ids)
+
+    def decode_run(self, plan: StepPlan, k: int) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "clock": "steps"}
+
+
+def retime(result: RunResult, measured: Sequence[float]) -> RunResult:
+    """A run on the :class:`StepClock` (step ``j`` from ``j`` to ``j + 1`` nominal seconds),
+    moved onto the measured clock: every time ``x`` becomes the measured time at that point
+    of the steps, linear within a step. Changes ``result`` in place and returns it; refuses a
+    run that idled between steps (its gap has no measured length)."""
+    log = result.log.cols
+    n = len(measured)
+    if log["t"] != [float(j) for j in range(n)] or any(k != 1 for k in log["n"]):
+        raise ValueError("retime: the run is not back to back on the step clock (it idled between steps)")
+    ends = np.concatenate([[0.0], np.cumsum(np.asarray(measured, dtype=np.float64))])
+    grid = np.arange(n + 1, dtype=np.float64)
+
+    def at(x: Any) -> Any:
+        return np.interp(x, grid, ends)
+
+    log["t"] = ends[:-1].tolist()
+    log["dur"] = [float(d) for d in measured]
+    for r in result.requests:
+        r.arrival = float(at(r.arrival))
+        r.admit_time = None if r.admit_time is None else float(at(r.admit_time))
+        r.finish_time = None if r.finish_time is None else float(at(r.finish_time))
+        r.token_times = at(np.asarray(r.token_times)).tolist()
+    return result
+
+
 def run_real(
     workload_requests: Workload | Iterable[Request],
     scheduler: Scheduler,
@@ -143,6 +195,7 @@ def run_real(
     checkpoint: str | Path | None = None,
     runner: ModelRunner | None = None,
     graphs: bool | None = None,
+    step_clock: bool = False,
     **run_kw: Any,
 ) -> RunResult:
     """Serve a workload with ``scheduler`` on a real model; ``run_kw`` go to ``engine.run``.
@@ -151,7 +204,9 @@ def run_real(
     ``threads``: torch's intra-op threads. ``max_len``: each slot's slab (longer requests are
     refused up front). ``checkpoint``: a Hugging Face Llama checkpoint (shape and weights);
     ``runner``: an existing model and cache, shared between runs. With either, ``model_name``
-    may be None, else must match. ``graphs``: CUDA-graph decode (default on CUDA)."""
+    may be None, else must match. ``graphs``: CUDA-graph decode (default on CUDA).
+    ``step_clock``: arrival times count engine steps, not seconds (:class:`StepClock`); the
+    result is on the measured clock all the same."""
     reqs = workload_requests.fresh() if isinstance(workload_requests, Workload) else list(workload_requests)
     if runner is not None:
         if device != "auto" or any(x is not None for x in (checkpoint, dtype, max_len, graphs)):
@@ -202,4 +257,7 @@ def run_real(
         graph_rows=scheduler.max_slots,
         graph_ctx=max(r.prompt_len + r.output_len for r in reqs) if reqs else None,
     )
-    return run(reqs, scheduler, ex, **run_kw)
+    if not step_clock:
+        return run(reqs, scheduler, ex, **run_kw)
+    clock = StepClock(ex)
+    return retime(run(reqs, scheduler, clock, **run_kw), clock.measured)

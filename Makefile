@@ -39,11 +39,14 @@ test: venv chromium lint
 book: venv
 	$(RUN) $(PY) tools/build_book.py
 
-# What benchmarks/gpu_session.py needs on a lent GPU machine, where ../shared does not travel:
-# the Azure conversation trace, in an ignored folder the device tool carries (carry=[".gpu"]).
+# What benchmarks/gpu_session.py replays on a lent GPU machine: the Azure conversation trace
+# that find_trace picks here (an override such as ../shared, which does not travel, or the
+# shipped data/traces/...csv.gz), plain or .gz, in an ignored folder the device tool carries
+# (carry=[".gpu"]), so the device reads the file this machine reads. rm first: a copy of a
+# read-only original cannot be overwritten, and a stale .csv would shadow a new .csv.gz.
 # Then the same five stages, dry, on this CPU (~30 s): no device minute is spent on a broken script.
 gpu-prep: venv
-	mkdir -p .gpu/traces/azure-2023
+	rm -rf .gpu/traces && mkdir -p .gpu/traces/azure-2023
 	cp $$($(PY) -c "from batching.workloads.trace_files import find_trace; print(find_trace('azure-conv'))") .gpu/traces/azure-2023/
 	$(RUN) $(PY) benchmarks/gpu_session.py --dry-run --out _build/gpu-dry
 

@@ -31,8 +31,10 @@ marked ``partial`` until it finishes: a stage cut by its limit keeps what it mea
 ``--install`` refuses partial files. Temporary files are removed after every stage, so at
 most the 8 files above come back.
 
-Needs only torch, numpy and tqdm (what the GPU machine has) and the Azure conversation trace
-under ``.gpu/traces`` (``make gpu-prep`` copies it there; ``../shared`` does not travel).
+Needs only torch, numpy and tqdm (what the GPU machine has) and the Azure conversation trace:
+the copy the repository ships (``data/traces``, which travels with the working tree), or the
+one ``make gpu-prep`` copies into ``.gpu/traces`` (whichever ``find_trace`` picks here, e.g.
+``../shared``'s, which does not travel), read first when present.
 With the device tool::
 
     run(command="python3 benchmarks/gpu_session.py --out $OUT", carry=[".gpu"], timeout_s=560)
@@ -296,11 +298,13 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     traces = ROOT / ".gpu" / "traces"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    shipped = ROOT / "data" / "traces"
     if traces.is_dir():
         env["BATCHING_TRACES"] = str(traces)
-    elif not a.dry_run:
+    elif not a.dry_run and not shipped.is_dir():
         print(
-            f"warning: {traces} is missing (make gpu-prep): the fidelity stage needs the Azure trace",
+            f"warning: neither {traces} (make gpu-prep) nor {shipped} is here: "
+            "the fidelity stage needs the Azure trace",
             file=sys.stderr,
         )
     only = set(a.only.split(",")) if a.only else None

@@ -3,6 +3,7 @@ quantile tables."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import re
@@ -12,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from batching.cli import main
 from batching.workloads import trace_files
 from batching.workloads.errors import WorkloadError
 from batching.workloads.lengths import QUANTILE_DIR, Empirical, quantile_table
-from batching.workloads.trace_files import TraceError, find_trace
+from batching.workloads.trace_files import TRACES, TraceError, find_trace
 from batching.workloads.traces import load_azure, load_mooncake, load_trace
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
@@ -49,6 +51,15 @@ def mooncake_jsonl(tmp_path: Path, recs: list[dict[str, object]] | list[str], na
 
 def mc(t: int, i: int = 100, o: int = 10) -> dict[str, object]:
     return {"timestamp": t, "input_length": i, "output_length": o, "hash_ids": [0, 1]}
+
+
+def gzipped(path: Path, *, keep: bool = True) -> Path:
+    """``path`` compressed beside it as ``path.gz`` (as data/traces ships them)."""
+    gz = path.with_name(path.name + ".gz")
+    gz.write_bytes(gzip.compress(path.read_bytes(), mtime=0))
+    if not keep:
+        path.unlink()
+    return gz
 
 
 # --------------------------------------------------------------------- Azure
@@ -179,10 +190,69 @@ def test_mooncake_errors(tmp_path: Path, recs: list[object], pattern: str) -> No
     assert str(p) in str(e.value)
 
 
+# ------------------------------------------------------------ compressed
+def test_gz_trace_loads_as_its_plain_file(tmp_path: Path) -> None:
+    plain_azure = azure_csv(tmp_path, SIX)
+    plain_mc = mooncake_jsonl(tmp_path, [mc(0, 500), mc(0, 100, 3), mc(3000, 300, 7)])
+    for plain, load in ((plain_azure, load_azure), (plain_mc, load_mooncake)):
+        gz = gzipped(plain)
+        a = load(plain)
+        for w in (load(gz), load_trace(gz), load_trace(str(gz))):
+            assert w.arrivals.tolist() == a.arrivals.tolist()
+            assert w.prompt_lens.tolist() == a.prompt_lens.tolist()
+            assert w.output_lens.tolist() == a.output_lens.tolist()
+            # The uncompressed text's sha256, so a .gz names the same trace as its original.
+            assert w.info["sha256"] == a.info["sha256"] == hashlib.sha256(plain.read_bytes()).hexdigest()
+            assert w.info["file"] == str(gz) and w.name == a.name == plain.stem
+            assert w.info["format"] == a.info["format"]
+
+
+def test_gz_trace_errors_name_the_gz(tmp_path: Path) -> None:
+    bad_row = gzipped(azure_csv(tmp_path, [SIX[0], f"{ts(1)},4"], name="rows.csv"))
+    with pytest.raises(TraceError, match=re.escape(f"{bad_row}, line 3: 2 fields")):
+        load_trace(bad_row)
+    not_gzip = tmp_path / "plain.csv.gz"
+    not_gzip.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\r\n")
+    with pytest.raises(TraceError, match=re.escape(f"cannot open Azure trace {not_gzip}")):
+        load_trace(not_gzip)
+    good = gzipped(mooncake_jsonl(tmp_path, [mc(0)] * 50))
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(good.read_bytes()[:-12])
+    with pytest.raises(TraceError, match=re.escape(f"cannot open Mooncake trace {cut}")):
+        load_trace(cut)
+    (tmp_path / "x.parquet.gz").write_bytes(b"")
+    with pytest.raises(TraceError, match=r"extension '\.parquet'"):
+        load_trace(tmp_path / "x.parquet.gz")
+
+
+SHIPPED = Path(trace_files.__file__).resolve().parents[2] / "data" / "traces"
+
+
+@pytest.mark.parametrize("name", list(TRACES))
+def test_shipped_trace_is_the_original_and_documented(name: str) -> None:
+    gz = SHIPPED / (TRACES[name]["path"] + ".gz")
+    data = gz.read_bytes()
+    assert hashlib.sha256(gzip.decompress(data)).hexdigest() == TRACES[name]["sha256"]
+    # gzip -n: no file name (FLG bit 3) and mtime 0 in the header, so the bytes are reproducible.
+    assert not data[3] & 0x08 and data[4:8] == b"\0\0\0\0"
+    readme = (SHIPPED / "README.md").read_text()
+    assert TRACES[name]["sha256"] in readme and hashlib.sha256(data).hexdigest() in readme
+    assert f"{len(data):,}" in readme  # the compressed size the README gives
+
+
+def test_shipped_licences() -> None:
+    readme = (SHIPPED / "README.md").read_text()
+    for needed in ("CC BY 4.0", "creativecommons.org/licenses/by/4.0", "Splitwise", "b469a11", "3b5a594"):
+        assert needed in readme
+    apache = (SHIPPED / "mooncake-2025" / "LICENSE-2.0.txt").read_text()
+    assert "Apache License\n                           Version 2.0, January 2004" in apache
+    assert "END OF TERMS AND CONDITIONS" in apache
+
+
 # ------------------------------------------------------------- finding
 @pytest.fixture
 def no_traces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Point every lookup location into tmp_path (env dir, repo sibling, cache)."""
+    """Point every lookup location into tmp_path (env dir, repo sibling, repo data, cache)."""
     monkeypatch.setenv("BATCHING_TRACES", str(tmp_path / "env"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(trace_files, "_repo_root", lambda: tmp_path / "repo")
@@ -204,9 +274,11 @@ def test_named_trace_not_found_says_where(no_traces: Path) -> None:
         load_trace("azure-conv")
     msg = str(e.value)
     rel = "azure-2023/AzureLLMInferenceTrace_conv.csv"
-    for d in ("env", "shared/traces", "cache/batching/traces"):
-        assert str(no_traces / d / rel) in msg
-    assert "BATCHING_TRACES" in msg and "download=True" in msg
+    for d in ("env", "shared/traces", "repo/data/traces", "cache/batching/traces"):
+        assert f"{no_traces / d / rel}[.gz]" in msg
+    # Worded for the command line and Python alike: no keyword argument of one of them.
+    assert "BATCHING_TRACES" in msg and "--download" in msg and "download=True" not in msg
+    assert TRACES["azure-conv"]["url"] in msg
     with pytest.raises(
         TraceError, match="unknown trace 'azure'; known traces: azure-conv, azure-code, mooncake-conv"
     ):
@@ -219,6 +291,55 @@ def test_named_trace_found_via_env(no_traces: Path) -> None:
     azure_csv(d, SIX, name="AzureLLMInferenceTrace_conv.csv")
     w = load_trace("azure-conv", limit=4)
     assert len(w) == 4 and w.name == "AzureLLMInferenceTrace_conv"
+
+
+def test_lookup_order(no_traces: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rel = Path(TRACES["azure-conv"]["path"])
+    dirs = [
+        no_traces / "env",
+        no_traces / "shared" / "traces",
+        no_traces / "repo" / "data" / "traces",
+        no_traces / "cache" / "batching" / "traces",
+    ]
+    assert trace_files.trace_dirs() == dirs
+    # Directory i holds a trace of i + 1 rows: compressed in env and the repo's data, plain elsewhere.
+    found = []
+    for i, d in enumerate(dirs):
+        (d / rel.parent).mkdir(parents=True)
+        p = azure_csv(d / rel.parent, SIX[: i + 1], name=rel.name)
+        found.append(gzipped(p, keep=False) if i in (0, 2) else p)
+    for i, want in enumerate(found):
+        assert find_trace("azure-conv") == want and len(load_trace("azure-conv")) == i + 1
+        want.unlink()
+    with pytest.raises(TraceError, match="not found"):
+        find_trace("azure-conv")
+    # Both copies in one directory: the plain file.
+    plain = azure_csv(dirs[1] / rel.parent, SIX, name=rel.name)
+    gzipped(plain)
+    assert find_trace("azure-conv") == plain
+    monkeypatch.delenv("BATCHING_TRACES")
+    assert trace_files.trace_dirs() == dirs[1:]
+
+
+def test_cli_download_reaches_find_trace(
+    no_traces: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fetched = azure_csv(no_traces, SIX, name="fetched.csv")
+    calls: list[tuple[str, Path]] = []
+
+    def fake_download(name: str, dest: Path) -> Path:  # no network: the file is already here
+        calls.append((name, dest))
+        return fetched
+
+    monkeypatch.setattr(trace_files, "_download", fake_download)
+    args = ["simulate", "--trace", "azure-code", "--scheduler", "static", "--slots", "2", "--no-progress"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "trace 'azure-code' not found" in err and "--download" in err and not calls
+    assert main([*args, "--download"]) == 0
+    rel = TRACES["azure-code"]["path"]
+    assert calls == [("azure-code", no_traces / "cache" / "batching" / "traces" / rel)]
+    assert "static | fetched (6 requests)" in capsys.readouterr().out
 
 
 def test_download_checks_sha(no_traces: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,6 +29,12 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         help="trace file (.csv Azure, .jsonl Mooncake) or name: azure-conv, azure-code, mooncake-conv",
     )
     src.add_argument("--preset", help=f"synthetic preset: {', '.join(PRESETS)}")
+    g.add_argument(
+        "--download",
+        action="store_true",
+        help="a named trace no traces directory holds: fetch it into ~/.cache/batching/traces "
+        "(kept only if its sha256 matches)",
+    )
     g.add_argument("--limit", type=int, help="first N requests of the trace")
     g.add_argument("--window", type=_window, help="START:END seconds of the trace")
     g.add_argument("--time-scale", type=float, default=1.0, help="replay k times faster")
@@ -74,7 +80,7 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 
 def load_workload(a: argparse.Namespace, max_context: int) -> Workload:
     if a.trace:
-        w = load_trace(a.trace, limit=a.limit, window=a.window)
+        w = load_trace(a.trace, limit=a.limit, window=a.window, download=a.download)
     else:
         w = preset(a.preset, seed=a.seed, n=a.num_requests, rate=a.rate)
     if a.scale_lengths != 1 or a.time_scale != 1:

@@ -1,10 +1,12 @@
 """Where the named traces are: found by name, downloaded into the cache only when asked.
 
-The traces themselves are never part of the repository (see ``shared/traces/README.md``).
-:data:`TRACES` names each (its path inside a traces directory, download URL and sha256);
-:func:`find_trace` looks in ``$BATCHING_TRACES``, in ``../shared/traces`` next to the
-repository, then in ``~/.cache/batching/traces``, and keeps a download only if its sha256
-matches. :mod:`batching.workloads.traces` parses the files into workloads.
+The repository ships the named traces gzip-compressed in ``data/traces/`` (sources, sha256
+and licences in its README). :data:`TRACES` names each (its path inside a traces directory,
+download URL and the sha256 of its uncompressed text); :func:`find_trace` looks in
+``$BATCHING_TRACES``, in ``../shared/traces`` next to the repository (both overrides), in the
+repository's ``data/traces``, then in ``~/.cache/batching/traces``, taking in each the plain
+file or its ``.gz``, and keeps a download only if its sha256 matches.
+:mod:`batching.workloads.traces` parses the files into workloads.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from pathlib import Path
 
 from .errors import WorkloadError
 
-__all__ = ["TraceError", "TRACES", "trace_dirs", "find_trace"]
+__all__ = ["TraceError", "TRACES", "GZ", "trace_dirs", "find_trace"]
 
 _AZURE_URL = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data/"
 _MOONCAKE_URL = "https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release/traces/"
 
-#: Named traces: path relative to a traces directory, download URL, sha256 (from the README).
+#: Named traces: path relative to a traces directory (the plain file; ``+ GZ`` compressed),
+#: download URL, sha256 of the uncompressed text (shared/traces/README.md, data/traces/README.md).
 TRACES: dict[str, dict[str, str]] = {
     "azure-conv": {
         "path": "azure-2023/AzureLLMInferenceTrace_conv.csv",
@@ -42,6 +45,8 @@ TRACES: dict[str, dict[str, str]] = {
     },
 }
 _KNOWN_SHA = {v["sha256"]: k for k, v in TRACES.items()}
+#: The suffix of a gzip-compressed trace (``data/traces`` holds only these).
+GZ = ".gz"
 
 
 class TraceError(WorkloadError):
@@ -67,35 +72,43 @@ def _cache_dir() -> Path:
 
 
 def trace_dirs() -> list[Path]:
-    """Where named traces are looked for, in order: $BATCHING_TRACES, ../shared/traces, cache."""
+    """Where named traces are looked for, in order: $BATCHING_TRACES, ../shared/traces,
+    the repository's data/traces, the cache."""
     dirs = []
     env = os.environ.get("BATCHING_TRACES")
     if env:
         dirs.append(Path(env).expanduser())
-    dirs.append(_repo_root().parent / "shared" / "traces")
+    root = _repo_root()
+    dirs.append(root.parent / "shared" / "traces")
+    dirs.append(root / "data" / "traces")
     dirs.append(_cache_dir())
     return dirs
 
 
 def find_trace(name: str, *, download: bool = False) -> Path:
-    """The path of named trace ``name`` (:data:`TRACES`); ``download``: fetch it into the
-    cache, kept only if its sha256 matches the README's."""
+    """The path of named trace ``name`` (:data:`TRACES`), plain or ``.gz``; ``download``: when
+    no directory has it, fetch it into the cache, kept only if its sha256 matches the README's."""
     if name not in TRACES:
         raise TraceError(
-            f"unknown trace {name!r}; known traces: {', '.join(TRACES)} (or pass a .csv/.jsonl path)"
+            f"unknown trace {name!r}; known traces: {', '.join(TRACES)} "
+            f"(or pass a .csv/.jsonl path, optionally .gz)"
         )
     rel = TRACES[name]["path"]
     looked = []
     for d in trace_dirs():
         p = d / rel
-        if p.is_file():
-            return p
-        looked.append(str(p))
+        # The plain file first: it is read as is, and ../shared holds plain files only.
+        for cand in (p, p.with_name(p.name + GZ)):
+            if cand.is_file():
+                return cand
+        looked.append(f"{p}[{GZ}]")
     if not download:
+        # Read from the command line and from Python alike: a keyword argument would mislead the
+        # first, so the message says what to do and names the flag as the command line's.
         raise TraceError(
             f"trace {name!r} not found; looked in: {'; '.join(looked)}. Set BATCHING_TRACES to a "
-            f"directory laid out like shared/traces, or pass download=True to fetch "
-            f"{TRACES[name]['url']} into the cache"
+            f"directory laid out like data/traces, or ask for a download (--download on the "
+            f"command line) to fetch {TRACES[name]['url']} into {_cache_dir()}"
         )
     return _download(name, _cache_dir() / rel)
 

@@ -1,16 +1,22 @@
 """Real request traces as workloads: Azure LLM inference 2023 and Mooncake.
 
-:func:`load_trace` finds a named trace (:mod:`batching.trace_files`). Every workload
-records its source file, sha256, selection and the attribution the data's licence asks for
-in ``info``. Parse errors name the file, line, column and value: a silently skipped row
+:func:`load_trace` finds a named trace (:mod:`batching.trace_files`). Files may be
+gzip-compressed (``.csv.gz``, ``.jsonl.gz``: the repository ships its traces so). Every
+workload records its source file, the sha256 of its uncompressed text (the same for a
+trace and its ``.gz``), selection and the attribution the data's licence asks for in
+``info``. Parse errors name the file, line, column and value: a silently skipped row
 would change a published number.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
+import hashlib
+import io
 import json
 import math
+import zlib
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TextIO
@@ -19,7 +25,7 @@ import numpy as np
 
 from ..validate import integer
 from .errors import WorkloadError
-from .trace_files import _KNOWN_SHA, TRACES, TraceError, _sha256, find_trace
+from .trace_files import _KNOWN_SHA, GZ, TRACES, TraceError, find_trace
 from .workload import Workload
 
 __all__ = [
@@ -71,11 +77,27 @@ def _parse_length(text: str, where: str, column: str) -> int:
     return v
 
 
-def _open(path: Path, kind: str, encoding: str, newline: str | None = None) -> TextIO:
+def _open(path: Path, kind: str, encoding: str, newline: str | None = None) -> tuple[TextIO, str]:
+    """The text of trace ``path`` (gunzipped if it ends in ``.gz``) and the sha256 of that text.
+
+    The file is read into memory once (a few MB): hashing the uncompressed bytes keeps a
+    ``.gz`` trace's sha256 equal to its plain file's, so either names the same trace, and
+    parsing from the same bytes costs no second read.
+    """
     try:
-        return open(path, newline=newline, encoding=encoding)
-    except OSError as e:
+        data = path.read_bytes()
+        if path.suffix.lower() == GZ:
+            data = gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError; EOFError: truncated
         raise TraceError(f"cannot open {kind} trace {path}: {e}") from None
+    text = io.TextIOWrapper(io.BytesIO(data), encoding=encoding, newline=newline)
+    return text, hashlib.sha256(data).hexdigest()
+
+
+def _plain(path: Path) -> Path:
+    """``x.csv`` for ``x.csv`` and ``x.csv.gz``: the name that tells the format and the stem."""
+    name = path.name
+    return Path(name[: -len(GZ)] if name.lower().endswith(GZ) else name)
 
 
 def _select(
@@ -122,13 +144,12 @@ def _select(
     info["t_offset_s"] = offset
     if epoch is not None:
         info["epoch"] = (epoch + timedelta(seconds=offset)).isoformat(sep=" ")
-    name = str(info.get("trace", path.stem))
+    name = str(info.get("trace", _plain(path).stem))
     p, o = np.array(prompts, dtype=np.int64)[idx], np.array(outputs, dtype=np.int64)[idx]
     return Workload.from_arrays(arrivals[idx] - offset, p, o, name=name, info=info)
 
 
-def _base_info(path: Path, fmt: str, attribution: str) -> dict[str, object]:
-    sha = _sha256(path)
+def _base_info(path: Path, sha: str, fmt: str, attribution: str) -> dict[str, object]:
     info: dict[str, object] = {
         "source": "trace",
         "format": fmt,
@@ -147,13 +168,14 @@ def load_azure(
     limit: int | None = None,
     window: tuple[float, float] | None = None,
 ) -> Workload:
-    """Load an Azure LLM inference trace CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``).
+    """Load an Azure LLM inference trace CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``),
+    plain or gzip-compressed (``.gz``).
 
     Arrival = seconds since the first (selected) row. ``window=(t0, t1)`` keeps rows with t0 <= arrival < t1,
     ``limit`` then keeps the first N. ``info["epoch"]`` is the wall-clock time of t=0.
     """
     path = Path(path)
-    f = _open(path, "Azure", "utf-8-sig", newline="")
+    f, sha = _open(path, "Azure", "utf-8-sig", newline="")
     times: list[datetime] = []
     prompts: list[int] = []
     outputs: list[int] = []
@@ -204,7 +226,7 @@ def load_azure(
     us = timedelta(microseconds=1)
     # Integer microseconds keep arrivals exact (1.5 s stays 1.5, not 1.4999999).
     arrivals = np.array([(t - t0) // us for t in times], dtype=np.int64) / 1e6
-    info = _base_info(path, "azure-2023-csv", AZURE_ATTRIBUTION)
+    info = _base_info(path, sha, "azure-2023-csv", AZURE_ATTRIBUTION)
     return _select(path, arrivals, prompts, outputs, limit=limit, window=window, info=info, epoch=t0)
 
 
@@ -215,7 +237,8 @@ def load_mooncake(
     window: tuple[float, float] | None = None,
     spread: bool = True,
 ) -> Workload:
-    """Load a Mooncake JSON-lines trace (``timestamp`` ms, ``input_length``, ``output_length``).
+    """Load a Mooncake JSON-lines trace (``timestamp`` ms, ``input_length``, ``output_length``),
+    plain or gzip-compressed (``.gz``).
 
     ``hash_ids`` are ignored. The trace stamps requests in 3-second buckets (up to 28 share one
     timestamp); ``spread=True`` places the k requests of a bucket at t + i*w/k, i = 0..k-1,
@@ -224,7 +247,7 @@ def load_mooncake(
     Other options as :func:`load_azure`. Output lengths of 1 occur (TPOT is then null).
     """
     path = Path(path)
-    f = _open(path, "Mooncake", "utf-8")
+    f, sha = _open(path, "Mooncake", "utf-8")
     ts: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
@@ -266,7 +289,7 @@ def load_mooncake(
         raise TraceError(f"{path}: empty file (expected JSON lines with {', '.join(_MOONCAKE_FIELDS)})")
     raw = (np.array(ts, dtype=np.float64) - ts[0]) / 1000.0
     arrivals = _spread(raw, _BUCKET_S) if spread else raw
-    info = _base_info(path, "mooncake-jsonl", MOONCAKE_ATTRIBUTION)
+    info = _base_info(path, sha, "mooncake-jsonl", MOONCAKE_ATTRIBUTION)
     info["spread"] = spread and (
         f"requests sharing a timestamp spread evenly over the bucket "
         f"(width min({_BUCKET_S} s, gap to next timestamp)), deterministic"
@@ -288,21 +311,21 @@ def _spread(t: np.ndarray, bucket_s: float) -> np.ndarray:
 def load_trace(path_or_name: str | Path, *, download: bool = False, **options: object) -> Workload:
     """Load a trace by name (``azure-conv``, ``azure-code``, ``mooncake-conv``) or by path.
 
-    Paths dispatch on extension: ``.csv`` -> :func:`load_azure`,
+    Paths dispatch on extension, before an optional ``.gz``: ``.csv`` -> :func:`load_azure`,
     ``.jsonl`` -> :func:`load_mooncake`; ``options`` pass through (limit, window;
-    spread for Mooncake).
+    spread for Mooncake). ``download``: see :func:`~batching.workloads.trace_files.find_trace`.
     """
     key = str(path_or_name)
     if key in TRACES:
         path = find_trace(key, download=download)
     else:
         path = Path(path_or_name)
-    suffix = path.suffix.lower()
+    suffix = _plain(path).suffix.lower()
     if suffix == ".csv":
         return load_azure(path, **options)  # type: ignore[arg-type]
     if suffix == ".jsonl":
         return load_mooncake(path, **options)  # type: ignore[arg-type]
     raise TraceError(
         f"{path}: cannot tell the trace format from extension {suffix!r} "
-        f"(.csv = Azure, .jsonl = Mooncake); named traces: {', '.join(TRACES)}"
+        f"(.csv = Azure, .jsonl = Mooncake, either optionally .gz); named traces: {', '.join(TRACES)}"
     )

@@ -24,7 +24,7 @@ import torch
 
 from batching.costs.models import get_model
 from batching.real.executor import REGISTRY_DTYPE, resolve_dtype
-from batching.real.hardware import device_entry, resolve_device
+from batching.real.hardware import device_entry, machine, resolve_device
 from batching.real.measure import StepTimer, bandwidth, matmul_peak, time_fn
 from batching.real.measure import matvec as matvec_op
 from batching.real.runner import ModelRunner
@@ -195,6 +195,7 @@ def main() -> None:
         "device": device_entry(dev).name,
         "device_name": device_entry(dev).device_name,
         "datasheet": device_entry(dev).datasheet,
+        "machine": machine(dev).to_dict(),
         "model": a.model,
         "dtype": shape.dtype,
         "torch": torch.__version__,

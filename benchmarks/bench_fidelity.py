@@ -26,12 +26,13 @@ from pathlib import Path
 import numpy as np
 
 from batching.book.checks import predicted_steps
+from batching.costs.devices import machine_of, same_machine
 from batching.costs.models import get_model
 from batching.costs.profile import ProfileCost
 from batching.engine import SimExecutor, run
 from batching.metrics import request_records, summarize
 from batching.real.executor import resolve_device, run_real
-from batching.real.hardware import device_entry
+from batching.real.hardware import device_entry, machine
 from batching.real.measure import StepTimer
 from batching.real.runner import ModelRunner
 from batching.results import load_average, write_json
@@ -229,7 +230,11 @@ def main() -> None:
         "host": platform.node(),
         "model": a.model,
         "device": device_entry(dev).name,
+        "device_name": device_entry(dev).device_name,
+        "machine": machine(dev).to_dict(),
         "profile": os.path.relpath(profile, ROOT),
+        # The simulator predicts this machine only from a profile measured on it.
+        "profile_same_machine": same_machine(machine_of(doc["meta"]), machine(dev)),
         "workload": w.info | {"requests": len(w)},
         "capped": capped,
         "slots": a.slots,

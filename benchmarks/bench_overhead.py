@@ -32,7 +32,7 @@ import torch
 from batching.costs.models import get_model
 from batching.engine import RunResult, run
 from batching.real.executor import RealExecutor
-from batching.real.hardware import device_entry, resolve_device
+from batching.real.hardware import device_entry, machine, resolve_device
 from batching.real.runner import ModelRunner
 from batching.results import load_average
 from batching.schedulers import make_scheduler
@@ -113,6 +113,7 @@ def main() -> None:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "device": device_entry(dev).name,
         "device_name": device_entry(dev).device_name,
+        "machine": machine(dev).to_dict(),
         "model": a.model,
         "dtype": "fp32",
         "torch": torch.__version__,

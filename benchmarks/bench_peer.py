@@ -448,6 +448,7 @@ def main() -> None:
 
     import torch
 
+    from batching.costs.devices import Machine
     from batching.costs.models import get_model
     from batching.real.checkpoint import save_hf_checkpoint
     from batching.real.executor import device_name
@@ -567,6 +568,8 @@ def main() -> None:
         "host": platform.node(),
         "device": "cpu-here",
         "device_name": device_name(torch.device("cpu")),
+        # The workers' torch threads, not this process's: what the timed steps ran on.
+        "machine": Machine("cpu", device_name(torch.device("cpu")), a.threads).to_dict(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": version("transformers"),

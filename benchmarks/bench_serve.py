@@ -213,6 +213,7 @@ def main() -> None:
     per_mode: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     order_log = []
     workload_cfg = None
+    ran_on = None  # this engine's executor record says what the CPU is (the server runs as it does)
     for rnd in range(a.rounds):
         order = modes[rnd % len(modes) :] + modes[: rnd % len(modes)]
         order_log.append(order)
@@ -225,6 +226,8 @@ def main() -> None:
             x["loadavg_1m"] = os.getloadavg()[0]
             per_mode[m].append(x)
             workload_cfg = doc["config"]["workload"]
+            if m != "hf-serve":
+                ran_on = doc["config"]["executor"].get("machine")
             print(
                 f"round {rnd} {m:16} ttft p50 {x['ttft_p50'] * 1e3:8.1f} ms  e2e p50 {x['e2e_p50'] * 1e3:8.1f} ms  "
                 f"{x['output_throughput']:6.1f} tok/s  ({x['wall_s']:.0f} s)",
@@ -263,6 +266,7 @@ def main() -> None:
             "time_scale": a.time_scale,
         },
         "threads": a.threads,
+        "machine": ran_on,
         "threads_note": "torch threads per process (this engine, the server); the client is a third process",
         "modes_config": {
             "ours-continuous": {

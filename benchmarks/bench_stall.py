@@ -92,6 +92,7 @@ def main() -> int:
         "host": platform.node(),
         "device": device_entry(dev).name,
         "device_name": ex["device_name"],
+        "machine": ex["machine"],
         "model": ex["model"],
         "dtype": ex["dtype"],
         "torch": ex["torch"],

@@ -35,6 +35,7 @@ import torch
 from batching.costs.models import get_model
 from batching.plan import StepPlan
 from batching.real.executor import device_name, resolve_device, run_real
+from batching.real.hardware import machine
 from batching.real.model import Llama, ModelConfig
 from batching.real.runner import ModelRunner
 from batching.request import Request
@@ -163,6 +164,7 @@ def main() -> int:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "device": str(dev),
         "device_name": device_name(dev),
+        "machine": machine(dev).to_dict(),
         "torch": torch.__version__,
         "model": a.model,
         "requests": len(w),

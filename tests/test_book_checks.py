@@ -73,6 +73,14 @@ def test_fidelity_rows_one_per_run_and_scheduler_cpu_first(tmp_path) -> None:
     ]
     assert recs[0]["e2e_err"] == 0.02 and recs[0]["busy_ratio"] == pytest.approx(1.01)
     assert recs[3]["noise"] is None and recs[3]["busy_ratio"] is None and recs[3]["real_runs"] == 5
+    # Files that do not record their machine are no machine's; recorded, they name it.
+    assert all(r["machine"] is None for r in recs)
+    assert checks.fidelity_machine(
+        recs[:4], here={"device_name": "AMD EPYC", "device": "cpu", "threads": 2}
+    ) == {
+        "label": None,
+        "same_machine": False,
+    }
     rows, header = checks.fidelity_rows(str(tmp_path))
     assert len(header) == len(rows[0]) == 7
     assert rows[0] == ["200 at 2x", "continuous", "2%", "-", "-", "1.0%", "1.01"]
@@ -84,6 +92,41 @@ def test_fidelity_rows_one_per_run_and_scheduler_cpu_first(tmp_path) -> None:
     assert all(0 <= r["tput_err"] < 1 for r in committed)
 
 
+def test_fidelity_runs_name_the_machine_they_ran_on_and_are_this_ones_only_if_it_matches(tmp_path) -> None:
+    import json
+
+    res = tmp_path / "benchmarks" / "results"
+    res.mkdir(parents=True)
+    epyc = {"kind": "cpu", "name": "AMD EPYC", "threads": 2}
+    (res / "fidelity.json").write_text(json.dumps({**_fidelity_run("cpu-here", 0.01), "machine": epyc}))
+    (res / "fidelity-600.json").write_text(
+        json.dumps({**_fidelity_run("cpu-here", 0.02, 600), "machine": epyc})
+    )
+    recs = checks.fidelity_records(str(tmp_path))
+    assert checks.fidelity_machine(recs, here={"machine": epyc}) == {
+        "label": "AMD EPYC (2 threads)",
+        "same_machine": True,
+    }
+    xeon = {"device": "cpu-here", "device_type": "cpu", "device_name": "Intel Xeon", "threads": 2}
+    assert checks.fidelity_machine(recs, here=xeon) == {
+        "label": "AMD EPYC (2 threads)",
+        "same_machine": False,
+    }
+    assert checks.fidelity_rows(str(tmp_path))[0][0][0] == "200 at 2x"  # one machine: the page names it
+    # Runs of two machines: none is named for all, and each row names its own.
+    other = {**epyc, "threads": 8}
+    (res / "fidelity-600.json").write_text(
+        json.dumps({**_fidelity_run("cpu-here", 0.02, 600), "machine": other})
+    )
+    recs = checks.fidelity_records(str(tmp_path))
+    assert checks.fidelity_machine(recs, here={"machine": epyc}) == {"label": None, "same_machine": False}
+    rows = checks.fidelity_rows(str(tmp_path))[0]
+    assert [r[0] for r in rows] == [
+        "200 at 2x, cpu-s on AMD EPYC (2 threads)",
+        "600 at 2x, cpu-s on AMD EPYC (8 threads)",
+    ]
+
+
 @pytest.mark.model
 def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_machine(tmp_path):
     import json
@@ -91,7 +134,8 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
     pytest.importorskip("torch")
     import torch
 
-    from batching.real.executor import device_name
+    from batching.costs.devices import Machine
+    from batching.real.hardware import machine
 
     # r0 wants 30 tokens, r1..r5 five each, all at t = 0, two slots. Static: batches
     # (r0, r1) for 30 steps, then (r2, r3) and (r4, r5) for 5 each: 40 steps, 55 tokens
@@ -110,13 +154,16 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
     assert rs["real"]["continuous"]["slot_util"] == pytest.approx(55 / 60)
     rows, header = checks.real_schedulers_rows(rs)
     assert header == ["measured", "static", "continuous"] and rows[0] == ["slot utilization", "69%", "92%"]
-    # A profile of this machine: every step 10 ms, whatever it holds.
-    here = device_name(torch.device("cpu"))
+    # A profile of this machine (its CPU at the runs' one thread, written before profiles
+    # recorded ``machine``): every step 10 ms, whatever it holds.
+    here = machine(torch.device("cpu"))
+    assert here.threads == 1
     prof = {
         "schema": 1,
         "meta": {
             "device": "cpu-here",
-            "device_name": here,
+            "device_name": here.name,
+            "threads": 1,
             "model": "tiny",
             "dtype": "fp32",
             "date": "2026-11-30",
@@ -126,7 +173,9 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
     }
     (tmp_path / "cpu-here-tiny.json").write_text(json.dumps(prof))
     assert checks.profile_measured_here("tiny", here, str(tmp_path)) == str(tmp_path / "cpu-here-tiny.json")
-    assert checks.profile_measured_here("tiny", "another CPU", str(tmp_path)) is None
+    # Another CPU, or this one at other threads, is another machine: its profile is not this one's.
+    assert checks.profile_measured_here("tiny", Machine("cpu", "another CPU", 1), str(tmp_path)) is None
+    assert checks.profile_measured_here("tiny", Machine("cpu", here.name, 8), str(tmp_path)) is None
     assert checks.profile_measured_here("cpu-s", here, str(tmp_path)) is None
     rs = checks.real_schedulers(
         w, configs, model="tiny", device="cpu", threads=1, profile=str(tmp_path / "cpu-here-tiny.json")

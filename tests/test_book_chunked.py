@@ -14,6 +14,7 @@ from batching.book import (
     checks,
     chunked,
     chunked_real,
+    decode,
     figures,
     plots,
     profiles,
@@ -115,7 +116,9 @@ def test_stall_verdict_removed_spread_or_not_cut():
     assert chunked_real.stall_verdict({**n, "chk_itl_max_ms": 804.0}) == "not cut"
 
 
-def test_real_chunk_numbers_read_the_run_against_its_devices_profile():
+def test_real_chunk_numbers_read_the_run_against_this_builds_probed_bstar():
+    """One B* per device, from one source: the live sweep's probes (the why page's), not a
+    committed profile that may come from another machine."""
     curve = {
         "device": "cpu-here",
         "bstar": 12.8,
@@ -123,10 +126,32 @@ def test_real_chunk_numbers_read_the_run_against_its_devices_profile():
         "share": np.array([0.5, 0.7, 0.9]),
         "over_decode": np.array([2.0, 4.0, 8.0]),
     }
-    rs = {"executor": {"hardware": "cpu-here"}, "chunk": 128}
-    r = chunked_real.real_chunk_numbers([curve], rs)
-    assert r == {"bstar": 12.8, "chunk_over_bstar": 10.0}
-    assert chunked_real.real_chunk_numbers([curve], {**rs, "executor": {"hardware": "h200"}}) is None
+    epyc = {"kind": "cpu", "name": "AMD EPYC", "threads": 2}
+    # B* = 0.1 TFLOP/s x 4 bytes / (2 x 20 GB/s) = 10.
+    sweep = {
+        "meta": {"model": "cpu-m", "dtype": "fp32", "reps": 1, "wall_s": 1.0, "machine": epyc},
+        "batch": np.array([1.0, 16.0]),
+        "ctx": 128,
+        "paths": ["uniform"],
+        "uniform_ms": np.array([40.0, 60.0]),
+        "matvec_gbs": 20.0,
+        "copy_gbs": 30.0,
+        "read_gbs": 33.0,
+        "peak_tflops": 0.1,
+    }
+    assert decode.live_numbers(sweep)["bstar"] == pytest.approx(10.0)
+    rs = {"executor": {"hardware": "cpu-here", "machine": epyc}, "chunk": 128}
+    r = chunked_real.real_chunk_numbers(sweep, rs)
+    assert r == {
+        "bstar": pytest.approx(10.0),
+        "chunk_over_bstar": pytest.approx(12.8),
+        "above_bstar": True,
+        "same_machine": True,
+    }
+    small = chunked_real.real_chunk_numbers(sweep, {**rs, "chunk": 8})
+    assert not small["above_bstar"]
+    xeon = {"kind": "cpu", "name": "Intel Xeon", "threads": 2}
+    assert not chunked_real.real_chunk_numbers(sweep, {**rs, "executor": {"machine": xeon}})["same_machine"]
     # 80% first at 256 tokens = 20 x B*, 8x the decode-only step; nothing reaches 95%.
     assert chunked_real.chunk_efficiency(curve) == {
         "chunk": 256.0,
@@ -340,6 +365,15 @@ def test_committed_real_runs_are_read_cpu_first_and_tabulated(tmp_path):
     docs = checks.committed_real_runs(str(tmp_path))
     assert [d["device"] for d in docs] == ["cpu-here", "H200-SXM"]
     assert docs[1]["path"] == "benchmarks/results/stall-h200-llama-1b.json"
+    assert [d["machine_label"] for d in docs] == ["AMD EPYC", "NVIDIA H200"] and checks.any_gpu(docs)
+    assert not any(d["same_machine"] for d in docs)  # no live run given
+    # Built on the H200, its run is this machine's and comes first; on an Intel Xeon, neither is.
+    on_h200 = checks.committed_real_runs(
+        str(tmp_path), here={"machine": {"kind": "cuda", "name": "NVIDIA H200"}}
+    )
+    assert [(d["device"], d["same_machine"]) for d in on_h200] == [("H200-SXM", True), ("cpu-here", False)]
+    on_xeon = checks.committed_real_runs(str(tmp_path), here={"device": "cpu", "device_name": "Intel Xeon"})
+    assert not any(d["same_machine"] for d in on_xeon) and not checks.any_gpu(on_xeon[:1])
     # The median ITL is the unchunked run's own: worst 36 ms at a stall of 36 / 5 = 7.2x.
     assert chunked_real.committed_stall_rows(docs)[1] == [
         "llama-1b bf16, NVIDIA H200",

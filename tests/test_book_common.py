@@ -33,6 +33,29 @@ def test_glue_helpers():
         assert plots.markdown(text)._repr_markdown_() == text
 
 
+def test_a_file_is_this_machines_only_when_its_machine_matches_the_live_runs():
+    """Every CPU is filed as cpu-here: a page may call a committed file this machine's only when
+    its CPU model and threads (or its GPU) are the live run's; old files say them as
+    device_name and threads, and a file that names neither is no machine's."""
+    profile = {"device": "cpu-here", "device_name": "AMD EPYC", "threads": 2, "model": "cpu-s"}
+    epyc_run = {"device": "cpu", "machine": {"kind": "cpu", "name": "AMD EPYC", "threads": 2}}
+    xeon_sweep = {"device": "cpu-here", "device_type": "cpu", "device_name": "Intel Xeon", "threads": 2}
+    assert common.same_machine_as(profile, epyc_run)
+    assert not common.same_machine_as(profile, xeon_sweep)
+    assert not common.same_machine_as(profile, {**epyc_run, "machine": {**epyc_run["machine"], "threads": 8}})
+    assert not common.same_machine_as({"device": "cpu-here"}, epyc_run)  # unrecorded: never the same
+    assert not common.same_machine_as(profile, None)
+    gpu = {"device": "H200-SXM", "device_name": "NVIDIA H200"}
+    assert common.same_machine_as(
+        gpu, {"device": "cuda:0", "machine": {"kind": "cuda", "name": "NVIDIA H200"}}
+    )
+    # What tables and legends call them: the machine, never the entry every CPU shares.
+    assert common.machine_label(profile) == "AMD EPYC (2 threads)"
+    assert common.machine_label({**profile, "threads": 1}) == "AMD EPYC (1 thread)"
+    assert common.machine_label(gpu) == "NVIDIA H200"
+    assert common.machine_label({"device": "cpu-here"}) == "cpu-here"
+
+
 def test_phase_colours_are_distinct_and_cover_every_kind():
     assert set(plots.PHASE_COLORS) == set(common.KINDS)
     assert len(set(plots.PHASE_COLORS.values())) == len(common.KINDS)

@@ -176,8 +176,11 @@ def test_load_profiles_picks_up_every_profile_and_says_which_devices_are_measure
     assert len(rows) == len(only_cpu[0]["ctxs"]) + 2 and all(len(r) == len(header) for r in rows)
     # The H200's two contexts by hand: 4.0 -> 8.0 ms, all within 2x (knee 256: 8.0 ms is exactly
     # 2x, still inside); 4.2 -> 20.0 ms, within 8.4 ms up to batch 64 (8.0), out at 256 (knee 64).
-    assert rows[-2] == ["H200-SXM", "llama-8b", "128", "4.0", "256", "8.0", "256"]
-    assert rows[-1] == ["H200-SXM", "llama-8b", "1024", "4.2", "256", "20.0", "64"]
+    assert rows[-2] == ["NVIDIA H200", "llama-8b", "128", "4.0", "256", "8.0", "256"]
+    assert rows[-1] == ["NVIDIA H200", "llama-8b", "1024", "4.2", "256", "20.0", "64"]
+    # Each named by the machine it was measured on, not the entry every CPU shares.
+    assert [p["machine"] for p in both] == ["AMD EPYC (2 threads)", "NVIDIA H200"]
+    assert header[0] == "measured on"
     roof = profiles.profile_roofline(h200, points=10)
     assert len(roof["batch"]) == 10 and roof["batch"][0] == 1 and roof["batch"][-1] == pytest.approx(256)
 

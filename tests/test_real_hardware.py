@@ -123,3 +123,79 @@ def test_the_cli_turns_a_model_too_big_into_its_numbers(capsys) -> None:
     err = capsys.readouterr().err
     assert "needed=" in err and "available=" in err
     assert hardware.DeviceMemoryError.__mro__[1] is MemoryError  # the library keeps its own type
+
+
+# ------------------------------------------------------------------ what the device is (issue 21)
+def test_a_cpu_is_its_model_name_and_threads_and_a_gpu_its_name(monkeypatch) -> None:
+    """Every CPU is filed as cpu-here; its machine tells an AMD EPYC at 2 threads from an
+    Intel Xeon, or from the same EPYC at 8 threads."""
+    from batching.costs.devices import Machine, same_machine
+
+    monkeypatch.setattr(hardware, "_proc", lambda path, key: "Intel(R) Xeon(R) Platinum 8375C")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    cpu = hardware.machine(torch.device("cpu"))
+    assert cpu == Machine("cpu", "Intel(R) Xeon(R) Platinum 8375C", 8)
+    assert cpu.to_dict() == {"kind": "cpu", "name": "Intel(R) Xeon(R) Platinum 8375C", "threads": 8}
+    assert cpu.label == "Intel(R) Xeon(R) Platinum 8375C (8 threads)"
+    assert hardware.device_entry(torch.device("cpu")).name == "cpu-here"  # the entry cannot tell
+    epyc = Machine("cpu", "AMD EPYC", 2)
+    assert not same_machine(cpu, epyc) and not same_machine(epyc, Machine("cpu", "AMD EPYC", 8))
+    assert same_machine(epyc, Machine("cpu", "AMD EPYC", 2)) and not same_machine(epyc, None)
+    # No /proc/cpuinfo (macOS, Windows): what platform says.
+    monkeypatch.setattr(hardware, "_proc", lambda path, key: None)
+    monkeypatch.setattr(hardware.platform, "processor", lambda: "arm")
+    assert hardware.machine(torch.device("cpu")) == Machine("cpu", "arm", 8)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "NVIDIA H200")
+    gpu = hardware.machine(torch.device("cuda"))
+    assert gpu == Machine("cuda", "NVIDIA H200") and gpu.to_dict() == {"kind": "cuda", "name": "NVIDIA H200"}
+    assert gpu.label == "NVIDIA H200"  # a GPU's threads are nobody's business
+
+
+def test_an_old_profile_gets_its_machine_from_device_name_and_threads() -> None:
+    """Files written before ``machine`` was recorded are not re-measured: their device_name and
+    threads say it (the committed cpu-s profile: an AMD EPYC at 2 threads)."""
+    import json
+
+    from batching.book.profiles import PROFILE_DIR
+    from batching.costs.devices import Machine, machine_of
+
+    meta = json.loads((PROFILE_DIR / "cpu-here-cpu-s.json").read_text())["meta"]
+    assert "machine" not in meta
+    assert machine_of(meta) == Machine("cpu", "AMD EPYC", 2)
+    # A real executor's old record (device "cpu") and a GPU sweep's (device_type), a GPU profile.
+    assert machine_of({"device": "cpu", "device_name": "AMD EPYC", "threads": 1}) == Machine(
+        "cpu", "AMD EPYC", 1
+    )
+    sweep_meta = {"device": "H200-SXM", "device_type": "cuda", "device_name": "NVIDIA H200", "threads": 16}
+    assert machine_of(sweep_meta) == Machine("cuda", "NVIDIA H200")
+    assert machine_of({"device": "H200-SXM", "device_name": "NVIDIA H200"}) == Machine("cuda", "NVIDIA H200")
+    # The recorded key wins over the old ones; a file that names no device has no machine.
+    new = {**meta, "machine": {"kind": "cpu", "name": "Intel Xeon", "threads": 4}}
+    assert machine_of(new) == Machine("cpu", "Intel Xeon", 4)
+    assert machine_of({"device": "cpu-here", "threads": 1}) is None
+
+
+def test_profiles_and_real_runs_record_the_machine() -> None:
+    """A tiny profile, a tiny real run and a tiny live sweep each say what they ran on, as
+    :func:`hardware.machine` does, in JSON."""
+    import json
+
+    from batching.real.executor import run_real
+    from batching.real.sweep import decode_sweep
+    from batching.request import Request
+    from batching.schedulers import make_scheduler
+
+    here = hardware.machine(torch.device("cpu")).to_dict()
+    assert here["kind"] == "cpu" and here["threads"] == torch.get_num_threads()
+    grid = {"batches": [1, 2], "ctxs": [8], "prefill_tokens": [4], "mixed": [(4, 1, 8)]}
+    doc = measure.measure("tiny", "cpu", **grid, reps=1, bandwidth_bytes=1 << 20, peak_n=64)
+    assert json.loads(json.dumps(doc["meta"]))["machine"] == here
+    reqs = [Request(i, 0.0, 4, 2) for i in range(2)]
+    res = run_real(
+        reqs, make_scheduler("continuous", max_context=64, slots=2), "tiny", device="cpu", max_len=64
+    )
+    assert res.executor["machine"] == here
+    sw = decode_sweep(
+        model="tiny", device="cpu", batches=[1, 2], ctx=8, reps=1, peak_n=64, bandwidth_bytes=1 << 20
+    )
+    assert sw["meta"]["machine"] == here

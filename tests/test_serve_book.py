@@ -66,6 +66,27 @@ def test_numbers_by_hand():
     assert rows[1][1:] == pytest.approx([100.0, 200.0, 20.0, 60.0, 500.0, 1000.0, 200.0])
 
 
+def test_the_run_and_its_profile_are_this_machines_only_when_their_machines_match():
+    """The committed profile is an AMD EPYC's at 2 threads: a build on an Intel Xeon names it;
+    a bench_serve file written before results recorded ``machine`` is no machine's."""
+    epyc = {"machine": {"kind": "cpu", "name": "AMD EPYC", "threads": 2}}
+    xeon = {"machine": {"kind": "cpu", "name": "Intel Xeon", "threads": 2}}
+    n = serve.numbers(bench_doc(), here=epyc)
+    assert (n["profile_machine"], n["profile_same_machine"]) == ("AMD EPYC (2 threads)", True)
+    assert (n["machine"], n["same_machine"]) == (None, False)
+    n = serve.numbers(
+        {**bench_doc(), "machine": {"kind": "cpu", "name": "AMD EPYC", "threads": 1}}, here=xeon
+    )
+    assert (n["machine"], n["same_machine"], n["profile_same_machine"]) == (
+        "AMD EPYC (1 thread)",
+        False,
+        False,
+    )
+    n = serve.numbers({**bench_doc(), **xeon}, here=xeon)
+    assert n["same_machine"] and not n["profile_same_machine"]
+    assert not serve.numbers(bench_doc())["profile_same_machine"]  # no live run: nothing is this machine's
+
+
 def test_verdicts_flip_with_the_numbers():
     doc = bench_doc()
     doc["median"]["hf-serve"] = row(0.05, 0.01, 0.4, 300.0)

@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from ..costs.devices import Machine, machine_of, same_machine
 from ..results import load_average, machine_load
 from ..schedulers import make_scheduler
 from ..workloads import Workload
-from .common import ROOT, metrics, simulate
+from .common import ROOT, machine_label, metrics, same_machine_as, simulate
 from .continuous import iterations
 from .profiles import PROFILE_DIR
 
@@ -71,8 +72,12 @@ def serve_real(
 STALL_GLOB = "benchmarks/results/stall-*.json"
 
 
-def committed_real_runs(root: str | None = None) -> list[dict[str, Any]]:
-    """7.1, 7.3: every committed ``bench_stall.py`` result (a lent GPU's among them), CPU first."""
+def committed_real_runs(
+    root: str | None = None, here: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """7.1, 7.3: every committed ``bench_stall.py`` result (a lent GPU's among them), with the
+    ``machine_label`` it ran on, ``gpu`` and ``same_machine`` (it is the machine of ``here``, a
+    live run's record); this machine's first, then the CPUs'."""
     base = Path(root) if root else ROOT
     docs = []
     for f in sorted(base.glob(STALL_GLOB)):
@@ -80,8 +85,22 @@ def committed_real_runs(root: str | None = None) -> list[dict[str, Any]]:
         for k in ("device", "device_name", "model", "dtype", "date", "command", "padding", "stall"):
             if k not in doc:
                 raise ValueError(f"{f}: no {k!r} (not a bench_stall.py result?)")
-        docs.append({**doc, "path": str(f.relative_to(base))})
-    return sorted(docs, key=lambda d: (d["device"] != "cpu-here", d["path"]))
+        m = machine_of(doc)
+        docs.append(
+            {
+                **doc,
+                "path": str(f.relative_to(base)),
+                "machine_label": machine_label(doc),
+                "gpu": m is not None and m.kind == "cuda",
+                "same_machine": same_machine_as(doc, here),
+            }
+        )
+    return sorted(docs, key=lambda d: (not d["same_machine"], d["gpu"], d["path"]))
+
+
+def any_gpu(docs: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether any :func:`committed_real_runs` result was measured on a GPU."""
+    return any(d["gpu"] for d in docs)
 
 
 def real_crosscheck(
@@ -157,11 +176,13 @@ def predicted_steps(result: Any, cost: Any) -> np.ndarray:
     )
 
 
-def profile_measured_here(model: str, name: str, directory: str | None = None) -> str | None:
-    """7.2: the committed profile of ``model`` measured on a device called ``name``, or None."""
+def profile_measured_here(model: str, here: Machine, directory: str | None = None) -> str | None:
+    """7.2: the committed profile of ``model`` measured on the machine ``here`` (its CPU model
+    and threads, or its GPU), or None: every CPU's profile is filed as cpu-here, and another
+    CPU's would price steps this one does not take."""
     for f in sorted(Path(directory or PROFILE_DIR).glob("*.json")):
         meta = json.loads(f.read_text()).get("meta", {})
-        if meta.get("model") == model and meta.get("device_name") == name:
+        if meta.get("model") == model and same_machine(machine_of(meta), here):
             return str(f)
     return None
 
@@ -186,9 +207,9 @@ def real_schedulers(
     runner = real_runner(model, device, slots=slots, threads=threads)
     out: dict[str, Any] = {"real": {}, "model": runner.cfg.name}
     if profile == "auto":
-        from ..real.executor import device_name
+        from ..real.hardware import machine
 
-        profile = profile_measured_here(runner.cfg.name, device_name(runner.device))
+        profile = profile_measured_here(runner.cfg.name, machine(runner.device))
     cost = None
     if profile is not None:
         cost = ProfileCost.from_json(profile)
@@ -310,7 +331,8 @@ def fidelity_records(root: str | None = None) -> list[dict[str, Any]]:
     """One record per committed fidelity run and scheduler: median absolute E2E errors against
     the first real run (``e2e_err``), the real runs' median (``e2e_vs_median``) and between two
     real runs (``noise``, the floor), throughput error, predicted over measured busy time;
-    None where an older file lacks the field."""
+    None where an older file lacks the field. ``machine``: the :class:`Machine` it ran on
+    (None: a file written before fidelity runs recorded it)."""
     base = Path(root) if root else ROOT
     get = lambda r, k: None if r.get(k) is None else float(r[k])
     out = []
@@ -322,6 +344,7 @@ def fidelity_records(root: str | None = None) -> list[dict[str, Any]]:
                 {
                     "file": str(f.relative_to(base)),
                     "device": str(doc.get("device", "?")),
+                    "machine": machine_of(doc),
                     "model": doc["model"],
                     "requests": int(doc["workload"]["requests"]),
                     "time_scale": float(doc["workload"].get("time_scale", 1.0)),
@@ -337,14 +360,32 @@ def fidelity_records(root: str | None = None) -> list[dict[str, Any]]:
     return out
 
 
+def fidelity_machine(
+    records: Sequence[Mapping[str, Any]], here: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The machine of a set of :func:`fidelity_records`: ``label``, its name if every record
+    names the same one (else None: unrecorded, or several), and ``same_machine``, whether that
+    is the machine of ``here`` (a live run's record of this build)."""
+    machines = {r["machine"] for r in records}
+    one = machines.pop() if len(machines) == 1 else None
+    return {
+        "label": None if one is None else one.label,
+        "same_machine": here is not None and same_machine(one, machine_of(here)),
+    }
+
+
 def fidelity_rows(root: str | None = None) -> tuple[list[list[str]], list[str]]:
     """Rows and header of the measured page's fidelity table (:func:`fidelity_records`)."""
     pct = lambda x: "-" if x is None else f"{x:.0%}"
     header = ["run", "scheduler", "E2E vs first run", "vs median", "real vs real", "tok/s", "busy"]
     rows = []
-    for r in fidelity_records(root):
-        # The CPU runs share one model and machine (the page says which); a GPU run names its own.
-        where = "" if r["device"].startswith("cpu") else f", {r['model']} on {r['device']}"
+    records = fidelity_records(root)
+    # CPU runs of one machine (or all unrecorded) are named once, by the page; others name theirs.
+    cpu_one = len({r["machine"] for r in records if r["device"].startswith("cpu")}) == 1
+    for r in records:
+        m = r["machine"]
+        on = r["device"] if m is None else m.label
+        where = "" if r["device"].startswith("cpu") and cpu_one else f", {r['model']} on {on}"
         rows.append(
             [
                 f"{r['requests']} at {r['time_scale']:g}x{where}",

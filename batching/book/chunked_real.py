@@ -9,12 +9,15 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..costs.devices import machine_of, same_machine
 from ..engine import RunResult, SimExecutor, run
 from ..plan import StepWork
 from ..results import load_average, machine_load
 from ..schedulers import make_scheduler
 from ..workloads import Workload
 from .chunked import long_prompt_among_decodes, stall_configs, stall_summary
+from .common import machine_label
+from .decode import live_numbers
 
 
 class UnitStep:
@@ -165,7 +168,7 @@ def profile_chunk_steps(profiles: Sequence[Mapping[str, Any]], decodes: int = 8)
             continue
         dec = float(p["ms"][int(np.flatnonzero(b == decodes)[0]), int(np.flatnonzero(cs == ctx)[0])])
         tps = chunk / (ms / 1e3)
-        short = f"{p['meta']['model']} {p['shape'].dtype} on {p['meta'].get('device_name') or p['device']}"
+        short = f"{p['meta']['model']} {p['shape'].dtype} on {p['machine']}"
         out.append(
             {
                 "short": short,
@@ -210,15 +213,19 @@ def stall_verdict(numbers: Mapping[str, float], factor: float = 2.0) -> StallVer
     return "removed" if step <= factor else "spread"
 
 
-def real_chunk_numbers(curves: Sequence[Mapping[str, Any]], rs: Mapping[str, Any]) -> dict[str, float] | None:
-    """The real stall run's chunk (``rs``: :func:`real_stall`) against the B* of its device's
-    :func:`profile_chunk_steps` curve; None when no profile of that device has mixed steps."""
-    hw = rs["executor"].get("hardware")
-    curve = next((c for c in curves if c["device"] == hw), None)
-    if curve is None:
-        return None
-    b = float(curve["bstar"])
-    return {"bstar": b, "chunk_over_bstar": float(rs["chunk"]) / b}
+def real_chunk_numbers(sweep: Mapping[str, Any], rs: Mapping[str, Any]) -> dict[str, Any]:
+    """The real stall run's chunk (``rs``: :func:`real_stall`) against the B* of this build's
+    live sweep (:func:`batching.real.sweep.decode_sweep`, whose probes give the why page its B*:
+    one B* per device, from one source, not a committed profile of some other machine).
+    ``same_machine``: the sweep ran on the stall run's machine (CPU model and threads);
+    ``above_bstar``: the chunk exceeds B*, so a chunk step is compute-bound."""
+    b = live_numbers(sweep)["bstar"]
+    return {
+        "bstar": b,
+        "chunk_over_bstar": float(rs["chunk"]) / b,
+        "above_bstar": float(rs["chunk"]) > b,
+        "same_machine": same_machine(machine_of(sweep["meta"]), machine_of(rs["executor"])),
+    }
 
 
 #: Columns of the measured page's table of a live stall run (:func:`live_stall_rows`).
@@ -276,7 +283,7 @@ def committed_stall_rows(docs: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
         s, n = d["stall"], d["stall"]["numbers"]
         rows.append(
             [
-                f"{d['model']} {d['dtype']}, {d['device_name']}",
+                f"{d['model']} {d['dtype']}, {machine_label(d)}",
                 d["date"][:10],
                 f"{s['running']} x {s['prompt']:,}, {s['chunk']}",
                 f"{n['mix_itl_max_ms'] / n['mix_stall']:.1f}",

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..costs.devices import machine_of, same_machine
 from ..engine import RunResult, SimExecutor, run
 from ..metrics import summarize
 from ..plan import StepWork
@@ -46,6 +47,21 @@ def roofline_numbers(cost: Any) -> dict[str, float]:
         "max_context": float(m.max_context),
         "overhead_ms": cost.device.step_overhead_s * 1e3,
     }
+
+
+def machine_label(record: Mapping[str, Any]) -> str:
+    """How tables, legends and glue name the machine of a profile's or a run's record
+    (:func:`~batching.costs.devices.machine_of`): ``AMD EPYC (2 threads)``; the registry
+    entry where the record names no machine."""
+    m = machine_of(record)
+    return m.label if m is not None else str(record.get("device", "?"))
+
+
+def same_machine_as(record: Mapping[str, Any], here: Mapping[str, Any] | None) -> bool:
+    """Whether a committed file's record (a profile's ``meta``, a result) is of the machine of
+    ``here``, a live run's record of this build (a sweep's ``meta``, an executor record): only
+    then may a page call it this machine's. Unrecorded on either side: False."""
+    return here is not None and same_machine(machine_of(record), machine_of(here))
 
 
 def offered_rate(workload: Workload) -> float:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..costs.profile import ProfileCost
-from .common import ROOT
+from .common import ROOT, machine_label
 from .why import bstar_of, knee, roofline_curve
 
 #: Where committed profiles live (data/README.md); every ``*.json`` there is shown.
@@ -31,7 +31,9 @@ def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[di
     """Every committed profile (``<directory>/*.json``, by name), validated through
     ``ProfileCost``: its decode grid (``ms[i, j]``: batch i at context j), model shape,
     bandwidth and peak (measured in the same run if the profile has them, else the registry's),
-    B*, mixed steps, and ``ref_ms``, the column at ``ref_ctx``, the context nearest ``ctx``."""
+    B*, mixed steps, and ``ref_ms``, the column at ``ref_ctx``, the context nearest ``ctx``;
+    ``machine``: the machine it was measured on, by name (``device`` is the registry entry,
+    one for every CPU)."""
     out = []
     for path in sorted(Path(directory).glob("*.json")):
         data = json.loads(path.read_text())
@@ -48,6 +50,7 @@ def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[di
             {
                 "meta": meta,
                 "device": cost.device.name,
+                "machine": machine_label(meta),
                 "batch": b,
                 "ctxs": cost.dc,
                 "ms": ms,
@@ -66,7 +69,7 @@ def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[di
 def profile_rows(profiles: Sequence[Mapping[str, Any]]) -> tuple[list[list[Any]], list[str]]:
     """Rows and header of the committed-profiles table: per profile and context, the batch-1
     step, the step at the largest batch, and the knee."""
-    header = ["device", "model", "ctx", "B=1 ms", "largest B", "ms", "knee"]
+    header = ["measured on", "model", "ctx", "B=1 ms", "largest B", "ms", "knee"]
     rows: list[list[Any]] = []
     for p in profiles:
         m = p["meta"]  # model, dtype and date are in the figure's legend
@@ -74,7 +77,7 @@ def profile_rows(profiles: Sequence[Mapping[str, Any]]) -> tuple[list[list[Any]]
             col = p["ms"][:, j]
             rows.append(
                 [
-                    p["device"],
+                    p["machine"],
                     m["model"],
                     f"{c:.0f}",
                     f"{col[0]:.1f}",

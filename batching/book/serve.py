@@ -10,13 +10,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..costs.devices import machine_of
 from ..costs.profile import ProfileCost
 from ..engine import RunResult
 from ..metrics import request_records, summarize
 from ..results import machine_busy
 from ..workloads import Workload, preset
 from ..workloads.traces import load_trace
-from .common import ROOT, simulate
+from .common import ROOT, same_machine_as, simulate
 from .profiles import PROFILE_DIR
 
 RESULT = ROOT / "benchmarks" / "results" / "serve-cpu-here-cpu-s.json"
@@ -54,8 +55,8 @@ def slice_workload(doc: Mapping[str, Any]) -> Workload:
 
 
 def simulated_row(w: Workload, slots: int, cost: ProfileCost) -> dict[str, float | None]:
-    """The simulator's prediction of the slice: continuous batching on ``cost`` (this
-    machine's cpu-s profile) with the real runs' slots."""
+    """The simulator's prediction of the slice: continuous batching on ``cost`` (the committed
+    cpu-s profile, :data:`PROFILE`) with the real runs' slots."""
     res: RunResult = simulate(w, cost, "continuous", slots=slots, kv_tokens=None)
     return summary_row(summarize(res, request_records(res.requests)))
 
@@ -100,10 +101,14 @@ def numbers(
     served_model: str | None = None,
     smoke: bool = False,
     profile: str | Path | None = None,
+    here: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A row per mode (:data:`ROWS`), the server's ratios to this engine, the verdicts the
     prose words and the run's conditions; ``live`` adds a replay now (``smoke``: the tiny
-    model, 8 requests)."""
+    model, 8 requests). ``machine`` and ``profile_machine`` name what the benchmark and the
+    profile ran on (``machine`` None: a file that did not record it), ``same_machine`` and
+    ``profile_same_machine`` say whether each is the machine of ``here``, a live run's record
+    of this build (a sweep's ``meta``, an executor record)."""
     doc = doc if doc is not None else committed()
     med = doc["median"]
     rows: dict[str, dict[str, float | None]] = {}
@@ -119,6 +124,7 @@ def numbers(
         rows["live"], live_info = live_row(lw, server_url, served_model, model=model)
     ours, hf = rows["ours-continuous"], rows["hf-serve"]
     max_load = max(x["loadavg_1m"] for v in doc["rounds"].values() for x in v)
+    ran_on, profiled_on = machine_of(doc), machine_of(cost.meta)
     return {
         "rows": rows,
         "server_over_ours": {k: _ratio(hf[k], ours[k]) for k in COLUMNS},
@@ -137,6 +143,10 @@ def numbers(
         # the benchmark's processes ran with doc["threads"] each (the page says when they differ).
         "threads": int(doc.get("threads") or 1),
         "profile_threads": int(cost.meta.get("threads") or 1),
+        "machine": None if ran_on is None else ran_on.label,
+        "same_machine": same_machine_as(doc, here),
+        "profile_machine": None if profiled_on is None else profiled_on.label,
+        "profile_same_machine": same_machine_as(cost.meta, here),
         "live": live_info,
     }
 

@@ -1,11 +1,13 @@
 """Named devices for the roofline cost model. Every constant names its source: a datasheet,
 a measurement on this project's CPU, or, for step overheads and all-reduce latency, an
-assumption stated as one."""
+assumption stated as one. :class:`Machine` is what a measured device was, which the registry's
+one CPU entry cannot tell."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .models import canonical_dtype
 
@@ -74,6 +76,8 @@ def _sxm(name: str, mem: float, bw: float, peaks: dict[str, float], nvlink: floa
     return DeviceSpec(name, mem, bw, dict(peaks), _GPU_STEP_OVERHEAD_S, nvlink / 2, _NVLINK_ALLREDUCE_S, src)
 
 
+#: The registry entry every CPU's profiles and results are filed under, whatever the CPU.
+CPU_ENTRY = "cpu-here"
 _HOPPER = {"bf16": 989e12, "fp8": 1979e12, "fp32": 67e12}
 DEVICES: dict[str, DeviceSpec] = {
     d.name: d
@@ -90,7 +94,7 @@ DEVICES: dict[str, DeviceSpec] = {
         # 18.5 GB/s): ~9 ms of Python/dispatch per step. M and L sit 13-22 ms above the
         # roofline, so for them it is a lower bound. No interconnect: tp must stay 1.
         DeviceSpec(
-            "cpu-here",
+            CPU_ENTRY,
             mem_bytes=25.3e9,
             bandwidth=18.5e9,
             peak_flops={"fp32": 110e9},
@@ -103,7 +107,7 @@ DEVICES: dict[str, DeviceSpec] = {
     )
 }
 
-_ALIASES: dict[str, str] = {"a100": "A100-SXM", "h100": "H100-SXM", "h200": "H200-SXM", "cpu": "cpu-here"}
+_ALIASES: dict[str, str] = {"a100": "A100-SXM", "h100": "H100-SXM", "h200": "H200-SXM", "cpu": CPU_ENTRY}
 
 
 def get_device(name: str) -> DeviceSpec:
@@ -115,3 +119,56 @@ def get_device(name: str) -> DeviceSpec:
             f"unknown device {name!r}; valid: {', '.join(DEVICES)} (aliases: {', '.join(_ALIASES)})"
         )
     return DEVICES[canon]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a measured device is, recorded as ``machine`` beside every profile's and real run's
+    ``device`` (the registry entry, which files every CPU as :data:`CPU_ENTRY`): a CPU's model
+    name and the threads torch ran on, or a GPU's name. Two records are of one machine only
+    when all of these agree: a CPU's speed depends on its threads as much as on its model."""
+
+    kind: str  # "cpu" or "cuda"
+    name: str
+    threads: int | None = None  # a CPU's torch threads; None for a GPU (or where unrecorded)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON record (``meta.machine``): a GPU's has no threads."""
+        d: dict[str, Any] = {"kind": self.kind, "name": self.name}
+        if self.kind == "cpu":
+            d["threads"] = self.threads
+        return d
+
+    @property
+    def label(self) -> str:
+        """The machine as tables and legends name it: ``AMD EPYC (2 threads)``, ``NVIDIA H200``
+        (parentheses, not a comma: labels are listed with commas)."""
+        if self.kind != "cpu" or self.threads is None:
+            return self.name
+        return f"{self.name} ({self.threads} thread{'' if self.threads == 1 else 's'})"
+
+
+def machine_of(record: Mapping[str, Any]) -> Machine | None:
+    """The :class:`Machine` of a profile's ``meta``, a sweep's ``meta``, a real executor's record
+    or a benchmark's result: its ``machine``, or, in files written before that key, the
+    ``device_name`` and ``threads`` beside the entry (``device_type``, else a ``device`` of
+    ``cpu...`` or :data:`CPU_ENTRY`, says a CPU). None where the record names no device."""
+    m = record.get("machine")
+    if isinstance(m, Mapping):
+        threads = m.get("threads") if m["kind"] == "cpu" else None
+        return Machine(str(m["kind"]), str(m["name"]), None if threads is None else int(threads))
+    name = record.get("device_name")
+    if not name:
+        return None
+    device = str(record.get("device", ""))
+    kind = str(
+        record.get("device_type") or ("cpu" if device == CPU_ENTRY or device.startswith("cpu") else "cuda")
+    )
+    threads = record.get("threads") if kind == "cpu" else None
+    return Machine(kind, str(name), None if threads is None else int(threads))
+
+
+def same_machine(a: Machine | None, b: Machine | None) -> bool:
+    """Whether two measurements ran on one machine; an unrecorded one is never the same (a page
+    must not call another machine's file this machine's)."""
+    return a is not None and b is not None and a == b

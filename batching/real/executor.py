@@ -20,7 +20,7 @@ from ..request import Request, RequestError
 from ..schedulers.base import Scheduler
 from ..workloads import Workload
 from .checkpoint import load_hf_checkpoint, read_config
-from .hardware import device_entry, device_name, resolve_device, set_threads, synchronize
+from .hardware import device_entry, device_name, machine, resolve_device, set_threads, synchronize
 from .model import default_dtype
 from .runner import ModelRunner, check_model_fits
 
@@ -107,7 +107,8 @@ class RealExecutor:
         return None
 
     def describe(self) -> dict[str, Any]:
-        """What ran: the results file's executor record."""
+        """What ran: the results file's executor record (``machine``: what the device is, which
+        the pages compare with a profile's before calling it this machine's)."""
         r = self.runner
         return {
             "executor": "real",
@@ -116,6 +117,7 @@ class RealExecutor:
             "dtype": str(r.dtype).removeprefix("torch."),
             "device": str(r.device),
             "device_name": device_name(r.device),
+            "machine": machine(r.device).to_dict(),
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "linear": r.model.linear_form,

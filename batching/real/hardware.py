@@ -1,5 +1,5 @@
-"""Which device a real run uses, its registry entry (a GPU the registry lacks: figures measured
-in the same run, :func:`measured_spec`) and its free memory."""
+"""Which device a real run uses, what it is (:func:`machine`), its registry entry (a GPU the
+registry lacks: figures measured in the same run, :func:`measured_spec`) and its free memory."""
 
 from __future__ import annotations
 
@@ -13,12 +13,10 @@ from typing import Any
 import torch
 
 from ..costs.base import MEM_RESERVE
-from ..costs.devices import DeviceSpec
+from ..costs.devices import CPU_ENTRY, DeviceSpec, Machine
 
 #: Substring of torch.cuda.get_device_name() -> registry device (the SXM parts' datasheets).
 CUDA_NAMES: tuple[tuple[str, str], ...] = (("H200", "H200-SXM"), ("H100", "H100-SXM"), ("A100", "A100-SXM"))
-#: The registry entry of any CPU (this project's CPU, measured).
-CPU_ENTRY = "cpu-here"
 
 
 class DeviceError(ValueError):
@@ -80,6 +78,14 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return _proc("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
+
+
+def machine(device: torch.device) -> Machine:
+    """What ``device`` is, now: a GPU's name, or the CPU's model name with the threads torch
+    uses (a profile measured with 2 threads does not price a run with 8)."""
+    if device.type == "cuda":
+        return Machine("cuda", device_name(device))
+    return Machine("cpu", device_name(device), torch.get_num_threads())
 
 
 @dataclass(frozen=True)

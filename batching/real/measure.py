@@ -22,7 +22,15 @@ from ..plan import PrefillChunk, StepPlan
 from ..request import Request
 from ..results import load_average
 from .executor import REGISTRY_DTYPE, resolve_dtype
-from .hardware import DeviceEntry, device_entry, device_memory, measured_spec, resolve_device, synchronize
+from .hardware import (
+    DeviceEntry,
+    device_entry,
+    device_memory,
+    machine,
+    measured_spec,
+    resolve_device,
+    synchronize,
+)
 from .model import split_ways
 from .runner import SPAN_PER_ROW, ModelRunner
 
@@ -210,10 +218,12 @@ class Rig:
 
     def where(self) -> dict[str, Any]:
         """The meta keys every measurement records of where, how and when it ran (the load and
-        the wall clock up to this call)."""
+        the wall clock up to this call). ``machine``: what the device is (the ``device`` entry
+        files every CPU alike)."""
         return {
             "device": self.entry.name,
             "device_name": self.entry.device_name,
+            "machine": machine(self.dev).to_dict(),
             "datasheet": self.entry.datasheet,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),

@@ -12,6 +12,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from ..common import machine_label
 from ..plots import PHASE_COLORS, POLICY_COLORS, SOURCE_COLORS, WIDTH, box, log2_x, log_ticks, log_y, note
 from ..why import KNEE_FACTOR
 
@@ -236,7 +237,7 @@ def profiles_figure(
     m = live["meta"]
     series: list[tuple[str, np.ndarray, np.ndarray, str, Mapping[str, np.ndarray] | None]] = [
         (
-            f"this build: {m['model']} {m['dtype']} on {m['device']}, {live['ctx']} tok/row",
+            f"this build: {m['model']} {m['dtype']} on {machine_label(m)}, {live['ctx']} tok/row",
             np.asarray(live["batch"], dtype=float),
             np.asarray(live["uniform_ms"], dtype=float),
             PATH_COLORS["uniform"],
@@ -247,7 +248,7 @@ def profiles_figure(
         m = p["meta"]
         series.append(
             (
-                f"profile: {m['model']} {p['shape'].dtype} on {p['device']}, {m['date'][:10]}, "
+                f"profile: {m['model']} {p['shape'].dtype} on {p['machine']}, {m['date'][:10]}, "
                 f"{p['ref_ctx']:,.0f} tok/row",
                 np.asarray(p["batch"], dtype=float),
                 np.asarray(p["ref_ms"], dtype=float),

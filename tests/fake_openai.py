@@ -6,7 +6,8 @@ then a usage chunk and ``[DONE]``, as vLLM does with ``stream_options.include_us
 asked, reported so in usage), ``status:<code>`` (answer HTTP <code> when the prompt has
 ``bad_prompt_len`` tokens, else normal), ``json`` (no streaming), ``bundle`` (two tokens per
 chunk), ``empty_text`` (every other chunk's text empty, as vLLM streams a held-back partial
-character or a skipped special token), ``no_usage``. A request asking ``return_token_ids``
+character or a skipped special token), ``finish_chunk`` (a last chunk holding only
+``finish_reason`` and the usage, as ``transformers serve`` ends its stream), ``no_usage``. A request asking ``return_token_ids``
 gets each chunk's ``token_ids``. With ``api_key``, a request without ``Authorization: Bearer
 <api_key>`` is answered 401, as ``vllm serve --api-key`` does.
 """
@@ -114,8 +115,11 @@ class FakeOpenAI:
             h.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             h.wfile.flush()
             sent += k
-        if mode != "no_usage":
-            usage = {"prompt_tokens": p, "completion_tokens": out, "total_tokens": p + out}
+        usage = {"prompt_tokens": p, "completion_tokens": out, "total_tokens": p + out}
+        if mode == "finish_chunk":
+            last = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}], "usage": usage}
+            h.wfile.write(f"data: {json.dumps(last)}\n\n".encode())
+        elif mode != "no_usage":
             h.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
         h.wfile.write(b"data: [DONE]\n\n")
         h.wfile.flush()

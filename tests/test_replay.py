@@ -178,6 +178,16 @@ def test_bundled_chunks_keep_their_latencies(tmp_path, capsys):
     assert f"itl leave(s) out {len(two_plus)} request(s): several tokens per streamed chunk" in err
 
 
+def test_a_last_chunk_with_only_a_finish_reason_is_no_token(tmp_path):
+    # transformers serve ends with {"choices": [{"text": "", "finish_reason": ...}], "usage": ...}.
+    with FakeOpenAI(mode="finish_chunk", token_delay_s=0.01) as srv:
+        rc, doc = replay(tmp_path, srv.url, "--no-token-ids", n=3)
+    assert rc == 0 and doc is not None
+    for r in doc["requests"]:
+        assert r["status"] == "ok" and r["chunks"] == r["output_len"] == len(r["token_times"])
+    assert doc["summary"]["excluded"]["itl"].get("stream_vs_usage") is None
+
+
 def test_missing_usage_is_marked(tmp_path):
     with FakeOpenAI(mode="no_usage") as srv:
         _, doc = replay(tmp_path, srv.url, "--no-token-ids", n=3)

@@ -153,6 +153,7 @@ async def _one(
     import httpx
 
     r.sent = clock()
+    marker = False  # the last chunk had a finish_reason and nothing else
     try:
         async with client.stream("POST", "/completions", json=body(opts, prompt, r.output_len)) as resp:
             if resp.status_code >= 400:
@@ -181,8 +182,10 @@ async def _one(
                     return
                 choices = chunk.get("choices")
                 if choices:  # one token per chunk with choices, its token_ids where it has them
-                    ids = choices[0].get("token_ids")
+                    ch = choices[0]
+                    ids = ch.get("token_ids")
                     r.add_chunk(now, len(ids) if isinstance(ids, list) else None)
+                    marker = ch.get("finish_reason") is not None and not ch.get("text") and ids is None
                 usage = chunk.get("usage")
                 if usage:
                     r.usage_prompt = usage.get("prompt_tokens")
@@ -193,6 +196,10 @@ async def _one(
     except httpx.HTTPError as e:
         r.status, r.error = "error", f"{type(e).__name__}: {_short(str(e)) or 'connection failed'}"
         return
+    if marker and r.usage_output is not None and r.tokens_streamed == r.usage_output + 1:
+        # A last chunk with only a finish_reason (transformers serve sends one): no token.
+        r.chunk_times.pop()
+        r.chunk_tokens.pop()
     if r.usage_output is None:
         r.status, r.error = "usage_mismatch", "the server reported no usage"
     elif (r.usage_prompt, r.usage_output) != (r.prompt_len, r.output_len):

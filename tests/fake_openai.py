@@ -5,7 +5,11 @@ then a usage chunk and ``[DONE]``, as vLLM does with ``stream_options.include_us
 ``mode`` makes it misbehave the way real servers do: ``short`` (one token fewer than
 asked, reported so in usage), ``status:<code>`` (answer HTTP <code> when the prompt has
 ``bad_prompt_len`` tokens, else normal), ``json`` (no streaming), ``bundle`` (two tokens per
-chunk), ``no_usage``.
+chunk), ``empty_text`` (every other chunk's text empty, as vLLM streams a held-back partial
+character or a skipped special token), ``finish_chunk`` (a last chunk holding only
+``finish_reason`` and the usage, as ``transformers serve`` ends its stream), ``no_usage``. A request asking ``return_token_ids``
+gets each chunk's ``token_ids``. With ``api_key``, a request without ``Authorization: Bearer
+<api_key>`` is answered 401, as ``vllm serve --api-key`` does.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ from typing import Any
 
 
 class FakeOpenAI:
-    def __init__(self, mode: str = "ok", model: str = "fake", token_delay_s: float = 0.002) -> None:
-        self.mode, self.model, self.token_delay_s = mode, model, token_delay_s
+    def __init__(
+        self, mode: str = "ok", model: str = "fake", token_delay_s: float = 0.002, api_key: str | None = None
+    ) -> None:
+        self.mode, self.model, self.token_delay_s, self.api_key = mode, model, token_delay_s, api_key
+        self.headers: list[dict[str, str]] = []  # every request's headers
         self.bad_prompt_len: int | None = None
         self.received: list[tuple[float, dict[str, Any]]] = []  # (perf_counter, body)
         owner = self
@@ -35,7 +42,16 @@ class FakeOpenAI:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _authorized(self) -> bool:
+                owner.headers.append(dict(self.headers.items()))
+                if owner.api_key is None or self.headers.get("Authorization") == f"Bearer {owner.api_key}":
+                    return True
+                self._send(401, b'{"error": "Unauthorized"}')
+                return False
+
             def do_GET(self) -> None:
+                if not self._authorized():
+                    return
                 if self.path == "/v1/models":
                     self._send(200, json.dumps({"object": "list", "data": [{"id": owner.model}]}).encode())
                 else:
@@ -44,6 +60,8 @@ class FakeOpenAI:
             def do_POST(self) -> None:
                 n = int(self.headers.get("Content-Length", 0))
                 body = json.loads(self.rfile.read(n))
+                if not self._authorized():
+                    return
                 owner.received.append((time.perf_counter(), body))
                 try:
                     owner.respond(self, body)
@@ -89,12 +107,19 @@ class FakeOpenAI:
         while sent < out:
             k = min(per, out - sent)
             time.sleep(self.token_delay_s)
-            chunk = {"choices": [{"index": 0, "text": " tok" * k, "finish_reason": None}]}
+            text = "" if mode == "empty_text" and sent % 2 == 1 else " tok" * k
+            choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": None}
+            if body.get("return_token_ids"):
+                choice["token_ids"] = list(range(sent, sent + k))
+            chunk = {"choices": [choice]}
             h.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             h.wfile.flush()
             sent += k
-        if mode != "no_usage":
-            usage = {"prompt_tokens": p, "completion_tokens": out, "total_tokens": p + out}
+        usage = {"prompt_tokens": p, "completion_tokens": out, "total_tokens": p + out}
+        if mode == "finish_chunk":
+            last = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}], "usage": usage}
+            h.wfile.write(f"data: {json.dumps(last)}\n\n".encode())
+        elif mode != "no_usage":
             h.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
         h.wfile.write(b"data: [DONE]\n\n")
         h.wfile.flush()

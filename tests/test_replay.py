@@ -70,6 +70,7 @@ def test_replay_sends_exact_lengths_at_arrival_times(tmp_path, capsys):
     got = sorted((len(b["prompt"]), b["max_tokens"]) for b in bodies)
     assert got == want
     assert all(b["ignore_eos"] and b["min_tokens"] == b["max_tokens"] and b["stream"] for b in bodies)
+    assert all(b["return_token_ids"] is True for b in bodies)  # each chunk says its tokens
     assert all(isinstance(t, int) for b in bodies for t in b["prompt"])
     # Each request left at (never before) its scheduled arrival; token times ordered, after it.
     first = reqs[0]["arrival"]
@@ -80,6 +81,10 @@ def test_replay_sends_exact_lengths_at_arrival_times(tmp_path, capsys):
         assert r["ttft"] == pytest.approx(t[0] - r["arrival"]) and r["e2e"] == pytest.approx(
             t[-1] - r["arrival"]
         )
+        # Both origins: the scheduled arrival (the trace's) and the send (vLLM's).
+        assert r["ttft_from_send"] == pytest.approx(t[0] - r["sent"]) and r["ttft_from_send"] <= r["ttft"]
+        assert r["e2e_from_send"] == pytest.approx(t[-1] - r["sent"])
+        assert r["chunks"] == r["tokens_received"] == r["output_len"] and r["token_times_exact"]
     # The server saw the requests in arrival order, spaced as the (scaled) trace spaces them
     # but for how late the client sent each (its dispatch lateness, which a busy machine
     # raises) and a margin for the loopback server's own thread.
@@ -98,6 +103,8 @@ def test_replay_sends_exact_lengths_at_arrival_times(tmp_path, capsys):
     )
     assert set(doc["requests"][0]) >= set(sim["requests"][0])
     assert s["steps"] is None and s["completed"] == 6 and s["failed"] == 0
+    assert s["ttft_from_send"]["mean"] <= s["ttft"]["mean"] and s["itl_chunks"] == s["itl"]
+    assert s["excluded"]["ttft"] == {} and s["excluded"]["e2e_from_send"] == {}
     assert s["duration_s"] == pytest.approx(max(r["finish"] for r in reqs) - first)
     assert s["output_tokens"] == sum(r["output_len"] for r in reqs)
     assert set(s["ttft"]) == {"mean", "max", *(f"p{p}" for p in PERCENTILES)}
@@ -127,16 +134,83 @@ def test_usage_mismatch_is_marked_counted_and_printed(tmp_path, capsys):
     assert "6 request(s) usage_mismatch" in capsys.readouterr().err
 
 
-def test_bundled_chunks_and_missing_usage_are_marked(tmp_path):
+def test_empty_text_chunks_are_tokens(tmp_path, capsys):
+    # vLLM streams a chunk per new token, also when its text is empty (a partial UTF-8
+    # character held back, a skipped special token); vllm bench serve counts each one.
+    for extra in ([], ["--no-token-ids"]):
+        with FakeOpenAI(mode="empty_text") as srv:
+            rc, doc = replay(tmp_path, srv.url, *extra, n=4)
+        assert rc == 0 and doc is not None
+        assert [r["status"] for r in doc["requests"]] == ["ok"] * 4
+        for r in doc["requests"]:
+            assert len(r["token_times"]) == r["output_len"] and r["ttft"] is not None
+        assert doc["summary"]["completed"] == 4 and doc["summary"]["excluded"]["ttft"] == {}
+    assert all("return_token_ids" not in b for _, b in srv.received)  # --no-token-ids
+
+
+def test_bundled_chunks_keep_their_latencies(tmp_path, capsys):
+    # Two tokens per chunk (speculative decoding streams so). With token_ids every token is
+    # timed (the two of a chunk share its time); without, TTFT, E2E and TPOT stay and the
+    # per-token gaps are left out, counted and said.
     with FakeOpenAI(mode="bundle") as srv:
-        _, doc = replay(tmp_path, srv.url, n=3)
-    assert doc is not None
-    two_plus = [r for r in doc["requests"] if r["output_len"] > 1]
-    assert two_plus and all(r["status"] == "stream_mismatch" for r in two_plus)
+        rc, doc = replay(tmp_path, srv.url, n=4)
+    assert rc == 0 and doc is not None
+    reqs = doc["requests"]
+    assert [r["status"] for r in reqs] == ["ok"] * 4
+    for r in reqs:
+        t = r["token_times"]
+        assert len(t) == r["output_len"] and r["chunks"] == (r["output_len"] + 1) // 2
+        if r["output_len"] > 2:
+            assert t[0] == t[1] and t[2] > t[1]
+    assert doc["summary"]["excluded"]["itl"].get("bundled", 0) == 0
+    capsys.readouterr()
+    with FakeOpenAI(mode="bundle") as srv:
+        rc, doc = replay(tmp_path, srv.url, "--no-token-ids", n=4)
+    assert rc == 0 and doc is not None
+    s, reqs = doc["summary"], doc["requests"]
+    two_plus = [r for r in reqs if r["output_len"] > 1]
+    assert two_plus and all(r["token_times"] is None and r["ttft"] is not None for r in two_plus)
+    assert all(r["tpot"] == pytest.approx((r["e2e"] - r["ttft"]) / (r["output_len"] - 1)) for r in two_plus)
+    assert s["completed"] == 4 and s["ttft"]["mean"] is not None
+    assert s["excluded"]["itl"]["bundled"] == len(two_plus) and s["excluded"]["ttft"] == {}
+    assert s["itl_chunks"]["mean"] is not None
+    err = capsys.readouterr().err
+    assert f"itl leave(s) out {len(two_plus)} request(s): several tokens per streamed chunk" in err
+
+
+def test_a_last_chunk_with_only_a_finish_reason_is_no_token(tmp_path):
+    # transformers serve ends with {"choices": [{"text": "", "finish_reason": ...}], "usage": ...}.
+    with FakeOpenAI(mode="finish_chunk", token_delay_s=0.01) as srv:
+        rc, doc = replay(tmp_path, srv.url, "--no-token-ids", n=3)
+    assert rc == 0 and doc is not None
+    for r in doc["requests"]:
+        assert r["status"] == "ok" and r["chunks"] == r["output_len"] == len(r["token_times"])
+    assert doc["summary"]["excluded"]["itl"].get("stream_vs_usage") is None
+
+
+def test_missing_usage_is_marked(tmp_path):
     with FakeOpenAI(mode="no_usage") as srv:
-        _, doc = replay(tmp_path, srv.url, n=3)
+        _, doc = replay(tmp_path, srv.url, "--no-token-ids", n=3)
     assert doc is not None
     assert all(r["status"] == "usage_mismatch" and "no usage" in r["error"] for r in doc["requests"])
+    assert doc["summary"]["excluded"]["ttft"] == {"usage_mismatch": 3}
+    assert all(r["ttft"] is not None for r in doc["requests"])  # measured, kept in the record
+
+
+def test_api_key_and_headers(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeOpenAI(api_key="sekrit") as srv:
+        rc, doc = replay(tmp_path, srv.url, n=2)
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and doc is None and "HTTP 401" in err and "\n" not in err
+        rc, doc = replay(tmp_path, srv.url, "--api-key", "sekrit", "--header", "X-Team: book", n=2)
+        assert rc == 0 and doc is not None and doc["summary"]["completed"] == 2
+        assert all(h.get("X-Team") == "book" for h in srv.headers[-2:])
+        assert doc["config"]["headers"] == ["Authorization", "X-Team"]  # names, never the key
+        assert "sekrit" not in json.dumps(doc)
+        monkeypatch.setenv("OPENAI_API_KEY", "sekrit")
+        rc, doc = replay(tmp_path, srv.url, n=2)
+        assert rc == 0 and doc is not None and doc["summary"]["completed"] == 2
 
 
 @pytest.mark.parametrize("code", [400, 503])
@@ -192,6 +266,7 @@ def test_bad_options_are_one_line(tmp_path, capsys):
             (["--prompt", "text"], "--prompt text needs --tokenizer"),
             (["--max-connections", "0"], "--max-connections=0: must be >= 1"),
             (["--request-timeout", "0"], "--request-timeout=0.0: must be a finite number > 0"),
+            (["--header", "nocolon"], "--header 'nocolon': expected NAME:VALUE"),
         ]:
             rc, _ = replay(tmp_path, srv.url, *extra)
             err = capsys.readouterr().err.strip()
@@ -232,4 +307,4 @@ def test_replay_runs_inside_a_running_event_loop():
             return replay_fn(w, ReplayOptions(url=srv.url, model="fake"))[0]
 
         reqs = asyncio.run(inside())
-    assert [r.status for r in reqs] == ["ok", "ok"] and [len(r.token_times) for r in reqs] == [3, 2]
+    assert [r.status for r in reqs] == ["ok", "ok"] and [len(r.token_times or []) for r in reqs] == [3, 2]

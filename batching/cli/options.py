@@ -166,10 +166,14 @@ def summary_table(doc: dict[str, Any]) -> str:
                 f"  hardware utilization: compute {s['hw_compute_utilization']:.1%}, "
                 f"bandwidth {s['hw_bandwidth_utilization']:.1%}"
             )
-    lines.append(f"  {'ms':8}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
-    for k in ("queue", "ttft", "tpot", "itl", "e2e"):
+    rows: tuple[str, ...] = ("queue", "ttft", "tpot", "itl", "e2e")
+    if served:  # also from the send, vLLM's origin, and vLLM's ITL (gaps between chunks)
+        rows += tuple(k for k in ("ttft_from_send", "e2e_from_send", "itl_chunks") if k in s)
+    wk = max(8, *(len(k) + 1 for k in rows))
+    lines.append(f"  {'ms':{wk}}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}{'max':>10}")
+    for k in rows:
         lines.append(
-            f"  {k:8}" + "".join(f"{_ms(s[k][f]):>10}" for f in ("mean", "p50", "p90", "p99", "max"))
+            f"  {k:{wk}}" + "".join(f"{_ms(s[k][f]):>10}" for f in ("mean", "p50", "p90", "p99", "max"))
         )
     if "goodput" in s:
         g = s["goodput"]

@@ -4,6 +4,7 @@ with ``simulate``'s workload and output options and table."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,14 @@ def _write(a: argparse.Namespace, doc: dict[str, Any]) -> None:
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    from ..servers.replay import ReplayError, ReplayOptions, parse_extra_body, parse_vocab, replay
+    from ..servers.replay import (
+        ReplayError,
+        ReplayOptions,
+        parse_extra_body,
+        parse_headers,
+        parse_vocab,
+        replay,
+    )
 
     slo = options.parse_slo(a)
     w = _workload(a)
@@ -42,6 +50,8 @@ def cmd_replay(a: argparse.Namespace) -> int:
         timeout_s=number("--request-timeout", a.request_timeout, above=True, error=ValueError),
         seed=a.seed,
         extra_body=parse_extra_body(a.extra_body),
+        headers=parse_headers(a.header, a.api_key or os.environ.get("OPENAI_API_KEY")),
+        return_token_ids=not a.no_token_ids,
     )
     if opts.max_connections is not None and opts.max_connections < 1:
         raise ValueError(f"--max-connections={opts.max_connections}: must be >= 1")
@@ -55,6 +65,8 @@ def cmd_replay(a: argparse.Namespace) -> int:
         "tokenizer": a.tokenizer,
         "vocab": a.vocab,
         "extra_body": opts.extra_body,
+        "return_token_ids": opts.prompt == "ids" and opts.return_token_ids,
+        "headers": sorted(opts.headers),  # names only: values may be secrets
         "scheduler": {"scheduler": "server", "note": "the server's own; see its launch flags"},
         "executor": {"executor": "remote", "endpoint": f"{a.url.rstrip('/')}/completions"},
     }
@@ -83,18 +95,32 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from ..servers.vllm_io import export_custom
+    from ..servers.vllm_io import export_custom, export_timed_trace, require_jsonl
 
-    w = _workload(a)
-    info = export_custom(w, a.out, tokenizer=a.tokenizer, seed=a.seed)
-    fit = info["arrival_fit"]
-    print(f"wrote {info['path']} ({info['requests']} requests)")
-    print(
-        f"arrivals: rate {fit['rate']:.4g} req/s, Gamma burstiness {fit['burstiness']:.3g} by moments "
-        f"({fit['burstiness_mle']:.3g} by maximum likelihood) over {fit['gaps']} gaps"
-        if fit["rate"] is not None and fit["burstiness_mle"] is not None
-        else f"arrivals: too few distinct gaps to fit ({fit['gaps']} gaps)"
-    )
+    require_jsonl(a.out, a.format)  # before the workload loads: one line, nothing written
+    if a.format == "vllm-timed-trace":
+        if a.tokenizer:
+            raise ValueError("--tokenizer: vllm-timed-trace has no prompts (vLLM builds them from hash_ids)")
+        if a.block_size < 1:
+            raise ValueError(f"--block-size={a.block_size}: must be >= 1")
+        w = _workload(a)
+        info = export_timed_trace(w, a.out, block_size=a.block_size)
+        print(f"wrote {info['path']} ({info['requests']} requests over {info['span_s']:.4g} s)")
+        print(
+            "arrivals: the trace's own timestamps, which vllm bench serve (>= 0.23.0) sends at "
+            f"with --self-timed; hash_ids per {a.block_size}-token block, none shared"
+        )
+    else:
+        w = _workload(a)
+        info = export_custom(w, a.out, tokenizer=a.tokenizer, seed=a.seed)
+        fit = info["arrival_fit"]
+        print(f"wrote {info['path']} ({info['requests']} requests)")
+        print(
+            f"arrivals: rate {fit['rate']:.4g} req/s, Gamma burstiness {fit['burstiness']:.3g} by moments "
+            f"({fit['burstiness_mle']:.3g} by maximum likelihood) over {fit['gaps']} gaps"
+            if fit["rate"] is not None and fit["burstiness_mle"] is not None
+            else f"arrivals: too few distinct gaps to fit ({fit['gaps']} gaps)"
+        )
     print("vllm bench serve " + " ".join(info["vllm_bench_flags"]))
     if a.info:
         results.write_json(info, a.info)
@@ -105,9 +131,11 @@ def cmd_export(a: argparse.Namespace) -> int:
 def cmd_import_vllm(a: argparse.Namespace) -> int:
     from ..servers.vllm_io import import_result, read_result
 
-    doc_in = read_result(a.result)
+    if a.run is not None and a.run < 1:
+        raise ValueError(f"--run={a.run}: must be >= 1 (1 = the first result in the file)")
+    doc_in = read_result(a.result, run=a.run)
     w = _workload(a) if (a.trace or a.preset) else None
-    reqs, params, duration = import_result(doc_in, w)
+    reqs, params, duration, arrivals = import_result(doc_in, w)
     slo = options.parse_slo(a)
     name = w.name if w is not None else Path(a.result).stem
     config = {
@@ -117,8 +145,9 @@ def cmd_import_vllm(a: argparse.Namespace) -> int:
         "device": "server",
         "url": None,
         "source": str(a.result),
+        "run": a.run,
         "vllm": params,
-        "arrivals": "nominal i/request_rate (vLLM's result holds no send times)",
+        "arrivals": arrivals,
         "scheduler": {"scheduler": "vllm", "note": "vllm serve's own; see its launch flags"},
         "executor": {"executor": "remote", "backend": params.get("backend")},
     }
@@ -149,15 +178,39 @@ def add_parsers(sub: Any) -> None:
         "--request-timeout", type=float, default=600.0, help="seconds a request may wait for its next bytes"
     )
     g.add_argument("--extra-body", help="JSON object merged into every request body")
+    g.add_argument(
+        "--api-key",
+        help="sent as Authorization: Bearer KEY (default: $OPENAI_API_KEY, as vLLM's client does)",
+    )
+    g.add_argument(
+        "--header",
+        action="append",
+        metavar="NAME:VALUE",
+        help="an HTTP header for every request (repeatable)",
+    )
+    g.add_argument(
+        "--no-token-ids",
+        action="store_true",
+        help="--prompt ids: do not ask for return_token_ids (vLLM >= 0.11.1 streams each chunk's token ids)",
+    )
     g.add_argument("--max-context", type=int, help="refuse (or --cap) requests longer than this")
     options.add_output_args(r)
     r.set_defaults(func=cmd_replay)
 
     e = sub.add_parser("export", help="write a workload for another benchmark (vllm bench serve)")
     options.add_workload_args(e)
-    e.add_argument("--format", choices=["vllm-custom"], required=True)
-    e.add_argument("--out", required=True, help="JSONL path")
-    e.add_argument("--tokenizer", help="served model's tokenizer.json: prompts of exact length")
+    e.add_argument(
+        "--format",
+        choices=["vllm-timed-trace", "vllm-custom"],
+        required=True,
+        help="vllm-timed-trace: --dataset-name timed_trace, sent at the trace's timestamps (vLLM >= 0.23.0); "
+        "vllm-custom: --dataset-name custom, Gamma arrivals fitted to the trace",
+    )
+    e.add_argument("--out", required=True, help="the .jsonl to write")
+    e.add_argument("--tokenizer", help="vllm-custom: served model's tokenizer.json, prompts of exact length")
+    e.add_argument(
+        "--block-size", type=int, default=16, help="vllm-timed-trace: prompt tokens per hash id (default 16)"
+    )
     e.add_argument("--info", help="also write the arrival fit and vLLM flags as JSON")
     e.add_argument("--max-context", type=int)
     e.set_defaults(func=cmd_export)
@@ -171,5 +224,8 @@ def add_parsers(sub: Any) -> None:
     for grp in i._mutually_exclusive_groups:
         grp.required = False
     i.add_argument("--max-context", type=int)
+    i.add_argument(
+        "--run", type=int, help="which result of a file written with --append-result (1 = the first)"
+    )
     options.add_output_args(i)
     i.set_defaults(func=cmd_import_vllm)

@@ -4,12 +4,14 @@ Every request is sent at its arrival time to ``POST /v1/completions`` with ``str
 and each streamed chunk is timestamped as it arrives (vLLM, SGLang, TGI and ``transformers
 serve`` speak this protocol; :mod:`batching.served` writes the results file).
 
-Exact lengths: ``--prompt ids`` sends token-id prompts with ``max_tokens``, ``ignore_eos``
-and ``min_tokens``; ``--prompt text --tokenizer DIR`` sends a text that the server's
-tokenizer encodes to exactly the prompt length (vLLM's ``gen_prompt_decode_to_target_len``
-loop) and only ``max_tokens``, for servers that refuse unknown fields. The ``usage`` the
-server reports is checked against the workload (``usage_mismatch``), and the streamed
-chunks against the usage (``stream_mismatch``: the server bundled tokens).
+Exact lengths: ``--prompt ids`` sends token-id prompts with ``max_tokens``, ``ignore_eos``,
+``min_tokens`` and ``return_token_ids`` (vLLM >= 0.11.1 then says how many tokens each chunk
+carries); ``--prompt text --tokenizer DIR`` sends a text that the server's tokenizer encodes
+to exactly the prompt length (vLLM's ``gen_prompt_decode_to_target_len`` loop) and only
+``max_tokens``, for servers that refuse unknown fields. Tokens are counted as the server
+reports them, as ``vllm bench serve`` counts them: every chunk with choices is one token (its
+text may be empty: a held-back partial character, a skipped special token) unless it carries
+``token_ids``, and the final ``usage`` is checked against the workload (``usage_mismatch``).
 
 The client's own lateness (send time minus scheduled arrival) is in the summary. Bad input
 (an unreachable URL, an unlisted model, a 4xx/5xx, no stream) stops the replay with
@@ -30,7 +32,7 @@ import numpy as np
 
 from ..validate import colon_pair
 from ..workloads import Workload
-from .served import ServedRequest
+from .served import ServedRequest, last_line
 
 
 class ReplayError(ValueError):
@@ -55,6 +57,8 @@ class ReplayOptions:
     timeout_s: float = 600.0  # per request: the longest wait for its next bytes
     seed: int = 0
     extra_body: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request (auth, ...)
+    return_token_ids: bool = True  # "ids" prompts: ask for each chunk's token ids (vLLM >= 0.11.1)
 
     def connections(self, n: int) -> int:
         # Large enough never to hold a request back: the server, not the client, schedules.
@@ -125,10 +129,16 @@ def body(opts: ReplayOptions, prompt: list[int] | str, output_len: int) -> dict[
     if opts.prompt == "ids":  # vLLM / SGLang sampling extras that force the length
         b["ignore_eos"] = True
         b["min_tokens"] = output_len
+        if opts.return_token_ids:
+            b["return_token_ids"] = True
     return {**b, **opts.extra_body}
 
 
 def _short(text: str, n: int = 200) -> str:
+    """One line of at most ``n`` characters; of a text of several lines (a traceback, an HTML
+    page), its last line, where the error is."""
+    if len([ln for ln in text.splitlines() if ln.strip()]) > 1:
+        return last_line(text, n)
     text = " ".join(text.split())
     return text if len(text) <= n else text[:n] + "..."
 
@@ -143,6 +153,7 @@ async def _one(
     import httpx
 
     r.sent = clock()
+    marker = False  # the last chunk had a finish_reason and nothing else
     try:
         async with client.stream("POST", "/completions", json=body(opts, prompt, r.output_len)) as resp:
             if resp.status_code >= 400:
@@ -169,10 +180,12 @@ async def _one(
                 if "error" in chunk:
                     r.status, r.error = "error", f"server error in stream: {_short(str(chunk['error']))}"
                     return
-                for ch in chunk.get("choices") or []:
+                choices = chunk.get("choices")
+                if choices:  # one token per chunk with choices, its token_ids where it has them
+                    ch = choices[0]
                     ids = ch.get("token_ids")
-                    k = len(ids) if ids else (1 if ch.get("text") else 0)
-                    r.token_times.extend([now] * k)
+                    r.add_chunk(now, len(ids) if isinstance(ids, list) else None)
+                    marker = ch.get("finish_reason") is not None and not ch.get("text") and ids is None
                 usage = chunk.get("usage")
                 if usage:
                     r.usage_prompt = usage.get("prompt_tokens")
@@ -183,6 +196,10 @@ async def _one(
     except httpx.HTTPError as e:
         r.status, r.error = "error", f"{type(e).__name__}: {_short(str(e)) or 'connection failed'}"
         return
+    if marker and r.usage_output is not None and r.tokens_streamed == r.usage_output + 1:
+        # A last chunk with only a finish_reason (transformers serve sends one): no token.
+        r.chunk_times.pop()
+        r.chunk_tokens.pop()
     if r.usage_output is None:
         r.status, r.error = "usage_mismatch", "the server reported no usage"
     elif (r.usage_prompt, r.usage_output) != (r.prompt_len, r.output_len):
@@ -191,9 +208,8 @@ async def _one(
             f"server counted prompt {r.usage_prompt} / output {r.usage_output} tokens, "
             f"the workload asks {r.prompt_len} / {r.output_len}"
         )
-    elif len(r.token_times) != r.output_len:
-        r.status = "stream_mismatch"
-        r.error = f"{len(r.token_times)} token chunks streamed for {r.usage_output} tokens"
+    elif not r.chunk_times:
+        r.status, r.error = "error", "the stream carried no token chunk"
     else:
         r.status, r.error = "ok", None
 
@@ -238,7 +254,9 @@ async def replay_async(
     limits = httpx.Limits(max_connections=conns, max_keepalive_connections=conns)
     timeout = httpx.Timeout(opts.timeout_s, connect=min(10.0, opts.timeout_s))
     base = opts.url.rstrip("/")
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=timeout) as client:
+    async with httpx.AsyncClient(
+        base_url=base, limits=limits, timeout=timeout, headers=opts.headers
+    ) as client:
         server = await check_server(client, opts.url, opts.model)
         first = reqs[0].arrival
         start = time.perf_counter() + 0.2  # scheduling starts 0.2 s after the prompts are built
@@ -331,6 +349,19 @@ def parse_vocab(text: str) -> tuple[int, int]:
         return colon_pair(text, int)
     except ValueError:
         raise ValueError(f"--vocab {text!r}: expected LO:HI token ids") from None
+
+
+def parse_headers(pairs: Sequence[str] | None, api_key: str | None) -> dict[str, str]:
+    """``--header NAME:VALUE`` (repeatable) and ``--api-key`` (``Authorization: Bearer``)."""
+    out: dict[str, str] = {}
+    if api_key:
+        out["Authorization"] = f"Bearer {api_key}"
+    for text in pairs or []:
+        name, sep, value = text.partition(":")
+        if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+            raise ValueError(f"--header {text!r}: expected NAME:VALUE")
+        out[name.strip()] = value.strip()
+    return out
 
 
 def parse_extra_body(text: str | None) -> dict[str, Any]:

@@ -1,13 +1,27 @@
 """Exchange workloads and results with ``vllm bench serve``.
 
-Export: the JSONL of ``--dataset-name custom`` (``prompt``, ``output_tokens``; vLLM's
-``CustomDataset``). vLLM draws its own arrivals (Gamma gaps: ``--request-rate R --burstiness
-B``) and cannot replay a trace's timestamps, so :func:`fit_gamma` states the closest R and B.
+Export, both as JSONL (vLLM reads no other form of either):
+
+- ``vllm-timed-trace``: the rows of ``--dataset-name timed_trace`` (``timestamp`` in seconds,
+  ``input_length``, ``output_length``, ``hash_ids``; vLLM >= 0.23.0), which vLLM sends at their
+  timestamps (``--self-timed``, its default for that dataset): the trace's own arrivals.
+  ``hash_ids`` name the prompt's blocks of ``block_size`` tokens; the workloads hold no
+  prefix-sharing information, so every block of every request has an id of its own (a row
+  without ``hash_ids`` would get an empty prompt).
+- ``vllm-custom``: the JSONL of ``--dataset-name custom`` (``prompt``, ``output_tokens``;
+  vLLM's ``CustomDataset``), for which vLLM draws its own arrivals (Gamma gaps:
+  ``--request-rate R --burstiness B``); :func:`fit_gamma` states the closest R and B.
 
 Import: ``--save-result --save-detailed``'s per-request ``input_lens``, ``output_lens``,
-``ttfts``, ``itls`` and ``errors`` (vLLM's ``benchmarks/serve.py``). Token times are rebuilt
-as ``ttft, ttft + itl[0], ...`` from nominal send times ``i / request_rate`` (the file has
-none; latencies do not depend on them); throughput uses vLLM's own ``duration``.
+``ttfts``, ``itls``, ``errors``, ``start_times`` and ``queue_times`` (vLLM's
+``benchmarks/serve.py``). A request was sent at its ``start_times`` entry and released by
+vLLM's arrival process ``queue_times`` earlier (the wait for ``--max-concurrency``): that is
+its arrival. Files from before ``start_times`` fall back to nominal arrivals ``i /
+request_rate``, said so in the config. Chunk times are rebuilt as ``send + ttft``, then
+``+ itl`` per chunk; a request whose chunks are fewer than its tokens (several per chunk, as
+speculative decoding streams them) keeps its TTFT, E2E and TPOT, and only its per-token gaps
+are unknown. Throughput uses vLLM's own ``duration``. A file written with ``--append-result``
+(several JSON objects) needs ``run`` to say which one.
 """
 
 from __future__ import annotations
@@ -20,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..workloads import Workload
-from .served import ServedRequest
+from .served import ServedRequest, last_line
 
 
 class VllmFormatError(ValueError):
@@ -80,23 +94,37 @@ def _trigamma(x: float) -> float:
     return r + 1 / x + f / 2 + f / x * (1 / 6 - f * (1 / 30 - f / 42))
 
 
+def require_jsonl(path: str | Path, fmt: str) -> Path:
+    """vLLM reads its custom and timed-trace datasets as JSONL only, by the file's suffix."""
+    path = Path(path)
+    if path.suffix != ".jsonl":
+        raise ValueError(
+            f"--out {path}: --format {fmt} writes JSONL, which vllm bench serve reads only from a .jsonl file"
+        )
+    return path
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
 def export_custom(
     w: Workload, path: str | Path, tokenizer: str | None = None, seed: int = 0
 ) -> dict[str, Any]:
     """Write ``w`` as vLLM custom-dataset JSONL; returns what to tell ``vllm bench serve``.
     Prompts: with ``tokenizer``, texts of exactly the prompt length (BOS included); without,
     ``prompt_len`` words ``hi`` (a BOS may be added; the import marks such a mismatch)."""
+    path = require_jsonl(path, "vllm-custom")
     if tokenizer:
         from .replay import text_prompts
 
         prompts = text_prompts(w, tokenizer, seed)
     else:
         prompts = {r.rid: ("hi " * r.prompt_len).strip() for r in w.requests}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for r in w.requests:
-            f.write(json.dumps({"prompt": prompts[r.rid], "output_tokens": r.output_len}) + "\n")
+    _write_jsonl(path, [{"prompt": prompts[r.rid], "output_tokens": r.output_len} for r in w.requests])
     fit = fit_gamma(w.arrivals)
     rate, b = fit["rate"], fit["burstiness"]
     flags = [
@@ -116,74 +144,224 @@ def export_custom(
     return {"path": str(path), "requests": len(w), "arrival_fit": fit, "vllm_bench_flags": flags}
 
 
+def timed_trace_rows(w: Workload, block_size: int = 16) -> list[dict[str, Any]]:
+    """``w`` as ``timed_trace`` rows: seconds since the first arrival, the lengths, and one
+    hash id per block of ``block_size`` prompt tokens (the last block may be partial), unique
+    to its request (no prefix is shared)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"--block-size={block_size}: must be an integer >= 1")
+    rows, next_id = [], 0
+    first = float(w.arrivals.min()) if len(w) else 0.0
+    for r in w.requests:
+        blocks = -(-r.prompt_len // block_size)
+        rows.append(
+            {
+                "timestamp": round(float(r.arrival) - first, 6),
+                "input_length": int(r.prompt_len),
+                "output_length": int(r.output_len),
+                "hash_ids": list(range(next_id, next_id + blocks)),
+            }
+        )
+        next_id += blocks
+    return rows
+
+
+def export_timed_trace(w: Workload, path: str | Path, block_size: int = 16) -> dict[str, Any]:
+    """Write ``w`` as ``vllm bench serve --dataset-name timed_trace`` JSONL (vLLM >= 0.23.0);
+    returns what to tell ``vllm bench serve``, which sends each row at its timestamp."""
+    path = require_jsonl(path, "vllm-timed-trace")
+    rows = timed_trace_rows(w, block_size)
+    _write_jsonl(path, rows)
+    flags = [
+        "--backend openai",
+        "--dataset-name timed_trace",
+        f"--dataset-path {path}",
+        f"--num-prompts {len(w)}",
+        f"--timed-trace-chunk-hash-size {block_size}",
+        "--timed-trace-sec-multiplier 1",
+        "--self-timed",
+        "--disable-shuffle",
+        "--ignore-eos",
+        "--save-result",
+        "--save-detailed",
+    ]
+    span = rows[-1]["timestamp"] if rows else 0.0
+    return {
+        "path": str(path),
+        "requests": len(w),
+        "block_size": block_size,
+        "span_s": span,
+        "vllm_bench_flags": flags,
+    }
+
+
 _LISTS = ("input_lens", "output_lens", "ttfts", "itls")
+_OPTIONAL_LISTS = ("errors", "start_times", "queue_times", "latencies")
 
 
-def read_result(path: str | Path) -> dict[str, Any]:
+def _objects(text: str) -> list[Any]:
+    """The JSON values of a file: one, or several one after another (``--append-result``)."""
+    dec = json.JSONDecoder()
+    out: list[Any] = []
+    i = 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i == len(text):
+            return out
+        obj, i = dec.raw_decode(text, i)
+        out.append(obj)
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _kind(x: Any) -> str:
+    return "null" if x is None else type(x).__name__
+
+
+def read_result(path: str | Path, run: int | None = None) -> dict[str, Any]:
+    """The result of ``vllm bench serve --save-result --save-detailed`` at ``path``, checked
+    field by field; ``run`` (1 = first) picks one of the results an ``--append-result`` file
+    holds. Anything else is a :class:`VllmFormatError` naming the field."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such file") from None
+    try:
+        docs = _objects(text)
     except json.JSONDecodeError as e:
         raise VllmFormatError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    if not docs:
+        raise VllmFormatError(f"{path}: empty file")
+    if len(docs) > 1 and run is None:
+        raise VllmFormatError(
+            f"{path}: {len(docs)} results one after another (vllm bench serve --append-result): "
+            f"choose one with --run N (1 to {len(docs)})"
+        )
+    if run is not None and not 1 <= run <= len(docs):
+        raise VllmFormatError(f"--run {run}: {path} holds {len(docs)} result(s), numbered from 1")
+    doc = docs[(run or 1) - 1]
+    where = f"{path}" + (f" (result {run})" if len(docs) > 1 else "")
+    check_result(doc, where)
+    return doc
+
+
+def check_result(doc: Any, where: str = "the result") -> None:
+    """Raise :class:`VllmFormatError` naming the first field of ``doc`` that is not what
+    vLLM writes."""
     if not isinstance(doc, dict):
-        raise VllmFormatError(f"{path}: expected one JSON object, as vllm bench serve --save-result writes")
+        raise VllmFormatError(f"{where}: expected one JSON object, as vllm bench serve --save-result writes")
     missing = [k for k in _LISTS if k not in doc]
     if missing:
         raise VllmFormatError(
-            f"{path}: no {', '.join(missing)}: run vllm bench serve with --save-result --save-detailed"
+            f"{where}: no {', '.join(missing)}: run vllm bench serve with --save-result --save-detailed"
         )
+    for k in (*_LISTS, *_OPTIONAL_LISTS):
+        if k in doc and not isinstance(doc[k], list):
+            raise VllmFormatError(f"{where}: {k} is {_kind(doc[k])}, expected a list (one entry per request)")
     n = len(doc["input_lens"])
-    for k in (*_LISTS, "errors"):
-        if k in doc and (not isinstance(doc[k], list) or len(doc[k]) != n):
-            raise VllmFormatError(f"{path}: {k} has {len(doc[k])} entries, input_lens {n}")
+    for k in (*_LISTS, *_OPTIONAL_LISTS):
+        if k in doc and len(doc[k]) != n:
+            raise VllmFormatError(f"{where}: {k} has {len(doc[k])} entries, input_lens {n}")
     if n == 0:
-        raise VllmFormatError(f"{path}: no requests")
-    return doc
+        raise VllmFormatError(f"{where}: no requests")
+    rate = doc.get("request_rate")
+    if not (rate is None or rate == "inf" or (_number(rate) and rate > 0)):
+        raise VllmFormatError(f'{where}: request_rate={rate!r}: expected a number > 0 or "inf"')
+    dur = doc.get("duration")
+    if dur is not None and not (_number(dur) and dur >= 0):
+        raise VllmFormatError(f"{where}: duration={dur!r}: expected seconds")
+    errors = doc.get("errors") or [""] * n
+    for i in range(n):
+        for k in ("input_lens", "output_lens"):
+            v = doc[k][i]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise VllmFormatError(f"{where}: {k}[{i}]={v!r}: expected a token count")
+        if errors[i] is not None and not isinstance(errors[i], str):
+            raise VllmFormatError(f"{where}: errors[{i}]={errors[i]!r}: expected a text")
+        if _failed(doc, errors, i):
+            continue
+        t = doc["ttfts"][i]
+        if not (_number(t) and t >= 0):
+            raise VllmFormatError(
+                f"{where}: ttfts[{i}]={t!r}: a request without an error needs its time to first token"
+            )
+        itl = doc["itls"][i]
+        if not isinstance(itl, list) or not all(_number(x) and x >= 0 for x in itl):
+            raise VllmFormatError(f"{where}: itls[{i}]={itl!r}: expected a list of inter-token seconds")
+        for k in ("start_times", "queue_times", "latencies"):
+            if k in doc and not _number(doc[k][i]):
+                raise VllmFormatError(f"{where}: {k}[{i}]={doc[k][i]!r}: expected seconds")
+
+
+def _failed(doc: dict[str, Any], errors: list[Any], i: int) -> bool:
+    """vLLM's failed request: an error text, or (no text) nothing streamed at all."""
+    if errors[i]:
+        return True
+    return doc["output_lens"][i] == 0 and doc["itls"][i] in ([], None) and doc["ttfts"][i] in (0, 0.0, None)
 
 
 def import_result(
     doc: dict[str, Any], w: Workload | None = None
-) -> tuple[list[ServedRequest], dict[str, Any], float | None]:
+) -> tuple[list[ServedRequest], dict[str, Any], float | None, str]:
     """vLLM's per-request lists as :class:`ServedRequest` (with ``w``, the exported workload,
-    checked against its lengths and given its rids), vLLM's parameters, its duration."""
+    checked against its lengths and given its rids), vLLM's parameters, its duration, and
+    where the arrivals came from. ``doc`` is checked first (:func:`check_result`)."""
+    check_result(doc)
     n = len(doc["input_lens"])
     if w is not None and len(w) != n:
         raise VllmFormatError(f"the result holds {n} requests, the workload {len(w)}")
-    rate = doc.get("request_rate", "inf")
-    rate_f = math.inf if rate in ("inf", None) else float(rate)
     errors = doc.get("errors") or [""] * n
+    base = float(w.arrivals.min()) if w is not None else 0.0
+    starts, queues = doc.get("start_times"), doc.get("queue_times")
+    if starts is not None:
+        st = np.asarray(starts, dtype=float)
+        q = np.asarray(queues, dtype=float) if queues is not None else np.zeros(n)
+        origin = float((st - q).min())
+        sent = st - origin + base
+        arrival = sent - q
+        how = (
+            "vLLM's start_times (send) less queue_times (its wait for --max-concurrency)"
+            if queues is not None
+            else "vLLM's start_times (send; the file has no queue_times)"
+        )
+    else:
+        rate = doc.get("request_rate", "inf")
+        rate_f = math.inf if rate in ("inf", None) else float(rate)
+        arrival = base + (np.zeros(n) if math.isinf(rate_f) else np.arange(n) / rate_f)
+        sent = arrival
+        how = "nominal i / request_rate (the file holds no start_times)"
     reqs = []
     for i in range(n):
         p_in, p_out = int(doc["input_lens"][i]), int(doc["output_lens"][i])
         wr = w.requests[i] if w is not None else None
-        arrival = 0.0 if math.isinf(rate_f) else i / rate_f
         r = ServedRequest(
             rid=wr.rid if wr else i,
-            arrival=arrival,
+            arrival=float(arrival[i]),
             prompt_len=wr.prompt_len if wr else p_in,
             output_len=wr.output_len if wr else max(p_out, 1),
-            sent=arrival,
+            sent=float(sent[i]),
             usage_prompt=p_in,
             usage_output=p_out,
         )
-        if errors[i]:
-            r.status, r.error = "error", str(errors[i])[:200]
+        if _failed(doc, errors, i):
+            r.status = "error"
+            r.error = last_line(errors[i] or "") or "vLLM marked it failed (no error text)"
         else:
+            # One chunk per entry: vLLM records an ITL per streamed chunk, several tokens or one.
             itl = [float(x) for x in doc["itls"][i]]
-            t = arrival + float(doc["ttfts"][i]) + np.concatenate(([0.0], np.cumsum(itl)))
-            r.token_times = t.tolist()
+            t = float(sent[i]) + float(doc["ttfts"][i]) + np.concatenate(([0.0], np.cumsum(itl)))
+            for x in t.tolist():
+                r.add_chunk(x, None)
             if (p_in, p_out) != (r.prompt_len, r.output_len):
                 r.status = "usage_mismatch"
                 r.error = (
                     f"vLLM counted prompt {p_in} / output {p_out} tokens, "
                     f"the workload asks {r.prompt_len} / {r.output_len}"
                 )
-            elif len(r.token_times) != p_out:
-                # vLLM records one ITL per streamed chunk; bundled tokens share a chunk.
-                r.status = "stream_mismatch"
-                r.error = f"{len(r.token_times)} token chunks for {p_out} tokens"
             else:
                 r.status = "ok"
         reqs.append(r)
@@ -202,4 +380,4 @@ def import_result(
         )
     }
     dur = doc.get("duration")
-    return reqs, params, float(dur) if dur is not None else None
+    return reqs, params, float(dur) if dur is not None else None, how

@@ -10,7 +10,9 @@ markdown, and where wording depends on a measurement the notebook picks it.
 :mod:`.common` holds what every page shares (simulate, metrics, verdicts, glue helpers),
 :mod:`.capacity` capacity at a latency target (7.2, 7.3), :mod:`.checks` the real engine's
 runs and the simulator's measured error, :mod:`.decode` and :mod:`.profiles` the live decode
-sweep and the committed profiles, :mod:`.chunked_real` 7.3's real runs, :mod:`.serve` 7.2's
+sweep and the committed profiles, :mod:`.gpu` the GPU profiles derived from Vidur's
+measured tables (the H100's and A100's linear layers against batch and chunk size),
+:mod:`.chunked_real` 7.3's real runs, :mod:`.serve` 7.2's
 server replay, :mod:`.runs` each live measurement once per build. Notebooks import the
 modules they use (``from batching.book import figures, plots, static``).
 

@@ -28,14 +28,14 @@ __all__ = [
 def get_cost_model(
     model: str, device: str, tp: int = 1, profile: str | None = None, dtype: str | None = None
 ) -> RooflineCost | ProfileCost:
-    """The CLI's cost model: a roofline, or the profile at path ``profile`` (measured for this
-    model on one such device)."""
+    """The CLI's cost model: a roofline, or the profile at path ``profile`` (measured or derived
+    for this model on ``tp`` such devices: its ``meta.tp``, 1 if absent, must be ``tp``)."""
     shape, dev = get_model(model), get_device(device)
     if profile is None:
         return RooflineCost(shape, dev, tp=tp, dtype=dtype)
-    if tp != 1:
-        raise ValueError(f"tp={tp}: profiles are measured on one device; use the roofline for tp > 1")
     cost = ProfileCost.from_json(profile)
+    if cost.tp != tp:
+        raise ValueError(f"profile {profile} is for tp={cost.tp}, not tp={tp}: pass --tp {cost.tp}")
     if cost.model.name != shape.name or cost.device.name != dev.name:
         raise ValueError(
             f"profile {profile} was measured for {cost.model.name} on {cost.device.name}, "

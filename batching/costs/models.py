@@ -185,6 +185,8 @@ _CPU: dict[str, Any] = {
 # Llama 3.x is trained to 131072 tokens; served at 8192, a common limit, so that slab
 # reservations stay comparable across models.
 _LLAMA: dict[str, Any] = {"vocab": _LLAMA_VOCAB, "max_context": 8192}
+# Llama 2 and CodeLlama: the 32000-token SentencePiece vocabulary, trained to 4096 tokens.
+_LLAMA2: dict[str, Any] = {"vocab": 32000, "max_context": 4096}
 
 MODELS: dict[str, ModelShape] = {
     m.name: m
@@ -199,6 +201,14 @@ MODELS: dict[str, ModelShape] = {
         ModelShape("llama-1b", 16, 2048, 32, 8, 8192, **_LLAMA, tied_embeddings=True),
         ModelShape("llama-8b", 32, 4096, 32, 8, 14336, **_LLAMA),
         ModelShape("llama-70b", 80, 8192, 64, 8, 28672, **_LLAMA),
+        # The shapes of Vidur's published GPU profiles (data/gpu-profiles), from each
+        # checkpoint's config.json: meta-llama/Llama-2-{7b,70b}-hf (vocab 32000, 4096 positions)
+        # and codellama/CodeLlama-34b-Instruct-hf (vocab 32000, 16384 positions; the 7B and 13B
+        # CodeLlamas have 32016). Vidur's tables were measured with vocab_size 32768 (its
+        # model_config.py), which only their embedding lookup sees.
+        ModelShape("llama-2-7b", 32, 4096, 32, 32, 11008, **_LLAMA2),
+        ModelShape("llama-2-70b", 80, 8192, 64, 8, 28672, **_LLAMA2),
+        ModelShape("codellama-34b", 48, 8192, 64, 8, 22016, **{**_LLAMA2, "max_context": 16384}),
     )
 }
 

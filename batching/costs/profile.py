@@ -189,8 +189,9 @@ class ProfileCost(_VectorCost):
                           "ms": [...]}}                       # of tokens each, one pass
 
     ``meta.device``/``meta.model``/``meta.dtype``/``meta.date`` are required (registry names;
-    the model and device supply FLOPs, bytes and peaks for utilization); other meta fields
-    are kept as given.
+    the model and device supply FLOPs, bytes and peaks for utilization); ``meta.tp``
+    (optional, default 1) is the tensor-parallel degree of every step in the file (memory,
+    peak and bandwidth then count that many devices); other meta fields are kept as given.
 
     Estimates:
 
@@ -233,8 +234,11 @@ class ProfileCost(_VectorCost):
         self.attn_s = _fit_attention(prefill_tokens, prefill_s, prefill_rows)
         self.pt_lin, self.ps_lin = _positions(prefill_tokens, prefill_s, prefill_rows, self.attn_s)
         self.model, self.device = model, device
-        self.peak_flops = device.peak(model.dtype)
-        self.bandwidth = device.bandwidth
+        # meta.tp: the tensor-parallel degree the steps were measured (or derived) at; peak and
+        # bandwidth count all its devices together, as the roofline's do.
+        self.tp = int(meta.get("tp", 1))
+        self.peak_flops = self.tp * device.peak(model.dtype)
+        self.bandwidth = self.tp * device.bandwidth
         self.mixed = mixed
         self.mixed_grid = _mixed_grid(mixed)
         # The row counts the measured runner padded a step's tokens up to (meta.token_buckets,
@@ -269,6 +273,12 @@ class ProfileCost(_VectorCost):
                 f"meta.{k}",
                 "must be a non-empty string",
             )
+        tp = meta.get("tp", 1)
+        _need(
+            isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1,
+            "meta.tp",
+            "must be a positive integer (the tensor-parallel degree)",
+        )
         if meta.get("token_buckets") is not None:
             _numbers(meta["token_buckets"], "meta.token_buckets", 1)
         try:
@@ -402,6 +412,7 @@ class ProfileCost(_VectorCost):
             "model": self.model.name,
             "dtype": self.model.dtype,
             "device": self.device.name,
+            "tp": self.tp,
             "decode_batch": self.db.tolist(),
             "decode_ctx": self.dc.tolist(),
             "prefill_tokens": self.pt.tolist(),

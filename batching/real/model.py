@@ -37,7 +37,11 @@ class ModelConfig(ModelShape):
     @classmethod
     def from_shape(cls, shape: ModelShape) -> ModelConfig:
         """The config of a registry shape (``tiny``, ``cpu-m``, ``llama-8b``, ...)."""
-        theta = 500_000.0 if shape.name.startswith("llama") else 10_000.0
+        # Llama 3.x 500,000; Llama 2 (and every CPU shape) 10,000; CodeLlama 1,000,000.
+        name = shape.name
+        theta = 1e6 if name.startswith("codellama") else 10_000.0
+        if name.startswith("llama") and not name.startswith("llama-2"):
+            theta = 500_000.0
         return cls(**{f.name: getattr(shape, f.name) for f in fields(ModelShape)}, rope_theta=theta)
 
 

@@ -290,6 +290,8 @@ def worker_vllm(spec: dict[str, Any]) -> dict[str, Any]:
     ``ignore_eos`` and ``max_tokens`` its output length, token-id prompts, no detokenizing;
     ``max_num_seqs`` the slots, ``max_num_batched_tokens`` the token budget, no prefix cache.
     Runs in ``.vllm-venv`` (this module imports nothing of vLLM's at the top)."""
+    # The settings it was started with, before vLLM adds its own to the environment.
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("VLLM_", "OMP_", "GOMP_"))}
     import torch
     import vllm
     from vllm import LLM, SamplingParams
@@ -344,7 +346,7 @@ def worker_vllm(spec: dict[str, Any]) -> dict[str, Any]:
             "engine_args": engine_args,
             "chunked_prefill": bool(cfg.scheduler_config.enable_chunked_prefill),
             "compilation_mode": str(cfg.compilation_config.mode),
-            "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("VLLM_")},
+            "env": env,
         },
     }
 

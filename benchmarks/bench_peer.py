@@ -1,13 +1,23 @@
-"""Peer benchmark: this engine against Hugging Face transformers, same weights, same workload.
+"""Peer benchmark: this engine against Hugging Face transformers and vLLM, same weights, same workload.
 
 One seeded random model of a registry shape is saved as a Hugging Face ``LlamaForCausalLM``
-checkpoint (``batching.real.checkpoint``) and served by both engines: this engine's continuous
-batching (mixed prefill) and chunked prefill, and transformers' static ``generate``
-(left-padded batches, greedy) and its continuous batching (``init_continuous_batching``,
-per-request ``max_new_tokens``). The workload is one seeded batch of long-tailed requests,
-all arriving at t=0 (prompt and output lengths lognormal); prompt ids are
-``batching.real.runner.prompt_ids(seed, rid, prompt_len, vocab)`` in both engines; every request
-stops at its own output length (EOS disabled).
+checkpoint (``batching.real.checkpoint``, with its tokenizer) and served by every engine: this
+engine's continuous batching (mixed prefill) and chunked prefill, transformers' static
+``generate`` (left-padded batches, greedy) and its continuous batching
+(``init_continuous_batching``, per-request ``max_new_tokens``), and vLLM's offline engine
+(``LLM.generate``: its scheduler chunks prefills within the same slots and token budget as
+``ours-chunked``). The workload is one seeded batch of long-tailed requests, all arriving at
+t=0 (prompt and output lengths lognormal); prompt ids are
+``batching.real.runner.prompt_ids(seed, rid, prompt_len, vocab)`` in every engine; every request
+stops at its own output length (EOS disabled: ``ignore_eos``).
+
+vLLM runs in its own environment, ``.vllm-venv`` (``make vllm``: its pins conflict with the
+project's), as the worker's interpreter; without it the ``vllm`` mode is skipped with a line
+saying so. Its CPU build runs the engine in the worker's process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no separate scheduler process polling a core of two)
+on ``--threads`` unpinned OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND=nobind``, as this
+engine's), with ``VLLM_CPU_KVCACHE_SPACE`` GB of KV cache; its model is compiled when it
+loads (load excluded, as for every engine; the compiled graph is cached in ~/.cache/vllm).
 
 Each mode runs in its own process (``--worker MODE``), the order of modes rotates from
 round to round, and each mode reports tokens/s = output tokens / wall time from the first
@@ -42,7 +52,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "_build" / "peer"
-MODES = ("ours-continuous", "ours-chunked", "hf-static", "hf-continuous")
+MODES = ("ours-continuous", "ours-chunked", "hf-static", "hf-continuous", "vllm")
+VLLM_VENV = ROOT / ".vllm-venv"
+VLLM_PY = VLLM_VENV / "bin" / "python"
+VLLM_STAMP = VLLM_VENV / ".installed-vllm"  # written by `make vllm` once the environment works
+VLLM_KV_GB = 1  # VLLM_CPU_KVCACHE_SPACE: cpu-s holds 8 KiB per token, so 1 GB is ~130k tokens
 GOAL = 1.5  # this engine's tokens/s over transformers' continuous batching (issue 3)
 
 
@@ -271,6 +285,79 @@ def worker_hf_continuous(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def worker_vllm(spec: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's offline engine (``LLM.generate``) on the checkpoint: every request at once, greedy,
+    ``ignore_eos`` and ``max_tokens`` its output length, token-id prompts, no detokenizing;
+    ``max_num_seqs`` the slots, ``max_num_batched_tokens`` the token budget, no prefix cache.
+    Runs in ``.vllm-venv`` (this module imports nothing of vLLM's at the top)."""
+    # The settings it was started with, before vLLM adds its own to the environment.
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(("VLLM_", "OMP_", "GOMP_"))}
+    import torch
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    reqs = spec["requests"]
+    max_len = max(p + o for _, p, o in reqs)
+    engine_args = {
+        "dtype": "float32",
+        "max_num_seqs": spec["slots"],
+        "max_num_batched_tokens": spec["token_budget"],
+        "max_model_len": max_len,
+        "enable_prefix_caching": False,
+        "seed": spec["seed"],
+    }
+    t = time.perf_counter()
+    llm = LLM(model=spec["checkpoint"], **engine_args)
+    load_s = time.perf_counter() - t
+
+    def params(n: int) -> Any:
+        return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+
+    t = time.perf_counter()  # untimed warm-up: one short request
+    llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3, 4])], [params(2)], use_tqdm=False)
+    warmup_s = time.perf_counter() - t
+    prompts = _prompts(spec)
+    t0 = time.perf_counter()
+    outs = llm.generate(
+        [TokensPrompt(prompt_token_ids=prompts[rid]) for rid, _, _ in reqs],
+        [params(o) for _, _, o in reqs],
+        use_tqdm=False,
+    )
+    wall = time.perf_counter() - t0
+    cfg = llm.llm_engine.vllm_config
+    return {
+        "wall_s": wall,
+        "tokens": {rid: list(out.outputs[0].token_ids) for (rid, _, _), out in zip(reqs, outs)},
+        "prompt_digest": ids_digest(
+            {rid: list(out.prompt_token_ids) for (rid, _, _), out in zip(reqs, outs)}
+        ),
+        "load_s": load_s,
+        "warmup_s": warmup_s,
+        "vllm": {
+            "version": vllm.__version__,
+            "distribution": "vllm-cpu " + version("vllm-cpu"),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": version("transformers"),
+            "dtype": str(cfg.model_config.dtype).removeprefix("torch."),
+            "api": "LLM.generate, all requests in one call; SamplingParams(temperature=0, max_tokens=n, "
+            "ignore_eos=True, detokenize=False)",
+            "engine_args": engine_args,
+            "chunked_prefill": bool(cfg.scheduler_config.enable_chunked_prefill),
+            "compilation_mode": str(cfg.compilation_config.mode),
+            "env": env,
+        },
+    }
+
+
+def vllm_missing() -> str | None:
+    """Why the ``vllm`` mode cannot run here (None: it can)."""
+    if not VLLM_STAMP.is_file():
+        return f"no vLLM environment ({os.path.relpath(VLLM_VENV, ROOT)}/): run `make vllm`"
+    return None
+
+
 def worker(mode: str, spec_path: str, out_path: str) -> None:
     sources = source_digest()
     spec = json.loads(Path(spec_path).read_text())
@@ -280,6 +367,8 @@ def worker(mode: str, spec_path: str, out_path: str) -> None:
         doc = worker_hf_static(spec)
     elif mode == "hf-continuous":
         doc = worker_hf_continuous(spec)
+    elif mode == "vllm":
+        doc = worker_vllm(spec)
     else:
         raise SystemExit(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
     import torch
@@ -337,11 +426,8 @@ def children_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_worker(mode: str, spec_path: Path, round_: int, threads: int, omp_wait: str) -> dict[str, Any]:
-    """One mode in a fresh process; also how many cores other processes kept busy meanwhile
-    (``others_cores``: the machine's busy CPU time minus the worker's own, over its lifetime)."""
-    out = CACHE / f"worker-{mode}-r{round_}.json"
-    log = CACHE / f"worker-{mode}-r{round_}.log"
+def worker_env(mode: str, threads: int, omp_wait: str) -> dict[str, str]:
+    """The environment of a ``mode`` worker on ``threads`` threads."""
     env = {
         **os.environ,
         "OMP_WAIT_POLICY": omp_wait,
@@ -354,12 +440,29 @@ def run_worker(mode: str, spec_path: Path, round_: int, threads: int, omp_wait: 
     }
     if omp_wait == "default":  # the project's setting (README, "Threads"): spin briefly, then sleep
         del env["OMP_WAIT_POLICY"]
-    # Both engines get the spin count and the huge pages that `import batching` sets for
+    if mode == "vllm":  # see the module's docstring
+        env.update(
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            VLLM_CPU_OMP_THREADS_BIND="nobind",
+            VLLM_CPU_KVCACHE_SPACE=str(VLLM_KV_GB),
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+        )
+    # Every engine gets the spin count and the huge pages that `import batching` sets for
     # this one, so that neither is measured under a setting the other does not have.
     env["GOMP_SPINCOUNT"] = os.environ.get("GOMP_SPINCOUNT") or "100000"
     env["THP_MEM_ALLOC_ENABLE"] = os.environ.get("THP_MEM_ALLOC_ENABLE") or "1"
+    return env
+
+
+def run_worker(mode: str, spec_path: Path, round_: int, threads: int, omp_wait: str) -> dict[str, Any]:
+    """One mode in a fresh process; also how many cores other processes kept busy meanwhile
+    (``others_cores``: the machine's busy CPU time minus the worker's own, over its lifetime)."""
+    out = CACHE / f"worker-{mode}-r{round_}.json"
+    log = CACHE / f"worker-{mode}-r{round_}.log"
+    env = worker_env(mode, threads, omp_wait)
     cmd = [
-        sys.executable,
+        str(VLLM_PY) if mode == "vllm" else sys.executable,
         str(Path(__file__).resolve()),
         "--worker",
         mode,
@@ -445,12 +548,18 @@ def main() -> None:
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"unknown mode {m!r}; valid: {', '.join(MODES)}")
+    vllm_skipped = vllm_missing() if "vllm" in modes else None
+    if vllm_skipped is None and "vllm" in modes and a.quick:
+        vllm_skipped = "--quick: the tiny model's head_dim of 16 is not one vLLM's CPU attention supports"
+    if vllm_skipped:
+        modes.remove("vllm")
+        print(f"vllm: skipped ({vllm_skipped})", flush=True)
 
     import torch
 
     from batching.costs.devices import Machine
     from batching.costs.models import get_model
-    from batching.real.checkpoint import save_hf_checkpoint
+    from batching.real.checkpoint import save_hf_checkpoint, save_hf_tokenizer
     from batching.real.executor import device_name
     from batching.real.model import Llama, ModelConfig
     from batching.results import load_average
@@ -463,6 +572,7 @@ def main() -> None:
     ckpt = CACHE / f"{a.model}-seed{a.model_seed}"
     model = Llama(ModelConfig.from_shape(shape), "cpu", torch.float32, seed=a.model_seed)
     save_hf_checkpoint(model, ckpt)
+    save_hf_tokenizer(ckpt, shape.vocab)  # vLLM loads one; EOS is a reserved id in the vocabulary
     del model
     spec = {
         "checkpoint": str(ckpt),
@@ -536,13 +646,15 @@ def main() -> None:
         }
     ratios = {}
     for ours in (m for m in modes if m.startswith("ours-")):
-        for hf in (m for m in modes if m.startswith("hf-")):
+        for hf in (m for m in modes if m.startswith("hf-") or m == "vllm"):
             ratios[f"{ours}/{hf}"] = {
                 "best": per_mode[ours]["tok_s_best"] / per_mode[hf]["tok_s_best"],
                 "median": per_mode[ours]["tok_s_median"] / per_mode[hf]["tok_s_median"],
             }
     equality = {}
-    pairs = [(x, y) for x in modes for y in modes if x.startswith("ours-") and y.startswith("hf-")]
+    pairs = [
+        (x, y) for x in modes for y in modes if x.startswith("ours-") and (y.startswith("hf-") or y == "vllm")
+    ]
     pairs += [
         (x, y)
         for x, y in (("ours-continuous", "ours-chunked"), ("hf-static", "hf-continuous"))
@@ -562,7 +674,7 @@ def main() -> None:
     prompts = [p for _, p, _ in reqs]
     outputs = [o for _, _, o in reqs]
     doc = {
-        "benchmark": "peer: this engine vs Hugging Face transformers, same weights and workload",
+        "benchmark": "peer: this engine vs Hugging Face transformers and vLLM, same weights and workload",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
         "host": platform.node(),
@@ -574,6 +686,14 @@ def main() -> None:
         "torch": torch.__version__,
         "transformers": version("transformers"),
         "safetensors": version("safetensors"),
+        # vLLM's own environment (its versions, dtype, engine arguments), or why it was skipped.
+        "vllm": (
+            {"skipped": vllm_skipped}
+            if vllm_skipped
+            else rounds[0]["modes"]["vllm"]["vllm"]
+            if "vllm" in modes
+            else None
+        ),
         "threads": a.threads,
         "dtype": "float32",
         "omp_wait_policy": a.omp_wait_policy,
@@ -627,10 +747,17 @@ def main() -> None:
                 "api": "model.init_continuous_batching + add_request(max_new_tokens=n)",
                 "config": spec["hf_cb_config"],
             },
+            "vllm": {
+                "api": "vllm.LLM.generate (offline engine, in process), every request in one call",
+                "slots": a.slots,
+                "token_budget": a.token_budget,
+                "environment": os.path.relpath(VLLM_VENV, ROOT),
+                "kv_cache_gb": VLLM_KV_GB,
+            },
         },
         "timing": "tokens/s = workload output tokens / wall time from the first request submitted to the last "
-        "token; model load and one small warm-up request excluded in both engines; each mode in its "
-        "own process; mode order rotated every round",
+        "token; model load (vLLM: with its compilation) and one small warm-up request excluded in "
+        "every engine; each mode in its own process; mode order rotated every round",
         "summary": per_mode,
         "ratios": ratios,
         "goal": {"target": f">= {GOAL}x hf-continuous (median)", **goal},

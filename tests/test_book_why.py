@@ -10,6 +10,7 @@ import pytest
 from helpers import H100_8B, _gpu_profile, _texts
 
 from batching.book import common, decode, figures, plots, profiles, why
+from batching.book.common import Claim
 from batching.costs import get_cost_model
 
 
@@ -346,3 +347,39 @@ def test_path_and_probe_rows_by_hand():
     # fp32, 0.1 TFLOP/s: B* = 2 x 100 / GB/s.
     assert [r[2] for r in probes] == ["10.0", "6.7", "6.1", "10.8"]
     assert len(decode.probe_rows(n)[0]) == 3
+
+
+def test_measured_gpus_judge_the_flat_claim_partly():
+    """On Vidur's measured H100 (Llama-2-7B) and A100 (Llama-3-8B) linear layers the step at
+    B* costs 1.73x and 1.87x batch 1's where the datasheet roofline predicts 1.0: extra rows
+    are cheaper, not free (the rule that judges the live sweep); the knee (2x) lies past B*."""
+    from batching.book import gpu
+
+    curves = gpu.decode_curves()
+    assert set(curves) == {"h100", "a100"}
+    for c, (ratio, knee, bstar) in zip(curves.values(), [(1.73, 368, 295), (1.87, 232, 153)]):
+        assert c["pred_ratio_bstar"] == pytest.approx(1.0, abs=0.01)
+        assert c["ratio_bstar"] == pytest.approx(ratio, abs=0.01)
+        assert c["knee"] == knee and c["knee"] > c["bstar"] and round(c["bstar"]) == bstar
+        assert c["verdict"] is Claim.PARTLY
+        # The roofline of the same layers never lies above the measurement at any batch.
+        assert (c["roofline_ms"] <= c["measured_ms"]).all()
+    assert gpu.weakest([c["verdict"] for c in curves.values()]) is Claim.PARTLY
+    assert gpu.weakest([Claim.HOLDS, Claim.DOES_NOT_HOLD, Claim.PARTLY]) is Claim.DOES_NOT_HOLD
+    assert gpu.weakest([Claim.HOLDS]) is Claim.HOLDS
+    with pytest.raises(ValueError):
+        gpu.weakest([])
+
+
+def test_gpu_profile_records_list_every_committed_profile():
+    """The measured page's list: one record per derived profile, each loadable, each stream
+    below the datasheet, and a 70B model on two GPUs left far less KV room than on four."""
+    from batching.book import gpu
+
+    recs = gpu.profile_records()
+    assert [r["file"] for r in recs] == sorted(p.name for p in gpu.GPU_PROFILE_DIR.glob("*.json"))
+    assert len(recs) >= 8
+    for r in recs:
+        assert 0.5 < r["bandwidth_fraction"] < 1.0 and r["kv_tokens"] > 0 and r["tp"] in (1, 2, 4)
+    by = {r["file"]: r for r in recs}
+    assert by["h100-llama-2-70b-tp2.json"]["kv_tokens"] * 10 < by["h100-llama-2-70b-tp4.json"]["kv_tokens"]

@@ -175,3 +175,81 @@ def gpu_numbers(profiles: dict[str, str] | None = None) -> dict[str, dict[str, A
             "chunk_curve": chunk_curve(doc),
         }
     return out
+
+
+def decode_curves(profiles: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """For each GPU of :data:`BOOK_PROFILES`: the measured linear part of a decode step
+    against batch (``batch``, ``measured_ms``: Vidur's medians, one row per token count up to
+    :data:`DECODE_MAX`) beside the roofline of the same part on the datasheet (``roofline_ms``
+    = max(weight bytes / bandwidth, 2 FLOPs per weight per row / peak)), with B*, the knee
+    (the last batch within :data:`~batching.book.why.KNEE_FACTOR` of batch 1), the measured
+    and predicted ratios at B* (``ratio_bstar``, ``pred_ratio_bstar``) and the verdict on
+    "extra rows are nearly free until B*" (:func:`~batching.book.why.flat_verdict`, the
+    rule the live measurement is judged by)."""
+    from .why import flat_verdict
+
+    out: dict[str, dict[str, Any]] = {}
+    for gpu, name in (profiles or BOOK_PROFILES).items():
+        doc = load_gpu_profile(name)
+        cost = ProfileCost.from_dict(doc)
+        m, dev = cost.model, cost.device
+        tokens, lin = linear_part(doc)
+        keep = tokens <= DECODE_MAX
+        b, t = tokens[keep], lin[keep]
+        n = float(m.layers * m.layer_matmul_params) / cost.tp
+        peak = dev.peak(m.dtype)
+        roof = np.maximum(n * m.bytes_per_param / dev.bandwidth, 2.0 * n * b / peak) * 1e3
+        bstar = bstar_of(peak, dev.bandwidth, m.bytes_per_param)
+        nums = {
+            "bstar": bstar,
+            "knee": float(knee(b, t)),
+            "ratio_bstar": float(np.interp(bstar, b, t) / t[0]),
+            "pred_ratio_bstar": float(np.interp(bstar, b, roof) / roof[0]),
+        }
+        out[gpu] = {
+            "model": m.name,
+            "device": dev.name,
+            "batch": b,
+            "measured_ms": t,
+            "roofline_ms": roof,
+            **nums,
+            "verdict": flat_verdict(nums),
+        }
+    return out
+
+
+#: From the claim holding to its failing: the combined verdict of several GPUs is the weakest.
+_STRENGTH = {Claim.HOLDS: 2, Claim.PARTLY: 1, Claim.DOES_NOT_HOLD: 0}
+
+
+def weakest(verdicts: Sequence[Claim]) -> Claim:
+    """The weakest of ``verdicts`` (HOLDS > PARTLY > DOES_NOT_HOLD): a claim holds on the
+    measured GPUs only as far as it holds on each."""
+    if not verdicts:
+        raise ValueError("no verdicts to combine")
+    return min(verdicts, key=lambda v: _STRENGTH[v])
+
+
+def profile_records(directory: Path = GPU_PROFILE_DIR) -> list[dict[str, Any]]:
+    """One record per derived GPU profile (sorted by file name): its GPU, model, tensor
+    parallel degree, token range, the batch-1 weight stream's share of the datasheet
+    bandwidth, the KV tokens that fit beside the weights, and its source file's sha256
+    prefix, for the measured page's list."""
+    out = []
+    for path in sorted(directory.glob("*.json")):
+        doc = load_gpu_profile(path)
+        cost = ProfileCost.from_dict(doc, source=str(path))
+        meta, tokens = doc["meta"], doc["parts"]["tokens"]
+        out.append(
+            {
+                "file": path.name,
+                "device": cost.device.name,
+                "model": cost.model.name,
+                "tp": cost.tp,
+                "tokens_max": int(max(tokens)),
+                "bandwidth_fraction": float(meta["bandwidth"]["achieved_fraction"]),
+                "kv_tokens": int(cost.kv_capacity()),
+                "sha256": meta["source"]["files"][0]["sha256"][:12],
+            }
+        )
+    return out

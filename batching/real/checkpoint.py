@@ -19,6 +19,14 @@ from .model import Llama, ModelConfig
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
+#: The end-of-sequence id of :func:`save_hf_tokenizer`: inside the vocabulary, since a server
+#: may index the logits at it (vLLM's ``min_tokens`` masks its logit: an id of ``vocab`` is an
+#: IndexError that kills its engine), and in no prompt: ``runner.prompt_ids`` draws
+#: ``1..vocab-1`` (0 is also the padding id). Runs stop at each request's length
+#: (``ignore_eos``); greedy decoding may emit 0 as an ordinary token.
+EOS_ID = 0
+EOS_TOKEN = "<eos>"
+
 
 class CheckpointError(ValueError):
     """A checkpoint this engine cannot load (missing or unknown tensors, unsupported config)."""
@@ -37,7 +45,8 @@ def _safetensors_torch() -> Any:
 
 def hf_config(model: Llama) -> dict[str, Any]:
     """The ``config.json`` of ``model``: no EOS, BOS or padding ids (runs stop at each request's
-    length); ``batching_model``: the registry shape's name."""
+    length; :func:`save_hf_tokenizer` names EOS for servers that need one); ``batching_model``:
+    the registry shape's name."""
     cfg = model.cfg
     dtype = str(model.dtype).removeprefix("torch.")  # float32, bfloat16, ...
     return {
@@ -105,6 +114,23 @@ def save_hf_checkpoint(model: Llama, path: str | Path) -> Path:
     }
     st.save_file(weights, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     (out / CONFIG_FILE).write_text(json.dumps(hf_config(model), indent=2) + "\n")
+    return out
+
+
+def save_hf_tokenizer(path: str | Path, vocab: int) -> Path:
+    """Write a word-level tokenizer of ``vocab`` ids beside a checkpoint: id ``i`` is the word
+    ``t{i}`` (a prompt of N ids is N words, no BOS) and EOS (``<eos>``) is :data:`EOS_ID`; every
+    id is one of the model's logits. Needs ``transformers`` (``bench``)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"t{i}": i for i in range(vocab)}
+    del words[f"t{EOS_ID}"]
+    words[EOS_TOKEN] = EOS_ID
+    tok = Tokenizer(models.WordLevel(words, unk_token=EOS_TOKEN))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    out = Path(path)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN).save_pretrained(str(out))
     return out
 
 

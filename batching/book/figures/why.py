@@ -308,3 +308,47 @@ def profiles_figure(
     h1, l1 = axes[1].get_legend_handles_labels()
     fig.legend(h0 + h1, l0 + l1, loc="outside lower center", ncol=1, fontsize=7.5)
     return fig
+
+
+#: The measured GPUs' curves (colour-blind-safe, distinct from the roofline's black).
+MEASURED_GPU_COLORS: dict[str, str] = {"h100": "#0072B2", "a100": "#D55E00"}
+
+
+def measured_gpu_figure(curves: Mapping[str, Mapping[str, Any]]) -> Figure:
+    """The linear part of a decode step against batch on each measured GPU
+    (:func:`batching.book.gpu.decode_curves`), one panel each: Vidur's measured medians, the
+    datasheet roofline of the same part, B*, the ``KNEE_FACTOR`` x batch 1 line and the
+    knee (circled)."""
+    fig, axes = plt.subplots(1, len(curves), figsize=(WIDTH, 3.0), sharey=False)
+    axes = np.atleast_1d(axes)
+    for ax, (gpu, c) in zip(axes, curves.items()):
+        b, y, roof = c["batch"], c["measured_ms"], c["roofline_ms"]
+        col = MEASURED_GPU_COLORS.get(gpu, "#444444")
+        ax.plot(b, roof, label="roofline (datasheet)", **ROOF_STYLE["time"])
+        ax.plot(b, y, "o-", color=col, ms=3, lw=1.3, label="measured (Vidur)", zorder=4)
+        band = KNEE_FACTOR * float(y[0])
+        ax.axhline(band, color="#bbbbbb", lw=0.8, zorder=1)
+        note(
+            ax,
+            f"{KNEE_FACTOR:g}x batch 1",
+            (0.02, band),
+            (0, 1),
+            "y",
+            ha="left",
+            va="bottom",
+            fontsize=7,
+            color="#888888",
+            bbox=box(0.1),
+        )
+        k = c["knee"]
+        ky = float(y[list(b).index(k)])
+        ax.plot([k], [ky], "o", ms=10, mfc="none", mec="black", mew=1.2, zorder=5)
+        note(ax, f"knee: {k:.0f}", (k, ky), (7, -7), "data", ha="left", va="top", fontsize=7.5, bbox=box())
+        _bstar_line(ax, c["bstar"], y=0.97, left=True)
+        ax.set_ylim(0, max(float(y.max()), float(roof.max())) * 1.08)
+        _pow2_axis(ax, float(b.min()), float(b.max()))
+        ax.set_xlabel("batch (sequences per step, log scale)")
+        ax.set_title(f"{c['model']}, {c['device']}", fontsize=9)
+    axes[0].set_ylabel("linear layers per step (ms)")
+    axes[0].legend(loc="upper left", fontsize=7.5)
+    return fig

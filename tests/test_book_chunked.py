@@ -526,3 +526,85 @@ def test_capacity_numbers_by_hand():
     assert chunked.capacity_limits(cap, 50.0) == {"mix_itl_bound": True, "budget_same": True}
     cap = {"b2048_strict": 30.0, "b2048_relaxed": 39.0}  # no strict ITL at capacity: the queue
     assert chunked.capacity_limits(cap, 50.0) == {"mix_itl_bound": False, "budget_same": False}
+
+
+def test_capacity_ratio_is_chunked_at_budget_512_over_separate_prefill():
+    cap = {
+        "sep_strict": 11.2,
+        "b512_strict": 34.6,
+        "b2048_strict": 37.7,
+        "sep_relaxed": 26.7,
+        "b512_relaxed": 34.6,
+    }
+    assert chunked.capacity_ratio(cap) == pytest.approx(34.6 / 11.2)  # not budget 2,048's
+    assert chunked.capacity_ratio(cap, "relaxed") == pytest.approx(34.6 / 26.7)
+    assert chunked.capacity_ratio({"sep_strict": 0.0, "b512_strict": 1.0}) == math.inf
+    assert chunked.SARATHI_SERVE_RATIO == 2.6  # Agrawal et al., OSDI 2024: Mistral-7B, one A100
+    assert set(chunked.RATIO_CONFIGS) <= set(chunked.CAPACITY_TAGS)
+    rows, header = chunked.ratio_rows(
+        {
+            "roofline, H100-SXM": {"strict_ms": 49.55, "sep_strict": 11.21, "b512_strict": 34.58},
+            "measured, A100-SXM": {"strict_ms": 119.44, "sep_strict": 2.8, "b512_strict": 6.11},
+        }
+    )
+    assert header == ["", "roofline, H100-SXM", "measured, A100-SXM"]
+    assert rows == [
+        ["continuous, separate prefill (req/s)", "11.2", "2.8"],
+        ["chunked, budget 512 (req/s)", "34.6", "6.1"],
+    ]
+
+
+def test_strict_slo_of_a_roofline_and_of_vidurs_measured_a100():
+    from batching.book import capacity, gpu
+    from batching.costs import get_cost_model
+
+    assert chunked.strict_slo_ms(H100_8B) == pytest.approx(capacity.slos(H100_8B)["strict_ms"], rel=1e-12)
+    # The A100 profile: 32 decodes at 4,096 tokens take 23.9 ms (linear layers measured, KV
+    # at the measured batch-1 bandwidth), so the strict SLO is 5 x that = 119 ms.
+    a100 = get_cost_model("llama-8b", "a100", profile=str(gpu.GPU_PROFILE_DIR / gpu.BOOK_PROFILES["a100"]))
+    assert chunked.strict_slo_ms(a100) == pytest.approx(119.4, abs=0.1)
+
+
+def test_ratio_capacity_runs_the_two_configurations_at_the_strict_slo_only():
+    w = synthetic(
+        80,
+        4.0,
+        LogNormal(median=600, sigma=0.9, lo=8, hi=3000),
+        LogNormal(median=60, sigma=1.0, lo=2, hi=400),
+        seed=5,
+    )
+    r = chunked.ratio_capacity(w, H100_8B, iters=2)
+    assert {k for k in r if not k.endswith("_itl_ms")} == {"sep_strict", "b512_strict", "strict_ms", "ratio"}
+    assert r["strict_ms"] == pytest.approx(chunked.strict_slo_ms(H100_8B))
+    assert r["ratio"] == pytest.approx(r["b512_strict"] / r["sep_strict"]) and r["ratio"] >= 1
+
+
+def test_chunk_cost_figure_draws_each_gpu_with_its_dot_at_the_chunk():
+    curves = {
+        "GPU A": {"tokens": np.array([128.0, 256, 512, 1024]), "ratio_floor": np.array([2.5, 1.8, 1.2, 1.0])},
+        "GPU B": {"tokens": np.array([128.0, 256, 512, 1024]), "ratio_floor": np.array([1.6, 1.2, 1.0, 1.1])},
+    }
+    fig = figures.chunked.chunk_cost_figure(curves, 512, 1.10, 1.25)
+    ax = fig.axes[0]
+    dots = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]
+    assert [tuple(d.get_xydata()[0]) for d in dots] == [(512.0, 1.2), (512.0, 1.0)]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[:2] == ["GPU A", "GPU B"] and "within 10% of the cheapest" in labels
+    lo, hi = ax.get_ylim()
+    assert lo < 1.0 and hi > 2.5
+    matplotlib.pyplot.close(fig)
+
+
+def test_chunked_prefill_more_than_doubles_separate_prefills_capacity_on_the_measured_a100():
+    """7.3's measured-GPU capacity, on the smoke slice (300 conversations): chunked prefill at
+    budget 512 sustains over twice separate prefill's rate at the A100's strict SLO (the full
+    page: 2.2x measured, 3.0x on the H100 roofline, 2.6x published)."""
+    from batching.book import common, gpu
+    from batching.costs import get_cost_model
+
+    a100 = get_cost_model("llama-8b", "a100", profile=str(gpu.GPU_PROFILE_DIR / gpu.BOOK_PROFILES["a100"]))
+    conv = common.trace_workload("azure-conv", limit=300, max_context=a100.model.max_context)
+    r = chunked.ratio_capacity(conv, a100, iters=3)
+    assert r["strict_ms"] == pytest.approx(119.4, abs=0.1)
+    assert r["sep_strict_itl_ms"] <= r["strict_ms"] and r["b512_strict_itl_ms"] <= r["strict_ms"]
+    assert 2.0 < r["ratio"] < 4.0

@@ -4,6 +4,7 @@ hand-made curves."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from batching.book import gpu
@@ -71,3 +72,21 @@ def test_per_token_cost_against_chunk_size_and_the_fill_verdict():
     assert set(both) == {"h100", "a100"}
     assert both["h100"]["fill"] is Claim.PARTLY and both["a100"]["fill"] is Claim.HOLDS
     assert both["a100"]["chunks"] == a
+
+
+def test_chunk_curve_is_the_per_token_cost_over_the_whole_profiles_cheapest():
+    """The figure's curves: 128 to 4,096 tokens, never below the cheapest (1x), and at 512
+    tokens the ratio the verdict reads (H100 1.19x, A100 1.04x)."""
+    for g, r512 in (("h100", 1.19), ("a100", 1.036)):
+        doc = gpu.load_gpu_profile(gpu.BOOK_PROFILES[g])
+        c, n = gpu.chunk_curve(doc), gpu.chunk_numbers(doc)
+        assert c["tokens"][0] == 128 and c["tokens"][-1] == 4096
+        assert c["ratio_floor"].min() >= 1.0 - 1e-12
+        assert c["per_token_us"] == pytest.approx(c["ratio_floor"] * n["floor_us"])
+        i = int(np.flatnonzero(c["tokens"] == 512)[0])
+        assert c["ratio_floor"][i] == pytest.approx(n["ratio_floor"][512]) == pytest.approx(r512, abs=0.005)
+    # The H100's cheapest token is inside the curve (2,048); the A100's (3,328) too.
+    assert gpu.chunk_curve(doc)["ratio_floor"].min() == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        gpu.chunk_curve(doc, lo=10**6, hi=2 * 10**6)
+    assert set(gpu.gpu_numbers()["a100"]["chunk_curve"]) == {"tokens", "per_token_us", "ratio_floor"}

@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 
 from ..engine import RunResult
+from ..plan import StepWork
 from ..workloads import Workload
+from .capacity import CONFIGS, SLO_BATCH, SLO_CONTEXT, STRICT_X, capacity_table
 from .common import at, columns, flat, metrics, simulate, step_work
 
 
@@ -371,3 +373,51 @@ def capacity_limits(cap: Mapping[str, float], strict_ms: float) -> dict[str, boo
         "mix_itl_bound": cap.get("mix_strict_itl_ms", 0.0) > 0.9 * strict_ms,
         "budget_same": abs(cap["b2048_relaxed"] / max(cap["b2048_strict"], 1e-9) - 1) < 0.02,
     }
+
+
+#: Sarathi-Serve's published capacity gain over vLLM (which paused decodes for each prefill:
+#: separate prefill here) for Mistral-7B on one A100 at its strict SLO, with a 512-token
+#: budget (Agrawal et al., "Taming Throughput-Latency Tradeoff in LLM Inference with
+#: Sarathi-Serve", OSDI 2024).
+SARATHI_SERVE_RATIO = 2.6
+#: The two configurations that ratio compares, in :data:`CAPACITY_TAGS`' names: chunked
+#: prefill at Sarathi-Serve's strict-SLO budget over separate prefill.
+RATIO_CONFIGS: tuple[str, str] = ("chunked, budget 512", "continuous, separate prefill")
+
+
+def strict_slo_ms(cost: Any, batch: int = SLO_BATCH, ctx: int = SLO_CONTEXT) -> float:
+    """The strict p99 ITL SLO (ms) of :mod:`~batching.book.capacity` for any cost model with a
+    ``step_time`` (a roofline or a measured profile): :data:`STRICT_X` x a decode step of
+    ``batch`` rows at ``ctx`` KV tokens each."""
+    return STRICT_X * float(cost.step_time(StepWork(decode_rows=batch, decode_ctx=batch * ctx))) * 1e3
+
+
+def ratio_capacity(workload: Workload, cost: Any, **options: Any) -> dict[str, float]:
+    """Capacity (req/s) of the two :data:`RATIO_CONFIGS` at the strict SLO only (the ratio's
+    runs, no more): :func:`capacity_numbers` of them, ``strict_ms`` and ``ratio`` (see
+    :func:`capacity_ratio`). ``options`` go to :func:`~batching.book.capacity.capacity_table`."""
+    slo = strict_slo_ms(cost)
+    configs = {k: CONFIGS[k] for k in RATIO_CONFIGS}
+    cap = capacity_numbers(capacity_table(workload, cost, configs, {"strict": slo}, **options))
+    return {**cap, "strict_ms": slo, "ratio": capacity_ratio(cap)}
+
+
+def capacity_ratio(cap: Mapping[str, float], slo: str = "strict") -> float:
+    """Chunked prefill's capacity over separate prefill's (:data:`RATIO_CONFIGS`) at ``slo``,
+    from :func:`capacity_numbers`; ``math.inf`` where separate prefill met no rate."""
+    num, den = (f"{CAPACITY_TAGS[c]}_{slo}" for c in RATIO_CONFIGS)
+    return cap[num] / cap[den] if cap[den] > 0 else math.inf
+
+
+#: Row labels of the page's capacity comparison (:func:`ratio_rows`), by glue key.
+RATIO_ROWS: dict[str, str] = {
+    "sep_strict": "continuous, separate prefill (req/s)",
+    "b512_strict": "chunked, budget 512 (req/s)",
+}
+
+
+def ratio_rows(columns: Mapping[str, Mapping[str, float]]) -> tuple[list[list[str]], list[str]]:
+    """The page's table of :func:`ratio_capacity` results at the strict SLO, one column per
+    ``{label: numbers}`` and one row per :data:`RATIO_ROWS`. Returns ``(rows, header)``."""
+    rows = [[label, *(f"{c[k]:.1f}" for c in columns.values())] for k, label in RATIO_ROWS.items()]
+    return rows, ["", *columns]

@@ -40,6 +40,8 @@ DECODE_MAX = 1024
 #: per-token cost the table measured (any chunk size); PARTLY up to :data:`FILL_PARTLY`.
 FILL_TOL = 1.10
 FILL_PARTLY = 1.25
+#: The token counts :func:`chunk_curve` draws (the H100 tables end at 4,096).
+CURVE_MIN, CURVE_MAX = 128, 4096
 
 
 def load_gpu_profile(name: str | Path) -> dict[str, Any]:
@@ -136,6 +138,18 @@ def chunk_numbers(doc: dict[str, Any], chunks: Sequence[int] = CHUNKS) -> dict[s
     }
 
 
+def chunk_curve(doc: dict[str, Any], lo: int = CURVE_MIN, hi: int = CURVE_MAX) -> dict[str, np.ndarray]:
+    """The linear layers' per-token cost (us) of a prefill chunk at every measured token count
+    from ``lo`` to ``hi`` (``tokens``, ``per_token_us``) and its ratio to the cheapest over the
+    whole profile (``ratio_floor``, as :func:`chunk_numbers`' ``floor_us``): the page's figure."""
+    tokens, lin = linear_part(doc)
+    per = lin / tokens * 1e3
+    keep = (tokens >= lo) & (tokens <= hi)
+    if not keep.any():
+        raise ValueError(f"lo={lo}, hi={hi}: no measured token count between them")
+    return {"tokens": tokens[keep], "per_token_us": per[keep], "ratio_floor": per[keep] / float(per.min())}
+
+
 def fill_verdict(numbers: dict[str, Any], chunk: int = 512) -> Claim:
     """The claim "a ``chunk``-token chunk fills the GPU" on :func:`chunk_numbers`: HOLDS when a
     token of it costs within :data:`FILL_TOL` of the cheapest per-token cost, PARTLY within
@@ -148,12 +162,18 @@ def fill_verdict(numbers: dict[str, Any], chunk: int = 512) -> Claim:
 
 def gpu_numbers(profiles: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """:func:`decode_numbers` and :func:`chunk_numbers` (``chunks``) with the 512-token
-    verdict (``fill``) for each GPU of :data:`BOOK_PROFILES`."""
+    verdict (``fill``) and :func:`chunk_curve` (``chunk_curve``) for each GPU of
+    :data:`BOOK_PROFILES`."""
     out: dict[str, dict[str, Any]] = {}
     for gpu, name in (profiles or BOOK_PROFILES).items():
         doc = load_gpu_profile(name)
         ch = chunk_numbers(doc)
-        out[gpu] = {**decode_numbers(doc), "chunks": ch, "fill": fill_verdict(ch)}
+        out[gpu] = {
+            **decode_numbers(doc),
+            "chunks": ch,
+            "fill": fill_verdict(ch),
+            "chunk_curve": chunk_curve(doc),
+        }
     return out
 
 

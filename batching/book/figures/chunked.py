@@ -207,3 +207,31 @@ def chunk_tradeoff_figure(sweeps: Mapping[str, Mapping[str, np.ndarray]]) -> Fig
     ax.legend(loc="upper right", ncol=max(1, len(sweeps)), fontsize=7.5)  # one column per load
     drop_overlapping(fig, labels, avoid=points)
     return fig
+
+
+def chunk_cost_figure(
+    curves: Mapping[str, Mapping[str, np.ndarray]], chunk: int, tol: float, partly: float
+) -> Figure:
+    """7.3, measured GPUs: each ``{label: gpu.chunk_curve(...)}``'s per-token linear-layer cost
+    over its cheapest, against the chunk size (log 2 x); shaded: within ``tol`` of the cheapest,
+    dashed: ``partly``; dotted: the ``chunk`` the page argues for, with each curve's point there."""
+    fig, ax = plt.subplots(figsize=(WIDTH, 2.8))
+    hi = 1.0
+    for i, (label, c) in enumerate(curves.items()):
+        col = SOURCE_COLORS[(i + 2) % len(SOURCE_COLORS)]
+        x, r = np.asarray(c["tokens"], dtype=float), np.asarray(c["ratio_floor"], dtype=float)
+        ax.plot(x, r, "-", color=col, lw=1.6, label=label)
+        ax.plot([chunk], [np.interp(chunk, x, r)], "o", color=col, ms=5, zorder=5)
+        hi = max(hi, float(r.max()))
+    ax.axhspan(1.0, tol, color="#dddddd", zorder=0, lw=0, label=f"within {tol - 1:.0%} of the cheapest")
+    ax.axhline(partly, color="#999999", ls="--", lw=0.9, label=f"within {partly - 1:.0%}")
+    ax.axvline(chunk, color="#999999", ls=":", lw=1)
+    ticks = [t for t in (1.0, partly, 1.5, 2.0, 2.5, 3.0) if t <= hi * 1.05]
+    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.set_ylim(0.95, hi * 1.05)
+    xs = np.concatenate([np.asarray(c["tokens"], dtype=float) for c in curves.values()])
+    _chunk_x(ax, [2.0**k for k in range(int(np.log2(xs.min())), int(np.log2(xs.max())) + 1)])
+    ax.set_ylabel("per-token cost of the\nlinear layers / cheapest")
+    ax.legend(loc="upper right", fontsize=8)
+    return fig

@@ -349,7 +349,7 @@ def test_vllm_bench_serve_timed_trace_sends_at_the_trace_timestamps(vllm_server,
         assert (r["usage_prompt"], r["usage_output"]) == (want.prompt_len, want.output_len)
         assert r["arrival"] == pytest.approx(want.arrival)  # due at its row's timestamp
     late = [r["lateness"] for r in reqs]
-    assert min(late) == 0.0 and max(late) < LATE_S, late
+    assert 0.0 <= min(late) < 0.005 and max(late) < LATE_S, late  # the least late: its queue wait only
     # Each gap between sends is the trace's gap, up to the two requests' lateness.
     sends = [r["sent"] for r in reqs]
     off = [float(g) for g in abs(np.diff(sends) - np.diff(w.arrivals))]

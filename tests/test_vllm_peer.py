@@ -235,19 +235,28 @@ def _bench_serve(server: Server, flags: list[str], result: Path) -> tuple[dict[s
     return json.loads(result.read_text()), wall
 
 
-def _assert_vllms_numbers(doc: dict[str, Any], theirs: dict[str, Any], n: int) -> None:
+def _assert_vllms_numbers(doc: dict[str, Any], theirs: dict[str, Any], n: int) -> int:
     """The imported summary states vLLM's own statistics: completed, mean TTFT (from the send,
-    vLLM's origin), mean ITL (its gaps between chunks; one token per chunk here, so also the
-    per-token ITL) and mean TPOT, to 0.01 ms."""
+    vLLM's origin), mean ITL (its gaps between chunks) and mean TPOT, to 0.01 ms. A busy
+    server streams two tokens in one chunk now and then (its output collector merges what the
+    client has not read yet): such a request is counted as bundled, as its ITL list in vLLM's
+    file says, and leaves only the per-token ITL, which then differs from vLLM's per-chunk one.
+    Returns how many were bundled."""
     s = doc["summary"]
     assert s["completed"] == theirs["completed"] == n and theirs["failed"] == 0
-    assert s["excluded"]["ttft"] == {} and s["excluded"]["itl"] == {}
+    pairs = list(zip(theirs["itls"], theirs["output_lens"]))
+    bundled = sum(len(itl) < out - 1 for itl, out in pairs)
+    one = sum(out <= 1 for _, out in pairs)
+    want = {k: v for k, v in (("bundled", bundled), ("one_output_token", one)) if v}
+    assert s["excluded"]["ttft"] == {} and s["excluded"]["itl"] == want
     ms = lambda x: 1e3 * x
     assert ms(s["ttft_from_send"]["mean"]) == pytest.approx(theirs["mean_ttft_ms"], abs=0.01)
     assert ms(s["itl_chunks"]["mean"]) == pytest.approx(theirs["mean_itl_ms"], abs=0.01)
-    assert ms(s["itl"]["mean"]) == pytest.approx(theirs["mean_itl_ms"], abs=0.01)
+    if not bundled:  # one token per chunk: the per-token ITL is vLLM's too
+        assert ms(s["itl"]["mean"]) == pytest.approx(theirs["mean_itl_ms"], abs=0.01)
     assert ms(s["tpot"]["mean"]) == pytest.approx(theirs["mean_tpot_ms"], abs=0.01)
     assert s["duration_s"] == theirs["duration"]
+    return bundled
 
 
 @pytest.mark.slow
@@ -315,9 +324,14 @@ def test_vllm_bench_serve_custom_dataset_imports_with_vllms_numbers(vllm_server,
     for r, want in zip(reqs, w.requests):
         assert (r["prompt_len"], r["output_len"]) == (want.prompt_len, want.output_len)
         assert (r["usage_prompt"], r["usage_output"]) == (want.prompt_len, want.output_len)
-        assert r["token_times_exact"] and len(r["token_times"]) == want.output_len
-    _assert_vllms_numbers(doc, theirs, len(w))
-    print(f"vllm bench serve (custom, {len(w)} requests) {wall:.1f} s, its run {theirs['duration']:.2f} s")
+        assert r["chunks"] <= want.output_len
+        assert not r["token_times_exact"] or len(r["token_times"]) == want.output_len
+    bundled = _assert_vllms_numbers(doc, theirs, len(w))
+    assert sum(not r["token_times_exact"] for r in reqs) == bundled
+    print(
+        f"vllm bench serve (custom, {len(w)} requests) {wall:.1f} s, its run {theirs['duration']:.2f} s, "
+        f"{bundled} streamed several tokens in a chunk"
+    )
 
 
 @pytest.mark.slow
@@ -355,9 +369,10 @@ def test_vllm_bench_serve_timed_trace_sends_at_the_trace_timestamps(vllm_server,
     off = [float(g) for g in abs(np.diff(sends) - np.diff(w.arrivals))]
     assert max(off) < LATE_S, off
     assert sends[-1] - sends[0] == pytest.approx(w.duration, abs=LATE_S)
-    _assert_vllms_numbers(doc, theirs, len(w))
+    bundled = _assert_vllms_numbers(doc, theirs, len(w))
     lat = doc["summary"]["dispatch_lateness"]
     print(
         f"vllm bench serve (timed_trace, {len(w)} requests over {w.duration:.2f} s) {wall:.1f} s, its run "
-        f"{theirs['duration']:.2f} s; sent late by p50 {1e3 * lat['p50']:.1f} ms, max {1e3 * lat['max']:.1f} ms"
+        f"{theirs['duration']:.2f} s; sent late by p50 {1e3 * lat['p50']:.1f} ms, max {1e3 * lat['max']:.1f} ms; "
+        f"{bundled} streamed several tokens in a chunk"
     )

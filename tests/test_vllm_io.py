@@ -281,10 +281,44 @@ def test_export_timed_trace(tmp_path, capsys):
         "--save-detailed",
     ):
         assert f in flags
-    assert "vllm bench serve --backend openai --dataset-name timed_trace" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "vllm bench serve --backend openai --dataset-name timed_trace" in printed
+    assert "import-vllm RESULT.json (these workload options) --self-timed" in printed
     assert main(["export", "--format", "vllm-timed-trace", *args, "--block-size", "64"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [len(r["hash_ids"]) for r in rows] == [math.ceil(p / 64) for p in w.prompt_lens]
     capsys.readouterr()
     assert main(["export", "--format", "vllm-timed-trace", *args, "--block-size", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --block-size=0: must be >= 1"
+
+
+def test_import_self_timed_measures_vllms_lateness_past_the_trace(tmp_path, capsys):
+    # vLLM's --self-timed run of a timed_trace export: rows due at 0, 0.5 and 1.0 s; its client
+    # released them 0, 20 and 3 ms late (start_times less queue_times) and sent them 0.1 ms
+    # after. Without --self-timed the arrival is the release, so lateness reads only the 0.1 ms
+    # queue wait; with it the arrival is the row's timestamp and lateness is vLLM's own.
+    from batching.servers.vllm_io import VllmFormatError, import_result
+
+    res = vllm_result()
+    res.update(start_times=[1000.0001, 1000.5201, 1001.0031], queue_times=[0.0001] * 3, request_rate="inf")
+    w = Workload.from_arrays([10.0, 10.5, 11.0], [10, 20, 30], [3, 1, 3], name="tt")
+    plain, _, _, _ = import_result(res, w)
+    assert [r.sent - r.arrival for r in plain] == pytest.approx([0.0001] * 3)
+    timed, _, _, how = import_result(res, w, self_timed=True)
+    assert [r.arrival for r in timed] == [10.0, 10.5, 11.0] and "--self-timed" in how
+    assert [r.sent - r.arrival for r in timed] == pytest.approx([0.0001, 0.0201, 0.0031])
+    with pytest.raises(ValueError, match="give the exported workload"):
+        import_result(res, None, self_timed=True)
+    del res["start_times"]
+    with pytest.raises(VllmFormatError, match="no start_times"):
+        import_result(res, w, self_timed=True)
+    src, out = tmp_path / "v.json", tmp_path / "r.json"
+    res = vllm_result()
+    src.write_text(json.dumps(res))
+    assert main(["import-vllm", str(src), "--self-timed"]) == 2
+    assert "--self-timed: give the exported workload" in capsys.readouterr().err
+    args = ["import-vllm", str(src), "--preset", "chat-rag", "-n", "3", "--self-timed", "--out", str(out)]
+    assert main(args) == 0
+    doc = json.loads(out.read_text())
+    assert doc["config"]["self_timed"] is True and "--self-timed" in doc["config"]["arrivals"]
+    assert doc["summary"]["dispatch_lateness"]["p50"] is not None

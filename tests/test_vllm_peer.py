@@ -8,15 +8,10 @@ vllm``); without it these tests are skipped, all but the tokenizer's."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +27,11 @@ from batching.costs.models import get_model
 from batching.real.checkpoint import EOS_ID, save_hf_checkpoint, save_hf_tokenizer
 from batching.real.model import Llama, ModelConfig
 from batching.real.runner import prompt_ids
+from batching.servers import vllm_serve
 
 ROOT = Path(__file__).resolve().parent.parent
-VLLM_PY = ROOT / ".vllm-venv" / "bin" / "python"
-HAVE_VLLM = (ROOT / ".vllm-venv" / ".installed-vllm").is_file()
+VLLM_PY = vllm_serve.VLLM_PY
+HAVE_VLLM = vllm_serve.have_vllm()
 
 pytestmark = pytest.mark.model
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="needs vLLM's environment, .vllm-venv: run `make vllm`")
@@ -72,36 +68,6 @@ def checkpoint(tmp_path_factory) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _stop_group(proc: subprocess.Popen[Any]) -> None:
-    """SIGTERM to the server's process group (its engine process included), SIGKILL after 15 s."""
-    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(wait_s)
-        deadline = time.monotonic() + wait_s
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if proc.poll() is not None and not _group_alive(proc.pid):
-            return
-
-
 @pytest.mark.slow
 @needs_vllm
 def test_vllm_offline_tokens_equal_this_engines(checkpoint, tmp_path) -> None:
@@ -127,63 +93,18 @@ def test_vllm_offline_tokens_equal_this_engines(checkpoint, tmp_path) -> None:
     assert [len(ours["tokens"][rid]) for rid, _, _ in reqs] == [o for _, _, o in reqs]
 
 
-def _vllm_env() -> dict[str, str]:
-    """vLLM's processes' environment: its CPU KV cache in GB, two unbound threads, offline."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    env.update(
-        VLLM_CPU_KVCACHE_SPACE="1",  # GB
-        VLLM_CPU_OMP_THREADS_BIND="nobind",
-        OMP_NUM_THREADS="2",
-        VLLM_NO_USAGE_STATS="1",
-        DO_NOT_TRACK="1",
-        HF_HUB_OFFLINE="1",
-    )
-    return env
-
-
-@dataclass
-class Server:
-    url: str  # the OpenAI API's base, http://127.0.0.1:PORT/v1
-    checkpoint: Path
-    startup_s: float
-
-
 @pytest.fixture(scope="module")
 def vllm_server(checkpoint, tmp_path_factory):
-    """vLLM's OpenAI server on cpu-s on a free loopback port, started once for the module's
-    tests; at the end its process group (the engine's process included) is stopped and
-    checked gone."""
-    import httpx
-
-    port, log = _free_port(), tmp_path_factory.mktemp("vllm-server") / "vllm-server.log"
-    cmd = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint)]
-    cmd += ["--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8"]
-    cmd += ["--max-num-batched-tokens", "512", "--no-enable-prefix-caching", "--seed", "0"]
-    url = f"http://127.0.0.1:{port}/v1"
-    t0 = time.monotonic()
-    with log.open("wb") as f:
-        proc = subprocess.Popen(
-            cmd, stdout=f, stderr=subprocess.STDOUT, env=_vllm_env(), start_new_session=True
-        )
+    """vLLM's OpenAI server on cpu-s on a free loopback port (batching.servers.vllm_serve),
+    started once for the module's tests; at the end its process group (the engine's process
+    included) is stopped and checked gone."""
+    log = tmp_path_factory.mktemp("vllm-server") / "vllm-server.log"
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM's server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/models", timeout=2.0).status_code == 200:
-                    break
-            if time.monotonic() - t0 > STARTUP_S:
-                pytest.fail(
-                    f"vLLM's server did not answer within {STARTUP_S:g} s:\n{log.read_text()[-3000:]}"
-                )
-            time.sleep(0.5)
-        startup_s = time.monotonic() - t0
-        print(f"vLLM server up in {startup_s:.1f} s")
-        yield Server(url, checkpoint, startup_s)
-    finally:
-        _stop_group(proc)
-    assert proc.poll() is not None and not _group_alive(proc.pid), "a vLLM process outlived the tests"
+        with vllm_serve.vllm_serve(checkpoint, model=MODEL, log=log, startup_s=STARTUP_S) as srv:
+            print(f"vLLM server up in {srv.startup_s:.1f} s")
+            yield srv
+    except RuntimeError as e:
+        pytest.fail(f"{e}:\n{log.read_text()[-3000:]}")
 
 
 def _run(
@@ -203,7 +124,7 @@ def _run(
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _stop_group(proc)
+        vllm_serve.stop(proc)
         out, err = proc.communicate()
         pytest.fail(f"{cmd[:4]} ran past {timeout_s:g} s:\n{(out + err)[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
@@ -221,7 +142,7 @@ def _printed_flags(stdout: str) -> list[str]:
     return line.split()[3:]
 
 
-def _bench_serve(server: Server, flags: list[str], result: Path) -> tuple[dict[str, Any], float]:
+def _bench_serve(server: vllm_serve.Server, flags: list[str], result: Path) -> tuple[dict[str, Any], float]:
     """The real ``vllm bench serve`` (.vllm-venv) against ``server`` with ``flags`` as export
     printed them, plus where to reach it and the checkpoint's tokenizer; its result JSON."""
     cmd = [str(VLLM_PY.parent / "vllm"), "bench", "serve", *flags]
@@ -229,7 +150,7 @@ def _bench_serve(server: Server, flags: list[str], result: Path) -> tuple[dict[s
     cmd += ["--tokenizer", str(server.checkpoint), "--disable-tqdm"]
     cmd += ["--result-dir", str(result.parent), "--result-filename", result.name]
     t0 = time.monotonic()
-    p = _run(cmd, 300, env=_vllm_env())
+    p = _run(cmd, 300, env=vllm_serve.vllm_env())
     wall = time.monotonic() - t0
     assert p.returncode == 0 and result.is_file(), (p.stdout + p.stderr)[-3000:]
     return json.loads(result.read_text()), wall

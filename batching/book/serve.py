@@ -25,8 +25,10 @@ PROFILE = PROFILE_DIR / "cpu-here-cpu-s.json"
 
 #: The columns of the section's table, all from a results file's summary (seconds, tok/s).
 COLUMNS = ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2e_p50", "e2e_p99", "output_throughput")
-#: Rows in table order: the prediction, this engine's two schedulers, the server, a live run.
-ROWS = ("simulated", "ours-continuous", "ours-chunked", "hf-serve", "live")
+#: Rows in table order: the prediction, this engine's two schedulers, the servers, a live run.
+ROWS = ("simulated", "ours-continuous", "ours-chunked", "hf-serve", "vllm-serve", "live")
+#: The benchmark's modes a results file may hold (``vllm-serve`` only where vLLM was built).
+MODES = ("ours-continuous", "ours-chunked", "hf-serve", "vllm-serve")
 #: Throughputs within this fraction of each other count as the same (run-to-run noise here).
 SAME = 0.05
 
@@ -115,20 +117,25 @@ def numbers(
     w = slice_workload(doc)
     cost = ProfileCost.from_json(str(profile or PROFILE))
     rows["simulated"] = simulated_row(w, int(doc["modes_config"]["ours-continuous"]["slots"]), cost)
-    for m in ("ours-continuous", "ours-chunked", "hf-serve"):
-        rows[m] = {c: med[m][c] for c in COLUMNS}
+    for m in MODES:
+        if m in med:
+            rows[m] = {c: med[m][c] for c in COLUMNS}
     live_info = None
     if live:
         lw = w if not smoke else Workload.from_arrays(w.arrivals[:8], w.prompt_lens[:8], w.output_lens[:8])
         model = "tiny" if smoke else "cpu-s"
         rows["live"], live_info = live_row(lw, server_url, served_model, model=model)
-    ours, hf = rows["ours-continuous"], rows["hf-serve"]
+    ours, hf, vl = rows["ours-continuous"], rows["hf-serve"], rows.get("vllm-serve")
     max_load = max(x["loadavg_1m"] for v in doc["rounds"].values() for x in v)
     ran_on, profiled_on = machine_of(doc), machine_of(cost.meta)
     return {
         "rows": rows,
         "server_over_ours": {k: _ratio(hf[k], ours[k]) for k in COLUMNS},
         "server_slower_e2e": _less(ours["e2e_p50"], hf["e2e_p50"]),
+        # vLLM against this engine's chunked run: the same slots and token budget.
+        "vllm_over_chunked": None
+        if vl is None
+        else {k: _ratio(vl[k], rows["ours-chunked"][k]) for k in COLUMNS},
         # Both kept up with the arrivals: throughput is the offered load, not a capacity.
         "same_throughput": _near(hf["output_throughput"], ours["output_throughput"], SAME),
         "requests": len(w),

@@ -50,6 +50,15 @@ if NOTEBOOKS:
         meta = json.loads(executed.read_text())["metadata"]["papermill"]
         assert meta["parameters"] == SMOKE and not meta.get("exception"), meta
         assert (smoke_book / "chapters" / f"{nb.stem}.html").is_file()
+        # A warning or log line on stderr would be printed on the page for the reader.
+        cells = json.loads(executed.read_text())["cells"]
+        stderr = [
+            "".join(o["text"])[:200]
+            for c in cells
+            for o in c.get("outputs", [])
+            if o.get("output_type") == "stream" and o.get("name") == "stderr"
+        ]
+        assert not stderr, stderr
 
 
 def _external_refs(html: Path) -> list[str]:

@@ -20,3 +20,10 @@ Utilization means two different things here (``shared/notes/conventions.md``): s
 utilization (output tokens kept / (slots x steps)) and hardware utilization (achieved FLOP/s
 or bytes/s over the device's peak, padding and dead rows included).
 """
+
+import warnings
+
+# huggingface_hub imports tqdm.auto, which warns in a Jupyter kernel without ipywidgets
+# ("IProgress not found"); the pages are static HTML, where a widget could not render
+# anyway, and the warning would be printed on the page.
+warnings.filterwarnings("ignore", message="IProgress not found")

@@ -23,7 +23,8 @@ Each mode runs in its own process (``--worker MODE``), the order of modes rotate
 round to round, and each mode reports tokens/s = output tokens / wall time from the first
 request submitted to the last token (model loading and one small warm-up request
 excluded, for both engines). Greedy tokens are compared request by request between the
-engines. Writes ``benchmarks/results/peer-cpu-here-<model>.json``.
+engines. Writes ``benchmarks/results/peer-cpu-here-<model>.json`` (``--dtype bf16``:
+``peer-cpu-here-<model>-bf16.json``; every engine casts the same fp32 checkpoint on load).
 
     flock /tmp/cpu.lock .venv/bin/python benchmarks/bench_peer.py
     .venv/bin/python benchmarks/bench_peer.py --quick      # smoke: tiny model, 8 requests, 1 round
@@ -58,6 +59,14 @@ VLLM_PY = VLLM_VENV / "bin" / "python"
 VLLM_STAMP = VLLM_VENV / ".installed-vllm"  # written by `make vllm` once the environment works
 VLLM_KV_GB = 1  # VLLM_CPU_KVCACHE_SPACE: cpu-s holds 8 KiB per token, so 1 GB is ~130k tokens
 GOAL = 1.5  # this engine's tokens/s over transformers' continuous batching (issue 3)
+#: --dtype: each engine's name for it (this engine and transformers take the torch dtype).
+DTYPES = {"fp32": ("float32", "float32"), "bf16": ("bfloat16", "bfloat16")}
+
+
+def torch_dtype(spec: dict[str, Any]) -> Any:
+    import torch
+
+    return getattr(torch, DTYPES[spec.get("dtype", "fp32")][0])
 
 
 # ---------------------------------------------------------------------------- workload
@@ -119,7 +128,7 @@ def _setup_torch(threads: int):
 
 
 def worker_ours(mode: str, spec: dict[str, Any]) -> dict[str, Any]:
-    torch = _setup_torch(spec["threads"])
+    _setup_torch(spec["threads"])
     from batching.engine import run
     from batching.real.checkpoint import load_hf_checkpoint
     from batching.real.executor import RealExecutor
@@ -130,7 +139,7 @@ def worker_ours(mode: str, spec: dict[str, Any]) -> dict[str, Any]:
     reqs = spec["requests"]
     max_len = max(p + o for _, p, o in reqs)
     t = time.perf_counter()
-    model = load_hf_checkpoint(spec["checkpoint"], "cpu", torch.float32)
+    model = load_hf_checkpoint(spec["checkpoint"], "cpu", torch_dtype(spec))
     runner = ModelRunner(model, spec["slots"], max_len=max_len, seed=spec["seed"])
     load_s = time.perf_counter() - t
     ex = RealExecutor(runner)  # one small untimed warm-up step
@@ -164,7 +173,7 @@ def _hf_model(spec: dict[str, Any]):
 
     transformers.logging.set_verbosity_error()
     t = time.perf_counter()
-    model = transformers.LlamaForCausalLM.from_pretrained(spec["checkpoint"], dtype=torch.float32).eval()
+    model = transformers.LlamaForCausalLM.from_pretrained(spec["checkpoint"], dtype=torch_dtype(spec)).eval()
     return torch, transformers, model, time.perf_counter() - t
 
 
@@ -300,7 +309,7 @@ def worker_vllm(spec: dict[str, Any]) -> dict[str, Any]:
     reqs = spec["requests"]
     max_len = max(p + o for _, p, o in reqs)
     engine_args = {
-        "dtype": "float32",
+        "dtype": DTYPES[spec.get("dtype", "fp32")][1],
         "max_num_seqs": spec["slots"],
         "max_num_batched_tokens": spec["token_budget"],
         "max_model_len": max_len,
@@ -506,6 +515,12 @@ def main() -> None:
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="fp32",
+        help="every engine's weights and activations (the checkpoint is saved in fp32 and cast on load)",
+    )
+    p.add_argument(
         "--max-others",
         type=float,
         default=0.25,
@@ -583,6 +598,7 @@ def main() -> None:
         "slots": a.slots,
         "token_budget": a.token_budget,
         "static_batch": a.static_batch,
+        "dtype": a.dtype,
         "hf_cb_config": {
             "page_size": a.hf_page_size,
             "num_blocks": a.hf_num_blocks,
@@ -695,7 +711,7 @@ def main() -> None:
             else None
         ),
         "threads": a.threads,
-        "dtype": "float32",
+        "dtype": DTYPES[a.dtype][0],
         "omp_wait_policy": a.omp_wait_policy,
         "gomp_spincount": os.environ.get("GOMP_SPINCOUNT") or "100000",
         "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE") or "1",
@@ -777,13 +793,16 @@ def main() -> None:
         else (
             CACHE / "peer-quick.json"
             if a.quick
-            else ROOT / "benchmarks" / "results" / f"peer-cpu-here-{a.model}.json"
+            else ROOT
+            / "benchmarks"
+            / "results"
+            / f"peer-cpu-here-{a.model}{'' if a.dtype == 'fp32' else '-' + a.dtype}.json"
         )
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(
-        f"\n{a.model} ({shape.params / 1e6:.1f}M params), {len(reqs)} requests, {sum(outputs)} output tokens, "
+        f"\n{a.model} ({shape.params / 1e6:.1f}M params, {a.dtype}), {len(reqs)} requests, {sum(outputs)} output tokens, "
         f"{a.rounds} rounds, {total_s:.0f} s"
     )
     for m in modes:

@@ -79,3 +79,28 @@ def test_workers_agree_token_for_token(bench, tmp_path) -> None:
         assert doc["prompt_digest"] == ours["prompt_digest"]
         assert {r: list(t) for r, t in doc["tokens"].items()} == ours["tokens"]
     assert torch.get_num_threads() == spec["threads"]
+
+
+def test_bf16_workers_run_in_bf16(bench, tmp_path) -> None:
+    """--dtype bf16: the fp32 checkpoint is cast on load, in this engine and in transformers;
+    every request still gets its own length (tokens may differ from fp32's in the last bit)."""
+    save_hf_checkpoint(
+        Llama(ModelConfig.from_shape(get_model("tiny")), "cpu", torch.float32, seed=1), tmp_path
+    )
+    spec = {
+        "checkpoint": str(tmp_path),
+        "seed": 4,
+        "vocab": 256,
+        "threads": torch.get_num_threads(),
+        "requests": [[0, 9, 5], [1, 3, 12]],
+        "slots": 4,
+        "token_budget": 8,
+        "dtype": "bf16",
+    }
+    assert bench.torch_dtype(spec) is torch.bfloat16 and bench.torch_dtype({}) is torch.float32
+    ours = bench.worker_ours("ours-chunked", spec)
+    assert [len(ours["tokens"][r]) for r in range(2)] == [5, 12]
+    assert "bf16" in str(ours["executor"].get("dtype")) or "bfloat16" in str(ours["executor"].get("dtype"))
+    pytest.importorskip("transformers")
+    _, _, model, _ = bench._hf_model(spec)
+    assert next(model.parameters()).dtype is torch.bfloat16

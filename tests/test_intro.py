@@ -94,3 +94,25 @@ def test_the_cite_pattern_reads_the_roles_the_pages_use() -> None:
         "b2023y",
         "c2022",
     }
+
+
+@pytest.mark.model
+def test_running_it_yourself_quotes_the_models_as_the_registry_and_the_sweep_have_them() -> None:
+    # The intro is not executed: its GPU paragraph names the live models' sizes and the free
+    # memory at which the why page's sweep falls back to the small model, as typed numbers.
+    pytest.importorskip("torch")  # batching.real.sweep imports it
+    from batching.costs.models import get_model
+    from batching.real.sweep import live_defaults
+
+    intro = " ".join((CHAPTERS / "intro.md").read_text().split())
+    big, small = get_model("llama-8b"), get_model("llama-1b")
+    for quoted in (
+        f"llama-8b ({big.params / 1e9:.1f}B parameters, {big.weight_bytes / 1e9:.1f} GB of bf16 weights)",
+        f"llama-1b ({small.params / 1e9:.1f}B parameters, {small.weight_bytes / 1e9:.1f} GB)",
+        "where the GPU has 40 GB free",
+    ):
+        assert quoted in intro, quoted
+    assert big.dtype == small.dtype == "bf16"
+    assert live_defaults("cuda", free_bytes=41e9)[0] == "llama-8b"
+    assert live_defaults("cuda", free_bytes=39e9)[0] == "llama-1b"
+    assert live_defaults("cpu")[0] != "llama-8b"

@@ -5,6 +5,7 @@ fail there, but only in the slow smoke build)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -116,3 +117,78 @@ def test_running_it_yourself_quotes_the_models_as_the_registry_and_the_sweep_hav
     assert live_defaults("cuda", free_bytes=41e9)[0] == "llama-8b"
     assert live_defaults("cuda", free_bytes=39e9)[0] == "llama-1b"
     assert live_defaults("cpu")[0] != "llama-8b"
+
+
+#: `{glue:text}`page.ipynb::key:format`` in the intro: a value another page computed.
+PASTE = re.compile(r"\{glue(?::\w+)?\}`([\w.-]+\.ipynb)::(\w+)(?::[^`]*)?`")
+
+
+def glued_keys(nb: Path) -> tuple[set[str], list[re.Pattern[str]]]:
+    """The glue keys ``nb``'s code can set, read from its source without running it: string
+    keys of the dicts it builds (``plots.glue_values({...})``, comprehensions too), ``common.flat("prefix", d,
+    [names])``'s ``prefix_name`` (any ``prefix_*`` without names) and f-string keys such as
+    ``f"{g}_gpu_{k}"`` as patterns."""
+    exact: set[str] = set()
+    patterns: list[re.Pattern[str]] = []
+    for cell in json.loads(nb.read_text())["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        for node in ast.walk(ast.parse("".join(cell["source"]))):
+            if isinstance(node, (ast.Dict, ast.DictComp)):
+                for k in node.keys if isinstance(node, ast.Dict) else [node.key]:
+                    if isinstance(k, ast.Constant) and isinstance(k.value, str):
+                        exact.add(k.value)
+                    elif isinstance(k, ast.JoinedStr):
+                        parts = [
+                            re.escape(v.value) if isinstance(v, ast.Constant) else r"\w+" for v in k.values
+                        ]
+                        patterns.append(re.compile("".join(parts) + "$"))
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "flat"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                prefix = node.args[0].value
+                names = node.args[2] if len(node.args) > 2 else None
+                if isinstance(names, ast.List):
+                    exact |= {f"{prefix}_{n.value}" for n in names.elts if isinstance(n, ast.Constant)}
+                else:
+                    patterns.append(re.compile(rf"{re.escape(prefix)}_\w+$"))
+    return exact, patterns
+
+
+def test_every_value_the_intro_pastes_is_glued_by_its_page() -> None:
+    # The findings table pastes numbers and verdicts from the pages (the intro is not executed);
+    # a key a page stops gluing fails the -W book build, and here without running anything.
+    pasted = PASTE.findall((CHAPTERS / "intro.md").read_text())
+    assert len(pasted) >= 20
+    missing = []
+    for page, key in sorted(set(pasted)):
+        nb = CHAPTERS / page
+        assert nb.is_file(), page
+        exact, patterns = glued_keys(nb)
+        if key not in exact and not any(p.match(key) for p in patterns):
+            missing.append(f"{page}::{key}")
+    assert not missing, f"the intro pastes keys these pages no longer glue: {missing}"
+
+
+def test_the_glue_reader_finds_keys_the_way_the_pages_set_them(tmp_path: Path) -> None:
+    code = (
+        'plots.glue_values({"a_verdict": v, **common.flat("h100", h), **common.flat("rp", r, ["short"]),\n'
+        '                   **{f"{g}_gpu_{k}": x for g, k in z}})'
+    )
+    nb = tmp_path / "p.ipynb"
+    nb.write_text(json.dumps({"cells": [{"cell_type": "code", "source": [code]}]}))
+    exact, patterns = glued_keys(nb)
+    assert exact == {"a_verdict", "rp_short"}
+    found = {
+        k
+        for k in ("h100_bstar", "a100_gpu_ratio", "rp_long", "gpu_verdict")
+        if any(p.match(k) for p in patterns)
+    }
+    assert found == {"h100_bstar", "a100_gpu_ratio"}
+    assert PASTE.findall("x {glue:text}`why.ipynb::h100_bstar:.0f` and {glue:text}`kv.ipynb::v:s`") == [
+        ("why.ipynb", "h100_bstar"),
+        ("kv.ipynb", "v"),
+    ]

@@ -12,7 +12,8 @@ from .devices import DeviceSpec
 from .models import ModelShape
 
 #: Fraction of device memory kept for activations, CUDA graphs, the runtime and
-#: fragmentation (vLLM's default gpu_memory_utilization is 0.9).
+#: fragmentation: the complement of vLLM's gpu_memory_utilization, whose default was 0.9 for
+#: most of its releases (0.92 in vLLM 0.32.0, vllm/config/cache.py); the chapter keeps 0.9.
 MEM_RESERVE = 0.10
 
 

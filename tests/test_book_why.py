@@ -383,3 +383,29 @@ def test_gpu_profile_records_list_every_committed_profile():
         assert 0.5 < r["bandwidth_fraction"] < 1.0 and r["kv_tokens"] > 0 and r["tp"] in (1, 2, 4)
     by = {r["file"]: r for r in recs}
     assert by["h100-llama-2-70b-tp2.json"]["kv_tokens"] * 10 < by["h100-llama-2-70b-tp4.json"]["kv_tokens"]
+
+
+def test_flat_verdict_counts_from_batch_2_where_batch_1_ran_its_own_kernel():
+    """A CPU whose batch 1 ran the split matrix-vector kernel (meta linear_split): the claim is
+    tested from batch 2, the first batch on the kernel every larger batch runs, to the largest
+    swept batch at or below B*; batch 1's step is reported on its own (first_ratio)."""
+    sw = _synthetic_sweep()
+    # Batch 1 at 20 ms (its own kernel), then 41 -> 43 ms from batch 2 to 8: flat on one kernel.
+    sw["uniform_ms"] = np.array([20.0, 41.0, 42.0, 43.0])
+    plain = decode.live_numbers(sw)
+    assert plain["split"] == 0.0 and plain["base_batch"] == 1
+    assert why.flat_verdict(plain) is common.Claim.DOES_NOT_HOLD  # 41 / 20 > 2x from batch 1
+    sw["meta"] = {**sw["meta"], "linear_split": True}
+    n = decode.live_numbers(sw)
+    assert n["split"] == 1.0 and n["base_batch"] == 2 and n["base_ms"] == 41.0
+    assert n["test_batch"] == 8 and n["ratio_test"] == pytest.approx(43 / 41)
+    assert n["knee_base"] == 8 and n["first_ratio"] == pytest.approx(41 / 20)
+    assert n["tps_first_ratio"] == pytest.approx(2 * 20 / 41)  # batch 2 makes fewer tokens/s than batch 1
+    assert why.flat_verdict(n) is common.Claim.HOLDS
+    sw["uniform_ms"] = np.array([20.0, 40.0, 70.0, 95.0])  # within 2x of batch 2's 40 ms up to batch 4
+    n = decode.live_numbers(sw)
+    assert n["knee_base"] == 4 and why.flat_verdict(n) is common.Claim.PARTLY
+    # One swept batch only: nothing to count from but batch 1.
+    one = {**sw, "batch": np.array([1.0]), "uniform_ms": np.array([20.0])}
+    one.update({k: np.array([20.0]) for k in sw if k.endswith("_ms") and k != "uniform_ms"})
+    assert decode.base_index(one) == 0

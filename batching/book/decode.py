@@ -25,12 +25,26 @@ def live_roofline(sweep: Mapping[str, Any], points: int = 0) -> dict[str, np.nda
     return roofline_curve(sweep_shape(sweep), sweep["batch"], sweep["ctx"], bw, peak, points=points)
 
 
+def base_index(sweep: Mapping[str, Any]) -> int:
+    """Index of the first swept batch that runs the kernel every larger batch runs: 1 where
+    batch 1 ran the CPU's one-token kernel (``meta["linear_split"]``, :attr:`Llama.linear_form`)
+    and a second batch was swept, else 0."""
+    return 1 if sweep["meta"].get("linear_split") and len(sweep["batch"]) > 1 else 0
+
+
 def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     """The sweep's numbers (ms, GB/s): B* and the roofline (``pred*``) from its own bandwidth
     and peak, the uniform path at batch 1, at ``bstar_batch`` (the largest swept batch at or
     below B*) and at ``bmax``, and the bytes moved at batch 1 over the probes (``efficiency*``).
-    Each other path adds ``<path>_`` keys, ``<path>_gap_max`` being its step over the uniform
-    one at ``bmax``."""
+
+    On the kernels batching uses (:func:`base_index`): ``split`` (1.0 where batch 1 ran a
+    kernel of its own), ``base_batch`` and its step ``base_ms``, ``test_batch`` (the largest
+    swept batch at or below B*, at least the one after ``base_batch``), ``ratio_test`` and the
+    roofline's ``pred_ratio_test`` (its step over ``base_batch``'s), ``knee_base`` (the knee
+    counted from ``base_batch``); and the first step up, ``first_ratio`` (the second swept
+    batch's step over batch 1's), ``pred_first_ratio`` and ``tps_first_ratio`` (its tokens/s
+    over batch 1's). Each other path adds ``<path>_`` keys, ``<path>_gap_max`` being its step
+    over the uniform one at ``bmax``."""
     shape = sweep_shape(sweep)
     b = np.asarray(sweep["batch"], dtype=float)
     if b[0] != 1:
@@ -43,6 +57,10 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     moved1 = shape.bytes_moved(step_work((), 1, sweep["ctx"]))
     achieved = moved1 / (u[0] / 1e3)
     ib = int(np.flatnonzero(b <= max(bstar, 1.0))[-1])
+    i0 = base_index(sweep)
+    it = max(ib, min(i0 + 1, len(b) - 1))
+    i1 = min(1, len(b) - 1)
+    rt = roof["time_s"]
     out = {
         "weight_mb": shape.weight_read_bytes / 1e6,
         "ctx": float(sweep["ctx"]),
@@ -63,6 +81,16 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
         "bstar_batch": float(b[ib]),
         "ratio_bstar": float(u[ib] / u[0]),
         "pred_ratio_bstar": float(roof["time_s"][ib] / roof["time_s"][0]),
+        "split": float(i0),
+        "base_batch": float(b[i0]),
+        "base_ms": float(u[i0]),
+        "test_batch": float(b[it]),
+        "ratio_test": float(u[it] / u[i0]),
+        "pred_ratio_test": float(rt[it] / rt[i0]),
+        "knee_base": float(knee(b[i0:], u[i0:])),
+        "first_ratio": float(u[i1] / u[0]),
+        "pred_first_ratio": float(rt[i1] / rt[0]),
+        "tps_first_ratio": float(b[i1] * u[0] / u[i1]),
         "tmax_ms": float(u[-1]),
         "ratio_max": float(u[-1] / u[0]),
         "tps_max": float(b[-1] * 1e3 / u[-1]),

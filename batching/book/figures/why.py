@@ -42,10 +42,16 @@ DEVICE_COLORS: dict[str, str] = {
 }
 
 
+#: The batch axis of every figure on the page: log 2, and it says so.
+BATCH_LABEL = "batch (sequences per step, log scale)"
+
+
 def _pow2_axis(ax: Any, lo: float, hi: float) -> None:
-    """Log-2 batch axis with plain labels at the powers of two (every other one if crowded)."""
+    """Log-2 batch axis with plain labels at the powers of two (every other one if crowded),
+    labelled :data:`BATCH_LABEL`."""
     ticks = [2.0**i for i in range(0, 14) if lo <= 2.0**i <= hi]
     log2_x(ax, ticks[::2] if len(ticks) > 9 else ticks)
+    ax.set_xlabel(BATCH_LABEL)
 
 
 def _bstar_line(
@@ -126,7 +132,6 @@ def gpu_roofline_figure(gr: Mapping[str, Any]) -> Figure:
     axes[1].legend(loc="upper left", fontsize=7.5)
     for a in axes:
         _pow2_axis(a, lo, hi)
-        a.set_xlabel("batch (sequences per decode step)")
     return fig
 
 
@@ -135,12 +140,18 @@ def live_decode_figure(
     numbers: Mapping[str, float],
     roof: Mapping[str, np.ndarray],
     paths: Sequence[str] | None = None,
+    from_base: bool = False,
 ) -> Figure:
     """A live sweep (:func:`batching.real.sweep.decode_sweep`) against ``roof``, the roofline
     from its own bandwidth and peak. Left: step time of each of ``paths`` (default: every
     measured one; median, bar = interquartile range), the roofline's lines, B*, the knee's
-    band (``KNEE_FACTOR`` x batch 1) and the uniform path's knee. Right: tokens/s."""
+    band (``KNEE_FACTOR`` x batch 1) and the uniform path's knee. Right: tokens/s.
+
+    With ``from_base``, where batch 1 ran a kernel of its own (``numbers["split"]``), the band
+    and the knee count from ``base_batch`` (``knee_base``), as :func:`~batching.book.why.flat_verdict`
+    does, and batch 1's points are labelled as that kernel's."""
     b = np.asarray(sweep["batch"], dtype=float)
+    own1 = from_base and numbers.get("split", 0.0) > 0
     shown = list(sweep["paths"] if paths is None else paths)
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.4))
     ax = axes[0]
@@ -165,11 +176,13 @@ def live_decode_figure(
             label=PATH_LABELS[path],
             zorder=4,
         )
-    band = KNEE_FACTOR * float(np.asarray(sweep["uniform_ms"])[0])
+    u = np.asarray(sweep["uniform_ms"], dtype=float)
+    base = numbers["base_batch"] if own1 else float(b[0])
+    band = KNEE_FACTOR * float(u[list(b).index(base)])
     ax.axhline(band, color="#bbbbbb", lw=0.8, zorder=1)
     note(
         ax,
-        f"{KNEE_FACTOR:g}x batch 1",
+        f"{KNEE_FACTOR:g}x batch {base:.0f}",
         (1.0, band),
         (-2, 1),
         "y",
@@ -179,8 +192,8 @@ def live_decode_figure(
         color="#888888",
         bbox=box(0.1),
     )
-    k = numbers["knee"]
-    ky = float(np.asarray(sweep["uniform_ms"])[list(b).index(k)])
+    k = numbers["knee_base"] if own1 else numbers["knee"]
+    ky = float(u[list(b).index(k)])
     ax.plot([k], [ky], "o", ms=11, mfc="none", mec="black", mew=1.2, zorder=5)
     # Far below the circle (a factor 3.5 on the log axis), with a leader line: the knee's
     # band and its label run above the knee (it sits at most that factor above batch 1),
@@ -198,6 +211,22 @@ def live_decode_figure(
         bbox=box(),
         arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.7, "shrinkB": 6},
     )
+    if own1:
+        # Batch 1 multiplies by its weights in a kernel of its own (a matrix-vector product
+        # split over the threads): the label sits under its point, the curve runs above it.
+        ax.annotate(
+            "batch 1:\none-token\nkernel",
+            (float(b[0]), float(u[0])),
+            xytext=(float(b[0]) * 1.1, float(u[0]) / 5),
+            textcoords="data",
+            ha="left",
+            va="top",
+            fontsize=7,
+            color=PATH_COLORS["uniform"],
+            zorder=6,
+            bbox=box(0.1),
+            arrowprops={"arrowstyle": "-", "color": PATH_COLORS["uniform"], "lw": 0.7, "shrinkB": 4},
+        )
     _bstar_line(ax, numbers["bstar"], y=0.97)
     log_y(ax, ys, headroom=1.6)
     ax.set_ylabel("decode step (ms, log)")
@@ -209,13 +238,25 @@ def live_decode_figure(
         y = b / (np.asarray(sweep[f"{path}_ms"]) / 1e3)
         tps.append(y)
         ax.plot(b, y, PATH_MARKERS[path] + "-", color=PATH_COLORS[path], ms=4, lw=1.2)
+    if own1:
+        i = list(b).index(numbers["base_batch"])
+        note(
+            ax,
+            f"batch {numbers['base_batch']:.0f}:\nkernel change",
+            (float(b[i]), float(b[i] / u[i] * 1e3)),
+            (2, 4),
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color=PATH_COLORS["uniform"],
+            bbox=box(0.1),
+        )
     _bstar_line(ax, numbers["bstar"], y=0.75)
     log_y(ax, tps, headroom=1.3)
     ax.set_ylabel("output tokens/s (log)")
     ax.set_title("throughput", fontsize=9)
     for a in axes:
         _pow2_axis(a, b.min(), b.max())
-        a.set_xlabel("batch (sequences per decode step)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=7.5)
     return fig
@@ -303,7 +344,6 @@ def profiles_figure(
     axes[1].set_title("relative cost of a bigger batch", fontsize=9)
     for a in axes:
         _pow2_axis(a, lo, hi)
-        a.set_xlabel("batch (sequences per decode step)")
     h0, l0 = axes[0].get_legend_handles_labels()
     h1, l1 = axes[1].get_legend_handles_labels()
     fig.legend(h0 + h1, l0 + l1, loc="outside lower center", ncol=1, fontsize=7.5)
@@ -347,7 +387,6 @@ def measured_gpu_figure(curves: Mapping[str, Mapping[str, Any]]) -> Figure:
         _bstar_line(ax, c["bstar"], y=0.97, left=True)
         ax.set_ylim(0, max(float(y.max()), float(roof.max())) * 1.08)
         _pow2_axis(ax, float(b.min()), float(b.max()))
-        ax.set_xlabel("batch (sequences per step, log scale)")
         ax.set_title(f"{c['model']}, {c['device']}", fontsize=9)
     axes[0].set_ylabel("linear layers per step (ms)")
     axes[0].legend(loc="upper left", fontsize=7.5)

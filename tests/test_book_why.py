@@ -343,7 +343,7 @@ def test_path_and_probe_rows_by_hand():
     assert rows[2][1:] == ["40.0", "4", "140.0", "3.5", "57", "2.00"]
     assert rows[0][-1] == "1.00" and rows[1][-1] == "1.10"
     probes, ph = decode.probe_rows(n, registry_gbs=18.5)
-    assert ph == ["bandwidth probe", "GB/s", "B*"] and len(probes) == 4
+    assert ph == ["bandwidth probe", "GB/s", "B* (this run's matmul peak)"] and len(probes) == 4
     # fp32, 0.1 TFLOP/s: B* = 2 x 100 / GB/s.
     assert [r[2] for r in probes] == ["10.0", "6.7", "6.1", "10.8"]
     assert len(decode.probe_rows(n)[0]) == 3

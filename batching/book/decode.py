@@ -195,8 +195,10 @@ def probe_rows(
         ("sum (read)", numbers["read_gbs"]),
     ]
     if registry_gbs is not None:
-        probes.append(("device registry's matrix-vector figure", registry_gbs))
+        probes.append(
+            ("device registry's matrix-vector figure (measured on the AMD EPYC of the notes)", registry_gbs)
+        )
     rows: list[list[Any]] = [
         [name, f"{gbs:,.1f}", f"{bstar_of(peak, gbs * 1e9, bpp):,.1f}"] for name, gbs in probes
     ]
-    return rows, ["bandwidth probe", "GB/s", "B*"]
+    return rows, ["bandwidth probe", "GB/s", "B* (this run's matmul peak)"]

@@ -384,3 +384,13 @@ def test_real_context_is_the_registry_models_context():
     assert static.real_context({"model": "cpu-s"}) == 2048
     assert static.REAL_PADDING_LONG["cpu"] < static.real_context({"model": "cpu-s"})
     assert static.REAL_PADDING_LONG["cuda"] == 4000 <= static.real_context({"model": "llama-1b"})
+
+
+def test_tail_rows_by_hand():
+    n = {"dy_throughput_tok": 622.1, "dy_ttft_p50": 1.786, "dy_ttft_p99": 6.202}
+    n = {**n, "cm_throughput_tok": 1622.8, "cm_ttft_p50": 0.01753, "cm_ttft_p99": 0.06745}
+    assert static.tail_rows(n) == [
+        ["dynamic, max_wait 0 s", "622", "6.2"],
+        ["continuous", "1,623", "0.0674"],
+    ]
+    assert len(static.TAIL_HEADER) == 3

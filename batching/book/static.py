@@ -468,3 +468,21 @@ def tail_verdict(
         return Claim.DOES_NOT_HOLD
     same = abs(n["dy_throughput_tok"] / n["cm_throughput_tok"] - 1.0) <= tol
     return Claim.HOLDS if same else Claim.PARTLY
+
+
+#: Columns of the page's table of :func:`tail_numbers` (:func:`tail_rows`).
+TAIL_HEADER = ("scheduler", "output tokens/s", "p99 TTFT (s)")
+
+
+def tail_rows(n: Mapping[str, float], max_wait: float = 0.0) -> list[list[str]]:
+    """One row per scheduler of :func:`tail_numbers` (columns :data:`TAIL_HEADER`)."""
+    rows = []
+    for tag, label in (("dy", f"dynamic, max_wait {max_wait:g} s"), ("cm", "continuous")):
+        rows.append(
+            [
+                label,
+                f"{n[f'{tag}_throughput_tok']:,.0f}",
+                f"{n[f'{tag}_ttft_p99']:.3g}",
+            ]
+        )
+    return rows

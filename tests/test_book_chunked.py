@@ -19,6 +19,7 @@ from batching.book import (
     plots,
     profiles,
 )
+from batching.book.common import Versus
 from batching.engine import SimExecutor, run
 from batching.schedulers import ContinuousScheduler, make_scheduler
 from batching.workloads import Workload, synthetic
@@ -608,3 +609,63 @@ def test_chunked_prefill_more_than_doubles_separate_prefills_capacity_on_the_mea
     assert r["strict_ms"] == pytest.approx(119.4, abs=0.1)
     assert r["sep_strict_itl_ms"] <= r["strict_ms"] and r["b512_strict_itl_ms"] <= r["strict_ms"]
     assert 2.0 < r["ratio"] < 4.0
+
+
+# ------------------------------------------------ the newcomer's TTFT, matching, and past the chunk
+def test_newcomer_ttft_rises_stays_or_falls_within_the_tolerance():
+    # The committed cpu-s run: 808 ms whole, 1,463 ms chunked, 81% later.
+    t = chunked_real.newcomer_ttft({"mix_ttft_ms": 808.0, "chk_ttft_ms": 1463.0})
+    assert (t["whole_ms"], t["chunked_ms"]) == (808.0, 1463.0)
+    assert t["change"] == pytest.approx(655 / 808) and t["verdict"] is Versus.MORE
+    # 436 -> 650 ms (+49%): later; under 10% is noise, 11% is not.
+    assert chunked_real.newcomer_ttft({"mix_ttft_ms": 436.0, "chk_ttft_ms": 650.0})["verdict"] is Versus.MORE
+    assert chunked_real.newcomer_ttft({"mix_ttft_ms": 400.0, "chk_ttft_ms": 439.0})["verdict"] is Versus.SAME
+    assert chunked_real.newcomer_ttft({"mix_ttft_ms": 400.0, "chk_ttft_ms": 444.0})["verdict"] is Versus.MORE
+    assert chunked_real.newcomer_ttft({"mix_ttft_ms": 400.0, "chk_ttft_ms": 300.0})["verdict"] is Versus.LESS
+    # The roofline's 65 -> 67 ms is the same within the measured tolerance, not within 1%.
+    n = {"mix_ttft_ms": 65.0, "chk_ttft_ms": 67.0}
+    assert chunked_real.newcomer_ttft(n)["verdict"] is Versus.SAME
+    assert chunked_real.newcomer_ttft(n, tol=0.01)["verdict"] is Versus.MORE
+    with pytest.raises(ValueError):
+        chunked_real.newcomer_ttft({"mix_ttft_ms": 0.0, "chk_ttft_ms": 1.0})
+
+
+def test_nochunk_verdict_matches_within_5_percent_and_beats_beyond():
+    # The Azure code trace at its rate: 2,048-token chunks at 0.83 s against 0.85 s whole is
+    # a match (2.4% apart), not a win; their p99 ITL (40 ms against 150) is a win.
+    v = chunked.nochunk_verdict(_load([3.0, 1.0, 0.83], [0.01, 0.02, 0.04], 0.85, 0.15))
+    assert (v["chunk"], v["ttft"], v["ttft_whole"], v["itl"]) == (2048, 0.83, 0.85, 0.04)
+    assert v["ttft_vs"] is Versus.SAME and v["itl_vs"] is Versus.LESS
+    # 0.80 against 0.85 s is 5.9% lower: beaten. 0.85 against 0.80: the unchunked TTFT is better.
+    assert (
+        chunked.nochunk_verdict(_load([3.0, 1.0, 0.80], [0.01, 0.02, 0.04], 0.85, 0.15))["ttft_vs"]
+        is Versus.LESS
+    )
+    assert (
+        chunked.nochunk_verdict(_load([3.0, 1.0, 0.85], [0.01, 0.02, 0.04], 0.80, 0.15))["ttft_vs"]
+        is Versus.MORE
+    )
+    # The chunk with the lowest TTFT is the one judged, wherever it sits.
+    assert chunked.nochunk_verdict(_load([3.0, 0.7, 0.8], [0.01, 0.02, 0.04], 0.9, 0.15))["chunk"] == 512
+
+
+def test_past_chunk_ttft_flat_falls_or_rises_while_itl_grows():
+    # Like the Azure code trace: from 512 to 2,048 tokens TTFT moves under 10% at every load
+    # while the p99 ITL rises from 9.5-9.7 ms to 35-36 ms.
+    sweep = {
+        1.0: _load([7.6, 0.949, 0.856], [0.0054, 0.0095, 0.0348], 0.87, 0.15),
+        4.0: _load([29.9, 7.71, 7.43], [0.0055, 0.0097, 0.0359], 7.9, 0.2),
+    }
+    p = chunked.past_chunk(sweep, 512)
+    assert (p["chunk"], p["largest"], p["ttft_load"]) == (512, 2048, 1.0)  # 1x moves most: -9.8%
+    assert p["ttft_ratio"] == pytest.approx(0.856 / 0.949) and p["ttft_vs"] is Versus.SAME
+    assert p["itl_ratio_min"] == pytest.approx(0.0348 / 0.0095)
+    assert p["itl_ratio_max"] == pytest.approx(0.0359 / 0.0097)
+    # At a tolerance of 5% the same TTFT falls; a TTFT 20% higher at 2,048 rises.
+    assert chunked.past_chunk(sweep, 512, tol=0.05)["ttft_vs"] is Versus.LESS
+    up = {**sweep, 4.0: _load([29.9, 7.71, 9.3], [0.0055, 0.0097, 0.0359], 7.9, 0.2)}
+    assert chunked.past_chunk(up, 512)["ttft_vs"] is Versus.MORE
+    with pytest.raises(ValueError, match="chunk=2048"):
+        chunked.past_chunk(sweep, 2048)
+    with pytest.raises(ValueError, match="chunk=300"):
+        chunked.past_chunk(sweep, 300)

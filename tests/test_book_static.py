@@ -311,3 +311,86 @@ def test_wait_figure_labels_every_point_even_where_they_bunch():
     ]
     assert len(sixteen) == 1 and sixteen[0].get_window_extent(r).y0 > y_line
     matplotlib.pyplot.close(fig)
+
+
+# ------------------------------------------------------------ slot waste, the tail, the CPU context
+def _sweep(util: dict[int, float]) -> dict[str, np.ndarray]:
+    return {"batch": np.array(list(util), dtype=float), "slot_util": np.array(list(util.values()))}
+
+
+def test_slot_waste_by_hand():
+    # The Azure conversation trace's shape: B = 16 wastes just under half, B = 128 most.
+    trace = {1: 1.0, 8: 0.551, 16: 0.504, 32: 0.454, 128: 0.359}
+    sw = static.slot_waste(_sweep(trace))
+    assert sw["waste_small"] == pytest.approx(0.496) and sw["waste_large"] == pytest.approx(0.641)
+    assert sw["from_batch"] == 32 and sw["verdict"] is common.Claim.PARTLY
+    # Over half wasted at both sizes, more at the larger: the claim holds, from B = 16 on.
+    sw = static.slot_waste(_sweep({**trace, 16: 0.45}))
+    assert sw["verdict"] is common.Claim.HOLDS and sw["from_batch"] == 16
+    # Half or less wasted at the largest size: it does not hold, and no B wastes most from there on.
+    sw = static.slot_waste(_sweep({**trace, 128: 0.5}))
+    assert sw["verdict"] is common.Claim.DOES_NOT_HOLD and sw["from_batch"] == -1
+    # Most wasted at both, but less at the larger: only in part ("more as B grows" fails).
+    assert static.slot_waste(_sweep({**trace, 16: 0.3, 128: 0.4}))["verdict"] is common.Claim.PARTLY
+    # A gap in the run of "most": from_batch is where the run to the largest B starts.
+    assert static.slot_waste(_sweep({1: 1.0, 4: 0.4, 8: 0.6, 16: 0.45, 128: 0.3}))["from_batch"] == 16
+    with pytest.raises(ValueError, match="in the sweep"):
+        static.slot_waste(_sweep(trace), small=64)
+    with pytest.raises(ValueError):
+        static.slot_waste(_sweep(trace), most=1.0)
+
+
+def test_batch_durations_by_hand():
+    # One slot, every step 1 s: A's batch runs 3 steps (0-3 s), B's 1 step (3-4 s); C arrives
+    # at 10 s, after an idle gap that belongs to no batch.
+    res = run(reqs((0, 2, 3), (0, 4, 1), (10, 2, 2)), StaticScheduler(1, 64), UNIT)
+    np.testing.assert_allclose(static.batch_durations(res), [3.0, 1.0, 2.0])
+    # Both in one batch of two: the batch lasts as long as its longest member.
+    res = run(reqs((0, 2, 3), (0, 4, 1)), StaticScheduler(2, 64), UNIT)
+    np.testing.assert_allclose(static.batch_durations(res), [3.0])
+
+
+def test_tail_verdict_by_hand():
+    n = {"dy_throughput_tok": 622.0, "cm_throughput_tok": 623.0, "dy_ttft_p99": 6.2, "cm_ttft_p99": 0.067}
+    n = {**n, "dy_stable": 1.0, "cm_stable": 1.0}
+    assert static.tail_verdict(n) is common.Claim.HOLDS
+    # The tails far apart, but the means too (6% apart): in part.
+    assert static.tail_verdict({**n, "dy_throughput_tok": 585.0}) is common.Claim.PARTLY
+    assert static.tail_verdict({**n, "dy_throughput_tok": 585.0}, tol=0.07) is common.Claim.HOLDS
+    # Tails within 3x of each other: the claim does not hold.
+    assert static.tail_verdict({**n, "dy_ttft_p99": 0.2}) is common.Claim.DOES_NOT_HOLD
+    assert static.tail_verdict({**n, "dy_ttft_p99": 0.2}, factor=2.5) is common.Claim.HOLDS
+    # A queue that grew over the replay has no tail to judge.
+    assert static.tail_verdict({**n, "dy_stable": 0.0}) is None
+    with pytest.raises(ValueError):
+        static.tail_verdict(n, factor=1.0)
+
+
+def test_dynamic_batching_keeps_up_while_its_tail_waits_for_the_longest_member():
+    n = static.tail_numbers(small_trace(160, rate=2.0), H100_8B, slots=8)
+    assert n["dy_stable"] == n["cm_stable"] == 1.0
+    # Both keep up with the offered load, so they serve the same tokens per second...
+    assert n["dy_throughput_tok"] == pytest.approx(n["cm_throughput_tok"], rel=0.02)
+    # ...while a newcomer under dynamic batching waits for the running batch: its p99 TTFT is
+    # of the order of the longest batches, far above continuous batching's.
+    assert n["dy_ttft_p99"] > 20 * n["cm_ttft_p99"]
+    assert n["batch_p50_s"] < n["batch_p99_s"] <= n["batch_max_s"]
+    assert 0.5 * n["batch_p99_s"] < n["dy_ttft_p99"] < 2 * n["batch_max_s"]
+    assert static.tail_verdict(n) is common.Claim.HOLDS
+
+
+def test_real_context_is_the_registry_models_context():
+    # cpu-s's 2,048 tokens are why the CPU pads to 2,000 rather than the page's 4,000.
+    assert static.real_context({"model": "cpu-s"}) == 2048
+    assert static.REAL_PADDING_LONG["cpu"] < static.real_context({"model": "cpu-s"})
+    assert static.REAL_PADDING_LONG["cuda"] == 4000 <= static.real_context({"model": "llama-1b"})
+
+
+def test_tail_rows_by_hand():
+    n = {"dy_throughput_tok": 622.1, "dy_ttft_p50": 1.786, "dy_ttft_p99": 6.202}
+    n = {**n, "cm_throughput_tok": 1622.8, "cm_ttft_p50": 0.01753, "cm_ttft_p99": 0.06745}
+    assert static.tail_rows(n) == [
+        ["dynamic, max_wait 0 s", "622", "6.2"],
+        ["continuous", "1,623", "0.0674"],
+    ]
+    assert len(static.TAIL_HEADER) == 3

@@ -14,7 +14,7 @@ from ..engine import RunResult
 from ..plan import StepWork
 from ..workloads import Workload
 from .capacity import CONFIGS, SLO_BATCH, SLO_CONTEXT, STRICT_X, capacity_table
-from .common import at, columns, flat, metrics, simulate, step_work
+from .common import at, columns, flat, metrics, simulate, step_work, versus
 
 
 def long_prompt_among_decodes(
@@ -322,6 +322,68 @@ def nochunk_place(sweep: Mapping[float, Mapping[str, np.ndarray]]) -> dict[str, 
         "off_curve_loads": [
             k for k, d in sweep.items() if np.any(d["ttft_p99"] < d["continuous_ttft_p99"][0])
         ]
+    }
+
+
+#: Two p99 TTFTs within this fraction of each other match (:func:`nochunk_verdict`).
+MATCH_TOL = 0.05
+
+
+def nochunk_verdict(load: Mapping[str, np.ndarray], tol: float = MATCH_TOL) -> dict[str, Any]:
+    """Continuous batching without chunks against the chunk size with the lowest p99 TTFT, at
+    one load of a :func:`chunk_sweep`: that ``chunk``, its ``ttft`` and ``itl`` (p99, s), the
+    unchunked ``ttft_whole`` and ``itl_whole``, and ``ttft_vs`` / ``itl_vs``, the
+    :class:`~.common.Versus` of the chunked over the unchunked within ``tol`` (LESS: the
+    chunks beat it; SAME: they match it; MORE: it is better)."""
+    i = int(np.argmin(load["ttft_p99"]))
+    ttft, itl = float(load["ttft_p99"][i]), float(load["itl_p99"][i])
+    ttft_whole, itl_whole = float(load["continuous_ttft_p99"][0]), float(load["continuous_itl_p99"][0])
+    return {
+        "chunk": float(load["chunk"][i]),
+        "ttft": ttft,
+        "itl": itl,
+        "ttft_whole": ttft_whole,
+        "itl_whole": itl_whole,
+        "ttft_vs": versus(ttft / ttft_whole, tol),
+        "itl_vs": versus(itl / itl_whole, tol),
+    }
+
+
+#: A p99 TTFT within this fraction of another is flat (:func:`past_chunk`).
+FLAT_TOL = 0.10
+
+
+def past_chunk(
+    sweep: Mapping[float, Mapping[str, np.ndarray]], chunk: int, tol: float = FLAT_TOL
+) -> dict[str, Any]:
+    """What chunks larger than ``chunk`` buy at every load of a :func:`chunk_sweep`: from
+    ``chunk`` to the largest chunk size (``largest``), the p99 TTFT's ratio at each load,
+    ``ttft_ratio`` the one furthest from 1 (at ``ttft_load``) and ``ttft_vs`` its
+    :class:`~.common.Versus` within ``tol`` (SAME: flat at every load; LESS: falls; MORE:
+    rises); and the p99 ITL's ratio, ``itl_ratio_min`` and ``itl_ratio_max`` over the loads."""
+    ttft: dict[float, float] = {}
+    itl: list[float] = []
+    largest = None
+    for k, d in sweep.items():
+        c = np.asarray(d["chunk"], dtype=float)
+        if chunk not in c or c.max() <= chunk:
+            raise ValueError(f"chunk={chunk}: must be a chunk size of the sweep, below its largest")
+        j, last = int(np.flatnonzero(c == chunk)[0]), int(np.argmax(c))
+        largest = float(c[last])
+        ttft[k] = float(d["ttft_p99"][last] / d["ttft_p99"][j])
+        itl.append(float(d["itl_p99"][last] / d["itl_p99"][j]))
+    if largest is None:
+        raise ValueError("past_chunk() needs a sweep with at least one load")
+    worst = max(ttft, key=lambda k: abs(ttft[k] - 1.0))
+    return {
+        "chunk": float(chunk),
+        "largest": largest,
+        "ttft_ratio": ttft[worst],
+        "ttft_load": worst,
+        "ttft_vs": versus(ttft[worst], tol),
+        "tol": tol,
+        "itl_ratio_min": min(itl),
+        "itl_ratio_max": max(itl),
     }
 
 

@@ -16,7 +16,7 @@ from ..results import load_average, machine_load
 from ..schedulers import make_scheduler
 from ..workloads import Workload
 from .chunked import long_prompt_among_decodes, stall_configs, stall_summary
-from .common import machine_label
+from .common import machine_label, versus
 from .decode import live_numbers
 
 
@@ -211,6 +211,27 @@ def stall_verdict(numbers: Mapping[str, float], factor: float = 2.0) -> StallVer
         return "not cut"
     step = float(numbers["chk_prefill_itl_p50_ms"]) / float(numbers["chk_itl_p50_ms"])
     return "removed" if step <= factor else "spread"
+
+
+#: Measured TTFTs within this fraction of each other are the same: a CPU's timings are noisy
+#: (:func:`newcomer_ttft`).
+NEWCOMER_TOL = 0.10
+
+
+def newcomer_ttft(numbers: Mapping[str, float], tol: float = NEWCOMER_TOL) -> dict[str, Any]:
+    """What chunks did to the newcomer's time to first token in one stall run's ``numbers``
+    (tags ``mix``, ``chk``): ``whole_ms`` and ``chunked_ms``, ``change`` = chunked / whole - 1,
+    and ``verdict``, the :class:`~.common.Versus` of chunked over whole within ``tol`` (MORE:
+    chunks made it later; SAME: no change beyond the noise; LESS: sooner)."""
+    whole, chunked = float(numbers["mix_ttft_ms"]), float(numbers["chk_ttft_ms"])
+    if not (whole > 0 and chunked > 0):
+        raise ValueError(f"TTFTs {whole} and {chunked} ms: must be positive")
+    return {
+        "whole_ms": whole,
+        "chunked_ms": chunked,
+        "change": chunked / whole - 1.0,
+        "verdict": versus(chunked / whole, tol),
+    }
 
 
 def real_chunk_numbers(sweep: Mapping[str, Any], rs: Mapping[str, Any]) -> dict[str, Any]:

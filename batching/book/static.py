@@ -14,7 +14,7 @@ from ..engine import RunResult
 from ..results import load_average, machine_load
 from ..workloads import Workload
 from .capacity import queue_growth
-from .common import Versus, columns, metrics, simulate, step_work, versus
+from .common import Claim, Versus, columns, metrics, simulate, step_work, versus
 
 #: A step log occupancy code as the timeline's kind of row.
 _OCC_KIND = {"P": "prefill", "D": "decode", "X": "dead"}
@@ -45,7 +45,7 @@ def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000) -> dict[
 
 
 #: The long prompt of :func:`real_padding` per device type: what cpu-s's 2,048-token context
-#: allows on a CPU, the page's 4,000 on a GPU.
+#: allows on a CPU (the page says so, with :func:`real_context`), the page's 4,000 on a GPU.
 REAL_PADDING_LONG: dict[str, int] = {"cpu": 2000, "cuda": 4000}
 
 
@@ -115,6 +115,14 @@ def real_padding(
         **machine_load(load0, load_average()),
     )
     return out
+
+
+def real_context(rp: Mapping[str, Any]) -> int:
+    """The context (tokens) of the model a :func:`real_padding` run used, from the registry:
+    what caps its long prompt on a CPU (cpu-s: 2,048, hence 2,000 rather than 4,000)."""
+    from ..costs.models import get_model
+
+    return int(get_model(str(rp["model"])).max_context)
 
 
 def scaling(time_ratio: float, positions_ratio: float, tol: float = 0.25) -> Versus:
@@ -358,3 +366,123 @@ def first_finisher_summary(result: RunResult) -> dict[str, float]:
         "first_finish_s": min(fins) - start,
         "after_first_fraction": (max(fins) - min(fins)) / (max(fins) - start),
     }
+
+
+#: "Most of its slots": a static batch wastes more than this share of them (:func:`slot_waste`).
+MOST_WASTED = 0.5
+
+
+def slot_waste(
+    sweep: Mapping[str, np.ndarray], small: int = 16, large: int = 128, most: float = MOST_WASTED
+) -> dict[str, Any]:
+    """The claim "static batching wastes most of its slots at any useful batch size, and more
+    as B grows" on a :func:`static_batch_sweep`. Waste = 1 - simulated slot utilization:
+    ``waste_small`` and ``waste_large`` at B = ``small`` and ``large`` (both in the sweep);
+    ``from_batch``, the smallest B of the sweep from which on every B wastes more than ``most``
+    (-1.0 if the largest does not); ``verdict`` (:class:`~.common.Claim`): HOLDS where both
+    waste more than ``most`` and the larger wastes more, PARTLY where only the larger wastes
+    more than ``most`` (or waste does not grow), DOES_NOT_HOLD where the larger does not."""
+    b = np.asarray(sweep["batch"], dtype=float)
+    waste = 1.0 - np.asarray(sweep["slot_util"], dtype=float)
+    if not (0 < most < 1 and small < large and small in b and large in b):
+        raise ValueError(
+            f"small={small}, large={large}, most={most}: need both in the sweep's B, small < large"
+        )
+    order = np.argsort(b)
+    b, waste = b[order], waste[order]
+    ws, wl = float(waste[b == small][0]), float(waste[b == large][0])
+    over = waste > most
+    tail = np.flip(np.logical_and.accumulate(np.flip(over)))  # every larger B wastes most too
+    if wl <= most:
+        verdict = Claim.DOES_NOT_HOLD
+    elif ws > most and wl > ws:
+        verdict = Claim.HOLDS
+    else:
+        verdict = Claim.PARTLY
+    return {
+        "waste_small": ws,
+        "waste_large": wl,
+        "small": float(small),
+        "large": float(large),
+        "most": most,
+        "from_batch": float(b[int(np.argmax(tail))]) if tail.any() else -1.0,
+        "verdict": verdict,
+    }
+
+
+def batch_durations(result: RunResult) -> np.ndarray:
+    """Seconds each batch of a static or dynamic run lasted, from its prefill step's start to
+    the end of the step before the next batch's prefill (or the run's last step), in order."""
+    C = result.log.cols
+    t, dur, pre = (np.asarray(C[k], dtype=float) for k in ("t", "dur", "prefill"))
+    starts = np.flatnonzero(pre > 0)
+    ends = np.r_[starts[1:], len(t)] - 1
+    return t[ends] + dur[ends] - t[starts]
+
+
+def tail_numbers(workload: Workload, cost: Any, slots: int = 32, max_wait: float = 0.0) -> dict[str, float]:
+    """Dynamic batching (``max_wait``) beside continuous batching with as many slots, KV
+    unlimited: per scheduler (prefix ``dy_`` and ``cm_``) ``throughput_tok`` (output tokens/s),
+    ``ttft_p50``, ``ttft_p99`` (s) and ``stable`` (1.0 unless the queue grew over the replay,
+    :func:`~batching.book.capacity.queue_growth`); and dynamic batching's batches:
+    ``batch_p50_s``, ``batch_p99_s``, ``batch_max_s`` (:func:`batch_durations`)."""
+    out: dict[str, float] = {}
+    runs: tuple[tuple[str, str, dict[str, Any]], ...] = (
+        ("dy", "dynamic", {"timeout": float(max_wait)}),
+        ("cm", "continuous", {}),
+    )
+    for tag, name, opts in runs:
+        r = simulate(workload, cost, name, slots=slots, kv_tokens=None, **opts)
+        m = metrics(r)
+        out.update({f"{tag}_{k}": m[k] for k in ("throughput_tok", "ttft_p50", "ttft_p99")})
+        out[f"{tag}_stable"] = 1.0 - queue_growth(r)["growing"]
+        if tag == "dy":
+            d = batch_durations(r)
+            out.update(
+                batch_p50_s=float(np.median(d)),
+                batch_p99_s=float(np.percentile(d, 99)),
+                batch_max_s=float(d.max()),
+            )
+    return out
+
+
+#: Throughputs within this fraction of each other look "the same" to a mean (:func:`tail_verdict`).
+TAIL_THROUGHPUT_TOL = 0.05
+#: A p99 TTFT this many times another's is "far apart" (:func:`tail_verdict`).
+TAIL_FACTOR = 3.0
+
+
+def tail_verdict(
+    n: Mapping[str, float], tol: float = TAIL_THROUGHPUT_TOL, factor: float = TAIL_FACTOR
+) -> Claim | None:
+    """The claim "mean throughput looks acceptable while the tail is set by the batch's longest
+    request" on :func:`tail_numbers`: HOLDS where the two throughputs are within ``tol`` and
+    dynamic batching's p99 TTFT is at least ``factor`` x continuous batching's; PARTLY where
+    the tails are that far apart but the throughputs are not close; DOES_NOT_HOLD where the
+    tails are not; None where either queue grew over the replay (no latency to judge)."""
+    if not (0 <= tol < 1 and factor > 1):
+        raise ValueError(f"tol={tol}, factor={factor}: need 0 <= tol < 1 and factor > 1")
+    if not (n["dy_stable"] and n["cm_stable"]):
+        return None
+    if n["dy_ttft_p99"] < factor * n["cm_ttft_p99"]:
+        return Claim.DOES_NOT_HOLD
+    same = abs(n["dy_throughput_tok"] / n["cm_throughput_tok"] - 1.0) <= tol
+    return Claim.HOLDS if same else Claim.PARTLY
+
+
+#: Columns of the page's table of :func:`tail_numbers` (:func:`tail_rows`).
+TAIL_HEADER = ("scheduler", "output tokens/s", "p99 TTFT (s)")
+
+
+def tail_rows(n: Mapping[str, float], max_wait: float = 0.0) -> list[list[str]]:
+    """One row per scheduler of :func:`tail_numbers` (columns :data:`TAIL_HEADER`)."""
+    rows = []
+    for tag, label in (("dy", f"dynamic, max_wait {max_wait:g} s"), ("cm", "continuous")):
+        rows.append(
+            [
+                label,
+                f"{n[f'{tag}_throughput_tok']:,.0f}",
+                f"{n[f'{tag}_ttft_p99']:.3g}",
+            ]
+        )
+    return rows

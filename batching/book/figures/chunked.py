@@ -89,7 +89,7 @@ def _chunk_x(ax: Any, ticks: Iterable[float] | None) -> None:
     """The prefill-chunk axis of 7.3's figures: log 2, labelled at ``ticks``."""
     log2_x(ax, ticks)
     ax.tick_params(axis="x", labelrotation=45)
-    ax.set_xlabel("prefill chunk (tokens)")
+    ax.set_xlabel("prefill chunk (tokens, log 2)")
 
 
 def _bstar_label(ax: Any, bstar: float, color: str) -> None:
@@ -117,7 +117,7 @@ def chunk_roofline_figure(chunks: np.ndarray, step_s: np.ndarray, decode_s: floa
     )
     ax.set_yscale("log")
     log_ticks(ax, float(min(step_s.min(), decode_s)) * 1e3 * 0.9, float(step_s.max()) * 1e3 * 1.1, axis="y")
-    ax.set_ylabel("step time = decodes' ITL (ms)")
+    ax.set_ylabel("step time = decodes' ITL\n(ms, log)")
     ax = axes[1]
     ax.plot(chunks, chunks / step_s / 1e3, "o-", color=PHASE_COLORS["prefill"], ms=3.5)
     ax.set_ylabel("prefill throughput (k tokens/s)")

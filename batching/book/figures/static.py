@@ -131,7 +131,7 @@ def batch_sweep_figure(sweep: Mapping[str, np.ndarray]) -> Figure:
     axes[1].set_ylabel("padding / prefill positions")
     for ax in axes:
         log2_x(ax, b)
-        ax.set_xlabel("static batch size B")
+        ax.set_xlabel("static batch size B (log 2)")
         ax.set_ylim(0, 1.05)
         percent_axis(ax)
     return fig

@@ -104,37 +104,30 @@ def run_ours(mode: str, a: argparse.Namespace, ckpt: Path, out: Path) -> dict[st
     return json.loads(out.read_text())
 
 
-def run_server(a: argparse.Namespace, ckpt: Path, out: Path) -> dict[str, Any]:
+def replay_server(
+    a: argparse.Namespace, srv: Any, warm_prompt: Any, prompt_args: list[str], out: Path
+) -> Any:
+    """One untimed warm-up completion, then ``python -m batching replay`` of the slice against
+    ``srv`` (``prompt_args``: how its prompts are sent); its results, the server described in
+    ``meta.server_process``."""
     import httpx
 
-    with transformers_serve.transformers_serve(ckpt, threads=a.threads, log=out.with_suffix(".log")) as srv:
-        warm = {"model": srv.model, "prompt": "t1 t2 t3 t4", "max_tokens": 2, "temperature": 0.0}
-        httpx.post(f"{srv.url}/completions", json=warm, timeout=120).raise_for_status()
-        cmd = py(
-            "replay",
-            *workload_args(a),
-            "--url",
-            srv.url,
-            "--served-model",
-            srv.model,
-            "--prompt",
-            "text",
-            "--tokenizer",
-            str(ckpt),
-            "--no-progress",
-            "--out",
-            str(out),
-        )
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S)
-        desc = srv.describe()
-    doc = json.loads(out.read_text())
-    doc["meta"]["server_process"] = desc
+    warm = {"model": srv.model, "prompt": warm_prompt, "max_tokens": 2, "temperature": 0.0}
+    httpx.post(f"{srv.url}/completions", json=warm, timeout=120).raise_for_status()
+    cmd = py("replay", *workload_args(a), "--url", srv.url, "--served-model", srv.model, *prompt_args)
+    cmd += ["--no-progress", "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S)
+    doc: dict[str, Any] = json.loads(out.read_text())
+    doc["meta"]["server_process"] = srv.describe()
     return doc
 
 
-def run_vllm(a: argparse.Namespace, ckpt: Path, out: Path) -> dict[str, Any]:
-    import httpx
+def run_server(a: argparse.Namespace, ckpt: Path, out: Path) -> dict[str, Any]:
+    with transformers_serve.transformers_serve(ckpt, threads=a.threads, log=out.with_suffix(".log")) as srv:
+        return replay_server(a, srv, "t1 t2 t3 t4", ["--prompt", "text", "--tokenizer", str(ckpt)], out)
 
+
+def run_vllm(a: argparse.Namespace, ckpt: Path, out: Path) -> dict[str, Any]:
     from batching.costs.models import get_model
 
     with vllm_serve.vllm_serve(
@@ -146,29 +139,8 @@ def run_vllm(a: argparse.Namespace, ckpt: Path, out: Path) -> dict[str, Any]:
         max_model_len=a.max_len,
         log=out.with_suffix(".log"),
     ) as srv:
-        warm = {"model": srv.model, "prompt": [1, 2, 3, 4], "max_tokens": 2, "temperature": 0.0}
-        httpx.post(f"{srv.url}/completions", json=warm, timeout=120).raise_for_status()
         vocab = get_model(a.model).vocab
-        cmd = py(
-            "replay",
-            *workload_args(a),
-            "--url",
-            srv.url,
-            "--served-model",
-            srv.model,
-            "--prompt",
-            "ids",
-            "--vocab",
-            f"1:{vocab}",
-            "--no-progress",
-            "--out",
-            str(out),
-        )
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S)
-        desc = srv.describe()
-    doc = json.loads(out.read_text())
-    doc["meta"]["server_process"] = desc
-    return doc
+        return replay_server(a, srv, [1, 2, 3, 4], ["--prompt", "ids", "--vocab", f"1:{vocab}"], out)
 
 
 def extract(doc: dict[str, Any]) -> dict[str, Any]:

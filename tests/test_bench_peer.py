@@ -50,20 +50,25 @@ def test_workload_is_seeded_and_within_bounds(bench) -> None:
     assert all(16 <= p <= 512 and 8 <= o <= 256 for _, p, o in w)
 
 
-def test_workers_agree_token_for_token(bench, tmp_path) -> None:
-    """Our chunked mode and both transformers modes on the same tiny checkpoint: same prompt
-    ids, every request its own length, the same greedy tokens."""
-    save_hf_checkpoint(
-        Llama(ModelConfig.from_shape(get_model("tiny")), "cpu", torch.float32, seed=1), tmp_path
-    )
-    spec = {
-        "checkpoint": str(tmp_path),
+def _tiny_spec(folder) -> dict:
+    """A worker spec on the seeded tiny checkpoint, saved in ``folder`` (requests to add)."""
+    save_hf_checkpoint(Llama(ModelConfig.from_shape(get_model("tiny")), "cpu", torch.float32, seed=1), folder)
+    return {
+        "checkpoint": str(folder),
         "seed": 4,
         "vocab": 256,
         "threads": torch.get_num_threads(),
-        "requests": [[0, 9, 5], [1, 3, 12], [2, 20, 7]],
         "slots": 4,
         "token_budget": 8,
+    }
+
+
+def test_workers_agree_token_for_token(bench, tmp_path) -> None:
+    """Our chunked mode and both transformers modes on the same tiny checkpoint: same prompt
+    ids, every request its own length, the same greedy tokens."""
+    spec = {
+        **_tiny_spec(tmp_path),
+        "requests": [[0, 9, 5], [1, 3, 12], [2, 20, 7]],
         "static_batch": 2,
         "hf_cb_config": {
             "page_size": 16,
@@ -84,19 +89,7 @@ def test_workers_agree_token_for_token(bench, tmp_path) -> None:
 def test_bf16_workers_run_in_bf16(bench, tmp_path) -> None:
     """--dtype bf16: the fp32 checkpoint is cast on load, in this engine and in transformers;
     every request still gets its own length (tokens may differ from fp32's in the last bit)."""
-    save_hf_checkpoint(
-        Llama(ModelConfig.from_shape(get_model("tiny")), "cpu", torch.float32, seed=1), tmp_path
-    )
-    spec = {
-        "checkpoint": str(tmp_path),
-        "seed": 4,
-        "vocab": 256,
-        "threads": torch.get_num_threads(),
-        "requests": [[0, 9, 5], [1, 3, 12]],
-        "slots": 4,
-        "token_budget": 8,
-        "dtype": "bf16",
-    }
+    spec = {**_tiny_spec(tmp_path), "requests": [[0, 9, 5], [1, 3, 12]], "dtype": "bf16"}
     assert bench.torch_dtype(spec) is torch.bfloat16 and bench.torch_dtype({}) is torch.float32
     ours = bench.worker_ours("ours-chunked", spec)
     assert [len(ours["tokens"][r]) for r in range(2)] == [5, 12]

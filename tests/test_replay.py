@@ -5,7 +5,6 @@ and one-line errors with exit status 2 that keep what was measured."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from fake_openai import FakeOpenAI
 
 from batching.cli import main
 from batching.metrics import PERCENTILES
+from batching.servers.process import free_port
 
 
 def simulate_doc(tmp_path: Path) -> dict:
@@ -50,12 +50,6 @@ def replay(tmp_path: Path, url: str, *extra: str, model: str = "fake", n: int = 
         ]
     )
     return rc, json.loads(out.read_text()) if out.exists() else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_replay_sends_exact_lengths_at_arrival_times(tmp_path, capsys):

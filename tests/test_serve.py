@@ -4,13 +4,12 @@ on the seeded ``tiny`` checkpoint, replayed with a small workload (batching.serv
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
 
 from batching.cli import main
-from batching.servers import transformers_serve
+from batching.servers import process, transformers_serve
 
 MISSING = transformers_serve.missing_packages()
 
@@ -20,16 +19,6 @@ pytestmark = [
         bool(MISSING), reason=f"needs the serve extra (transformers[serving]); missing: {', '.join(MISSING)}"
     ),
 ]
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def test_tokenizer_counts_words_and_its_eos_is_out_of_the_models_reach(tmp_path):
@@ -73,7 +62,7 @@ def test_replay_against_transformers_serve(tmp_path):
         )
         wall = time.time() - t_start
     assert rc == 0
-    assert srv.process.poll() is not None and not _group_alive(pgid)  # nothing left behind
+    assert srv.process.poll() is not None and not process.group_alive(pgid)  # nothing left behind
     doc = json.loads(out.read_text())
     reqs = doc["requests"]
     assert [r["status"] for r in reqs] == ["ok"] * 8, [r["error"] for r in reqs]

@@ -27,7 +27,7 @@ from batching.costs.models import get_model
 from batching.real.checkpoint import EOS_ID, save_hf_checkpoint, save_hf_tokenizer
 from batching.real.model import Llama, ModelConfig
 from batching.real.runner import prompt_ids
-from batching.servers import vllm_serve
+from batching.servers import process, vllm_serve
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PY = vllm_serve.VLLM_PY
@@ -124,7 +124,7 @@ def _run(
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        vllm_serve.stop(proc)
+        process.stop_group(proc)
         out, err = proc.communicate()
         pytest.fail(f"{cmd[:4]} ran past {timeout_s:g} s:\n{(out + err)[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

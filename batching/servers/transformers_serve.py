@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .process import free_port, stop_group, wait_ready
 
 EOS = "<eos>"
 
@@ -68,12 +68,6 @@ def prepare_checkpoint(folder: str | Path, model: str = "tiny", seed: int = 0) -
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Server:
     url: str  # base URL ending in /v1
@@ -99,7 +93,6 @@ def transformers_serve(
 ) -> Iterator[Server]:
     """Start ``transformers serve CHECKPOINT --continuous-batching`` on a free loopback port,
     wait until ``/v1/models`` answers, and stop its process group on exit."""
-    import httpx
 
     port, startup_timeout_s = free_port(), 120.0
     ckpt = str(Path(checkpoint).resolve())
@@ -119,34 +112,7 @@ def transformers_serve(
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        while True:
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-                raise RuntimeError(f"transformers serve exited with {proc.returncode}: {' | '.join(tail)}")
-            try:
-                if httpx.get(f"{url}/models", timeout=2.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.perf_counter() - t0 > startup_timeout_s:
-                raise RuntimeError(f"transformers serve did not answer within {startup_timeout_s:g} s")
-            time.sleep(0.5)
+        wait_ready(proc, url, log_path, "transformers serve", startup_timeout_s)
         yield Server(url, ckpt, proc, cmd, time.perf_counter() - t0)
     finally:
-        stop(proc)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """End the server's process group (it was started in a session of its own)."""
-    grace_s = 10.0
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(grace_s)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # stray children of the group, if any
+        stop_group(proc)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .process import free_port, group_alive, stop_group, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV = ROOT / ".vllm-venv"
@@ -47,14 +48,6 @@ def vllm_env(threads: int = 2, kv_cache_gb: int = 1) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Server:
     url: str  # the OpenAI API's base, http://127.0.0.1:PORT/v1
@@ -79,30 +72,6 @@ class Server:
         }
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stop(proc: subprocess.Popen[Any]) -> None:
-    """SIGTERM to the server's process group (its engine process included), SIGKILL after 15 s."""
-    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(wait_s)
-        deadline = time.monotonic() + wait_s
-        while group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if proc.poll() is not None and not group_alive(proc.pid):
-            return
-
-
 @contextlib.contextmanager
 def vllm_serve(
     checkpoint: str | Path,
@@ -117,8 +86,6 @@ def vllm_serve(
 ) -> Iterator[Server]:
     """Start vLLM's server on ``checkpoint`` (served as ``model``), wait until ``/v1/models``
     answers, and on exit stop its process group; raises if a process of it outlives the stop."""
-    import httpx
-
     if not have_vllm():
         raise FileNotFoundError(f"vLLM's environment {VLLM_VENV} is not built: run `make vllm`")
     port, ckpt = free_port(), Path(checkpoint).resolve()
@@ -135,18 +102,9 @@ def vllm_serve(
             cmd, stdout=f, stderr=subprocess.STDOUT, env=vllm_env(threads), start_new_session=True
         )
     try:
-        while True:
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-                raise RuntimeError(f"vLLM's server exited with {proc.returncode}: {' | '.join(tail)}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/models", timeout=2.0).status_code == 200:
-                    break
-            if time.monotonic() - t0 > startup_s:
-                raise RuntimeError(f"vLLM's server did not answer within {startup_s:g} s (log: {log_path})")
-            time.sleep(0.5)
+        wait_ready(proc, url, log_path, "vLLM's server", startup_s)
         yield Server(url, model, ckpt, proc, cmd, time.monotonic() - t0)
     finally:
-        stop(proc)
+        stop_group(proc)
     if proc.poll() is None or group_alive(proc.pid):
         raise RuntimeError("a vLLM server process outlived its stop")

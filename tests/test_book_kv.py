@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import H100_8B, small_trace
 
-from batching.book import checks
+from batching.book import checks, common
 from batching.book import kv as kvbook
 from batching.workloads import Workload, synthetic
 from batching.workloads.lengths import LogNormal
@@ -28,12 +28,89 @@ def test_kv_over_time_slab_reserves_whole_slabs_and_exact_reserves_what_is_held(
     assert kv["numbers"]["slab_unused"] > 0.8 and kv["numbers"]["exact_unused"] == 0
 
 
+def test_kv_time_figure_gives_each_policy_its_panel_so_both_written_series_show():
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    from batching.book import figures
+
+    w = small_trace(80, rate=10.0)
+    kv = kvbook.kv_runs(w, H100_8B, slots=64)
+    fig = figures.kv.kv_time_figure(kv["series"], H100_8B.kv_capacity())
+    slab_ax, exact_ax, running_ax = fig.axes[:3]
+    for ax, pol in ((slab_ax, "slab"), (exact_ax, "exact")):
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert labels == [f"{pol}: reserved", f"{pol}: written"]
+        # Written is a shaded area under the reserved line: visible where the two coincide.
+        fills = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        assert len(fills) == 1 and fills[0].get_label() == f"{pol}: written"
+    assert slab_ax.get_ylim() == exact_ax.get_ylim()  # one scale: the panels compare
+    assert [t.get_text() for t in running_ax.get_legend().get_texts()] == ["slab", "exact"]
+    plt.close(fig)
+
+
 def test_kv_fit_for_llama_8b_on_h100():
     w = small_trace(200)
     fit = kvbook.kv_fit(H100_8B, w)
     assert H100_8B.model.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
     assert fit["slab"] == H100_8B.kv_capacity() // 8192 == 52
     assert fit["exact_avg"] > fit["exact_final"] > fit["slab"]
+    assert fit["bstar"] == H100_8B.bstar()
+    assert fit["slab_over_bstar"] == pytest.approx(52 / H100_8B.bstar())
+    assert fit["exact_over_bstar"] == pytest.approx(fit["exact_final"] / H100_8B.bstar())
+
+
+def test_fit_verdict_thresholds():
+    def v(slab: float, exact: float) -> str:
+        return kvbook.fit_verdict({"slab_over_bstar": slab, "exact_over_bstar": exact})
+
+    assert v(0.18, 1.06) == v(0.49, 0.5) == "holds"  # slabs far below B*, exact not
+    assert v(0.18, 0.3) == "partly"  # the memory caps both layouts far below B*
+    assert v(0.5, 1.2) == v(0.9, 3.0) == "does not hold"  # slabs reach half of B* or more
+    assert kvbook.fit_verdict({"slab_over_bstar": 0.3, "exact_over_bstar": 0.5}, far=0.25) == "does not hold"
+    with pytest.raises(ValueError, match="far=1"):
+        kvbook.fit_verdict({"slab_over_bstar": 0.1, "exact_over_bstar": 1.0}, far=1.0)
+
+
+def _reserved(**kw: float) -> dict[str, float]:
+    """kv_runs numbers where the claim holds: slabs stop at 52 with 85% unwritten, exact runs 86
+    without preempting, p99 TTFT 19x shorter; ``kw`` overrides."""
+    n = {
+        "slab_count": 52.0,
+        "slab_running_peak": 52.0,
+        "slab_unused": 0.85,
+        "exact_running_peak": 86.0,
+        "exact_preemptions": 0.0,
+        "ttft_gain": 19.0,
+    }
+    return {**n, **kw}
+
+
+def test_reserved_verdict_by_hand():
+    assert kvbook.reserved_verdict(_reserved()) == "holds"
+    assert kvbook.reserved_verdict(_reserved(ttft_gain=2.0)) == "holds"  # the factor itself is enough
+    # The first half holds, the second not: exact preempts, runs no more at once, or no queue.
+    assert kvbook.reserved_verdict(_reserved(exact_preemptions=3.0)) == "partly"
+    assert kvbook.reserved_verdict(_reserved(exact_running_peak=52.0)) == "partly"
+    assert kvbook.reserved_verdict(_reserved(ttft_gain=1.5)) == "partly"
+    # Slabs never filled the memory, or what they reserved was mostly written.
+    assert kvbook.reserved_verdict(_reserved(slab_running_peak=40.0)) == "does not hold"
+    assert kvbook.reserved_verdict(_reserved(slab_unused=0.5)) == "does not hold"
+    with pytest.raises(ValueError, match="factor=1"):
+        kvbook.reserved_verdict(_reserved(), factor=1.0)
+
+
+def test_both_verdicts_hold_on_the_pages_setup():
+    # The KV page's roofline H100 and the first 300 requests of its trace at 4x their rate.
+    w = common.trace_workload("azure-conv", limit=300, max_context=H100_8B.model.max_context)
+    fit = kvbook.kv_fit(H100_8B, w)
+    assert fit["slab"] == 52 and fit["slab_over_bstar"] < 0.2 and fit["exact_over_bstar"] > 1
+    assert kvbook.fit_verdict(fit) == common.Claim.HOLDS
+    n = kvbook.kv_runs(w.scale(time=4.0), H100_8B, slots=256)["numbers"]
+    assert n["slab_count"] == n["slab_running_peak"] == 52
+    assert n["slab_unused"] > 0.8 and n["exact_running_peak"] > 52 and n["exact_preemptions"] == 0
+    assert n["ttft_gain"] == pytest.approx(n["slab_ttft_p99"] / n["exact_ttft_p99"]) and n["ttft_gain"] > 2
+    assert kvbook.reserved_verdict(n) == common.Claim.HOLDS
 
 
 def test_kv_budget_sweep_exact_beats_slab_and_slab_beats_static_when_memory_binds():
@@ -101,6 +178,7 @@ def test_kv_runs_peak_share_is_the_reserved_peak_over_the_capacity():
     )
     n = kvbook.kv_runs(w, H100_8B, slots=16, kv_tokens=65536)["numbers"]
     assert n["slab_peak_share"] == 1.0  # 8 slabs of 8192 reserve all 65,536 tokens
+    assert n["slab_count"] == 8 == n["slab_running_peak"]
     assert 0 < n["exact_peak_share"] < 1
 
 

@@ -47,10 +47,11 @@ def kv_runs(
     """Continuous batching under each KV policy, every step logged: ``series`` ({policy:
     :func:`kv_over_time`}) and ``numbers``, per policy ``<policy>_running_peak``, ``_ttft_p99``
     (s), ``_preemptions``, ``_unused`` (1 - used / reserved, time-weighted) and ``_peak_share``
-    (reserved peak over the KV capacity)."""
+    (reserved peak over the KV capacity); ``slab_count``, the slabs the capacity holds, and
+    ``ttft_gain``, slab's p99 TTFT over exact's."""
     series: dict[str, Any] = {}
-    numbers: dict[str, float] = {}
     capacity = cost.kv_capacity() if kv_tokens == "device" else float(kv_tokens)
+    numbers: dict[str, float] = {"slab_count": float(int(capacity) // cost.model.max_context)}
     for pol in POLICIES:
         r = simulate(
             workload, cost, "continuous", slots=slots, kv_tokens=kv_tokens, kv_policy=pol, fast=False
@@ -60,17 +61,44 @@ def kv_runs(
         numbers.update({f"{pol}_{k}": m[k] for k in ("running_peak", "ttft_p99", "preemptions")})
         numbers[f"{pol}_unused"] = 1.0 - m["kv_used_mean"] / m["kv_reserved_mean"]
         numbers[f"{pol}_peak_share"] = m["kv_reserved_peak"] / capacity
+    numbers["ttft_gain"] = numbers["slab_ttft_p99"] / numbers["exact_ttft_p99"]
     return {"series": series, "numbers": numbers}
+
+
+#: Most of a reservation unwritten: over this share of it (:func:`reserved_verdict`).
+UNUSED_MOST = 0.5
+#: Requests queue for a slab where slab's p99 TTFT is at least this many times exact's.
+QUEUE_FACTOR = 2.0
+
+
+def reserved_verdict(
+    n: Mapping[str, float], unused: float = UNUSED_MOST, factor: float = QUEUE_FACTOR
+) -> Claim:
+    """The claim "slab reservations fill the memory long before the cache contents do, and the
+    batch stops at the slab count while requests queue; exact reservations run as many requests
+    as arrive", on :func:`kv_runs`'s ``numbers``. Its first half: slabs ran ``slab_count`` at
+    once with over ``unused`` of what they reserved never written. HOLDS where that half holds,
+    exact ran more at once than slabs without a preemption, and slab's p99 TTFT is at least
+    ``factor`` x exact's; PARTLY where only the first half holds; DOES_NOT_HOLD where it does
+    not (the memory never filled with slabs, or what they reserved was mostly written)."""
+    if not (0 < unused < 1 and factor > 1):
+        raise ValueError(f"unused={unused}, factor={factor}: need 0 < unused < 1 and factor > 1")
+    if not (n["slab_running_peak"] >= n["slab_count"] and n["slab_unused"] > unused):
+        return Claim.DOES_NOT_HOLD
+    exact_ran_all = n["exact_running_peak"] > n["slab_running_peak"] and n["exact_preemptions"] == 0
+    return Claim.HOLDS if exact_ran_all and n["ttft_gain"] >= factor else Claim.PARTLY
 
 
 def kv_fit(cost: Any, workload: Workload) -> dict[str, float]:
     """How many sequences the device's KV capacity (``capacity`` tokens) holds: as slabs of
     ``max_context`` (``slab``), or reserved exactly at each request's final length
-    (``exact_final``, mean ``mean_final``) or at its mean over its life (``exact_avg``); and
-    ``slab_waste``, the share of a slab the mean final length leaves empty."""
+    (``exact_final``, mean ``mean_final``) or at its mean over its life (``exact_avg``);
+    ``slab_waste``, the share of a slab the mean final length leaves empty; and the device's
+    ``bstar`` with ``slab_over_bstar`` and ``exact_over_bstar`` (``exact_final`` over it)."""
     C = int(cost.kv_capacity())
     L = (workload.prompt_lens + workload.output_lens).astype(float)
     ctx = cost.model.max_context
+    bstar = float(cost.bstar())
     return {
         "capacity": float(C),
         "max_context": float(ctx),
@@ -79,7 +107,27 @@ def kv_fit(cost: Any, workload: Workload) -> dict[str, float]:
         "exact_avg": C / _life_mean(workload),
         "mean_final": float(L.mean()),
         "slab_waste": float(1 - L.mean() / ctx),
+        "bstar": bstar,
+        "slab_over_bstar": (C // ctx) / bstar,
+        "exact_over_bstar": float(C / L.mean()) / bstar,
     }
+
+
+#: "Far below" B*: under this share of it (:func:`fit_verdict`).
+FAR_BELOW = 0.5
+
+
+def fit_verdict(fit: Mapping[str, float], far: float = FAR_BELOW) -> Claim:
+    """The claim "one slab per request caps the batch far below B*; reserving what requests
+    hold does not", on :func:`kv_fit`: HOLDS where slabs fit under ``far`` of B* and exact
+    reservations (at final lengths) at least that share; PARTLY where both fit under it (the
+    memory caps the batch far below B* whatever the layout); DOES_NOT_HOLD where slabs fit
+    ``far`` of B* or more."""
+    if not 0 < far < 1:
+        raise ValueError(f"far={far}: need 0 < far < 1")
+    if fit["slab_over_bstar"] >= far:
+        return Claim.DOES_NOT_HOLD
+    return Claim.HOLDS if fit["exact_over_bstar"] >= far else Claim.PARTLY
 
 
 def policy_roofline(cost: Any, workload: Workload, budget: float, slots: int) -> dict[str, float]:

@@ -12,22 +12,30 @@ from ..plots import POLICY_COLORS, WIDTH, note
 
 
 def kv_time_figure(series: Mapping[str, Mapping[str, np.ndarray]], capacity: float) -> Figure:
-    """The KV page: KV tokens reserved (solid) and written (dotted) over a run,
-    and running requests, per policy."""
-    fig, axes = plt.subplots(2, 1, figsize=(WIDTH, 4.2), sharex=True, height_ratios=(3, 2))
-    for pol, d in series.items():
-        c = POLICY_COLORS[pol]
-        axes[0].step(d["t"], d["reserved"] / 1e3, where="pre", color=c, lw=1.3, label=f"{pol}: reserved")
-        axes[0].step(d["t"], d["used"] / 1e3, where="pre", color=c, lw=1.0, ls=":", label=f"{pol}: written")
-        axes[1].step(d["t"], d["running"], where="pre", color=c, lw=1.2, label=pol)
-    axes[0].axhline(capacity / 1e3, color="#999999", ls="--", lw=1)
-    note(axes[0], "KV capacity", (0.0, capacity / 1e3), (2, 2), "y", va="bottom", fontsize=8, color="#666666")
-    axes[0].set_ylim(0, capacity / 1e3 * 1.4)
-    axes[0].set_ylabel("KV cache (k tokens)")
-    axes[0].legend(loc="upper right", ncol=4, fontsize=7.5)
-    axes[1].set_ylabel("running requests")
-    axes[1].set_xlabel("time (s)")
-    axes[1].legend(loc="upper right", ncol=2)
+    """The KV page: KV tokens reserved (line) and written (shaded) over a run, one panel per
+    policy on one scale (under ``exact`` the two coincide, so a shared panel hid one series
+    behind another), and running requests below."""
+    pols = list(series)
+    fig, axes = plt.subplots(len(pols) + 1, 1, figsize=(WIDTH, 5.2), sharex=True)
+    top = capacity / 1e3 * 1.45  # room above the capacity line for the legend
+    for ax, pol in zip(axes, pols, strict=False):
+        d, c = series[pol], POLICY_COLORS[pol]
+        ax.step(d["t"], d["reserved"] / 1e3, where="pre", color=c, lw=1.3, zorder=3, label=f"{pol}: reserved")
+        ax.fill_between(
+            d["t"], d["used"] / 1e3, step="pre", color=c, alpha=0.4, lw=0, zorder=2, label=f"{pol}: written"
+        )
+        ax.axhline(capacity / 1e3, color="#999999", ls="--", lw=1)
+        note(ax, "KV capacity", (0.0, capacity / 1e3), (2, 2), "y", va="bottom", fontsize=8, color="#666666")
+        ax.set_ylim(0, top)
+        ax.set_ylabel("KV (k tokens)")
+        ax.legend(loc="upper right", ncol=2, fontsize=7.5)
+    for pol in pols:
+        axes[-1].step(
+            series[pol]["t"], series[pol]["running"], where="pre", color=POLICY_COLORS[pol], lw=1.2, label=pol
+        )
+    axes[-1].set_ylabel("running requests")
+    axes[-1].set_xlabel("time (s)")
+    axes[-1].legend(loc="upper right", ncol=2)
     return fig
 
 

@@ -193,7 +193,7 @@ SERVER_COLORS = {"hf-serve": "#E69F00", "vllm-serve": "#009E73"}
 def serve_figure(rows: Mapping[str, Mapping[str, float | None]], labels: Mapping[str, str]) -> Figure:
     """Median time to first token, inter-token gap and end-to-end latency (ms) of each mode in
     ``labels`` (its order, top to bottom) that ``rows`` has (:func:`batching.book.serve.numbers`'
-    ``rows``), one horizontal bar each, the value written at its end."""
+    ``rows``), one horizontal bar each, the value written at its end (one decimal below 10 ms)."""
     keys = (("ttft_p50", "median TTFT (ms)"), ("itl_p50", "median ITL (ms)"), ("e2e_p50", "median E2E (ms)"))
     modes = [m for m in labels if m in rows]
     fig, axes = plt.subplots(1, len(keys), figsize=(WIDTH, 0.32 * len(modes) + 1.0), sharey=True)
@@ -204,7 +204,7 @@ def serve_figure(rows: Mapping[str, Mapping[str, float | None]], labels: Mapping
             c = SERVER_COLORS.get(m) or _config_color(m.removeprefix("ours-"))
             ax.barh(i, v, height=0.7, color=c)
             if math.isfinite(v):
-                ax.text(v + top * 0.02, i, f"{v:.0f}", va="center", fontsize=7.5)
+                ax.text(v + top * 0.02, i, f"{v:.1f}" if v < 10 else f"{v:.0f}", va="center", fontsize=7.5)
         ax.set_xlim(0, top * 1.3)
         ax.set_title(title, fontsize=9)
         ax.grid(axis="y", visible=False)

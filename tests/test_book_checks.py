@@ -152,6 +152,9 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
     assert (rs["real"]["static"]["steps"], rs["real"]["continuous"]["steps"]) == (40, 30)
     assert rs["real"]["static"]["slot_util"] == pytest.approx(55 / 80)
     assert rs["real"]["continuous"]["slot_util"] == pytest.approx(55 / 60)
+    # The capacity search's stability rule, per run: six requests at t = 0 queue for
+    # milliseconds, far below the growth the rule needs (capacity.queue_growth).
+    assert rs["real"]["static"]["stable"] == rs["real"]["continuous"]["stable"] == 1.0
     rows, header = checks.real_schedulers_rows(rs)
     assert header == ["measured", "static", "continuous"] and rows[0] == ["slot utilization", "69%", "92%"]
     # A profile of this machine (its CPU at the runs' one thread, written before profiles
@@ -181,7 +184,7 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
         w, configs, model="tiny", device="cpu", threads=1, profile=str(tmp_path / "cpu-here-tiny.json")
     )
     assert {n: m["steps"] for n, m in rs["sim"].items()} == {"static": 40, "continuous": 30}
-    assert rs["sim"]["static"]["busy_s"] == pytest.approx(0.400)
+    assert rs["sim"]["static"]["busy_s"] == pytest.approx(0.400) and rs["sim"]["static"]["stable"] == 1.0
     assert checks.real_schedulers_rows(rs)[1][0] == "measured (simulated)"
 
 

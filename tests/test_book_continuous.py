@@ -181,8 +181,101 @@ def test_probe_summary_by_hand():
 
 
 def test_real_tail_by_hand() -> None:
-    static = {"e2e_p99": 8.0, "slot_util": 0.5}
-    t = continuous.real_tail(static, {"e2e_p99": 2.0, "slot_util": 0.4})
-    assert t == {"claim": Claim.HOLDS, "p99_ratio": 4.0, "slot_lower": True}
-    t = continuous.real_tail(static, {"e2e_p99": 10.0, "slot_util": 0.5})
-    assert t == {"claim": Claim.DOES_NOT_HOLD, "p99_ratio": 1.25, "slot_lower": False}
+    T = continuous.Tail
+    static = {"e2e_p99": 8.0, "slot_util": 0.5, "stable": 1.0}
+    t = continuous.real_tail(static, {"e2e_p99": 2.0, "slot_util": 0.4, "stable": 1.0})
+    assert (t["tail"], t["claim"], t["p99_ratio"], t["slot_lower"]) == (T.LOWER, Claim.HOLDS, 4.0, True)
+    t = continuous.real_tail(static, {"e2e_p99": 10.0, "slot_util": 0.5})  # no "stable": stable
+    assert (t["tail"], t["claim"], t["p99_ratio"], t["slot_lower"]) == (
+        T.NOT_LOWER,
+        Claim.DOES_NOT_HOLD,
+        1.25,
+        False,
+    )
+    # Static batching's queue grew: its p99 measures the replay's length, so no ratio is taken.
+    t = continuous.real_tail({**static, "stable": 0.0}, {"e2e_p99": 2.0, "slot_util": 0.4, "stable": 1.0})
+    assert (t["tail"], t["claim"]) == (T.STATIC_UNSTABLE, Claim.HOLDS) and np.isnan(t["p99_ratio"])
+    # Continuous batching's queue grew where static batching kept up: it does not hold.
+    t = continuous.real_tail(static, {"e2e_p99": 2.0, "slot_util": 0.4, "stable": 0.0})
+    assert (t["tail"], t["claim"]) == (T.CONT_UNSTABLE, Claim.DOES_NOT_HOLD) and np.isnan(t["p99_ratio"])
+    # Both queues grew: no p99 counts, and the check says nothing of the claim.
+    t = continuous.real_tail({**static, "stable": 0.0}, {"e2e_p99": 2.0, "slot_util": 0.4, "stable": 0.0})
+    assert (t["tail"], t["claim"]) == (T.BOTH_UNSTABLE, None) and np.isnan(t["p99_ratio"])
+
+
+def test_real_tail_offered_against_served_tokens() -> None:
+    # 4 requests of 10 output tokens over 2 s of arrivals: 20 tokens/s asked for.
+    w = Workload.from_arrays([0.0, 0.5, 1.0, 2.0], [8] * 4, [10] * 4)
+    s = {"e2e_p99": 8.0, "slot_util": 0.5, "stable": 0.0, "throughput_tok": 5.0}
+    c = {"e2e_p99": 2.0, "slot_util": 0.4, "stable": 1.0, "throughput_tok": 19.0}
+    t = continuous.real_tail(s, c, w)
+    assert t["offered_tok"] == pytest.approx(20.0) and (t["static_tok"], t["cont_tok"]) == (5.0, 19.0)
+
+
+def test_a_static_run_that_falls_behind_is_marked_unstable_and_not_compared():
+    """The same stability rule as the capacity search (capacity.queue_growth), applied to the
+    runs the live check compares: a static batcher offered four times what it serves falls
+    behind for the whole replay; continuous batching keeps up; no p99 ratio is taken."""
+    from batching.book.capacity import queue_growth
+
+    w = small_trace(200, rate=50.0)
+    big = get_cost_model("llama-70b", "h200", tp=2)
+    st = common.simulate(w, big, "static", slots=32, timeout=2.0)
+    co = common.simulate(w, big, "continuous", slots=256, kv_policy="exact")
+    ms, mc = ({**common.metrics(r), "stable": 1.0 - queue_growth(r)["growing"]} for r in (st, co))
+    assert ms["stable"] == 0.0 and mc["stable"] == 1.0
+    t = continuous.real_tail(ms, mc, w)
+    assert t["tail"] is continuous.Tail.STATIC_UNSTABLE and t["claim"] is Claim.HOLDS
+    assert np.isnan(t["p99_ratio"]) and t["static_tok"] < t["offered_tok"]
+
+
+def test_queue_wait_bound_counts_from_arrival():
+    # Three queued requests at 1, 2 and 4 s behind a batch that blocks until 3 s: from t = 0
+    # each waits at least 3 s; from arrival 2, 1 and 0 s, 1 s on average.
+    w = Workload.from_arrays([0.0, 1.0, 2.0, 4.0], [8] * 4, [5] * 4)
+    b = continuous.queue_wait_bound(w, w.rids[1:], 3.0)
+    assert b == {"from_start": 3.0, "mean_arrival": pytest.approx(7 / 3), "from_arrival": pytest.approx(1.0)}
+    with pytest.raises(ValueError):
+        continuous.queue_wait_bound(w, [99], 3.0)
+
+
+def test_the_first_finisher_queue_waits_at_least_the_bound_from_arrival():
+    """7.2's admonition: the queued requests' mean latency from arrival under static batching
+    is at least the bound counted from the same origin, and below the bound from t = 0."""
+    ffq = continuous.first_finisher_queue(extra=16, gap=0.05)
+    extra = list(range(32, 48))
+    st = continuous.subset_latency(common.simulate(ffq, H100_8B, "static", slots=32, timeout=2.0), extra)
+    b = continuous.queue_wait_bound(ffq, extra, 2000 * H100_8B.decode_step(1, 1128))
+    assert b["from_arrival"] <= st["e2e_mean"]
+    assert b["from_arrival"] == pytest.approx(b["from_start"] - b["mean_arrival"])
+
+
+def test_step_gap_explains_the_first_finishers_small_saving():
+    """Continuous batching ends 7.1's first-finisher batch only a few percent sooner: both
+    runs take 2,000 steps that stream all the weights; the static batch's 31 dead rows add
+    only their short caches' reads. The gap is the mean steps' ratio."""
+    from batching.workloads import preset
+
+    ff = preset("first-finisher")
+    st = common.simulate(ff, H100_8B, "static", slots=32, timeout=2.0)
+    co = common.simulate(ff, H100_8B, "continuous", slots=32)
+    g = continuous.step_gap(st, co)
+    assert 0 < g["gap"] < 0.10 and g["cont_step_ms"] < g["static_step_ms"]
+    assert g["gap"] == pytest.approx(1 - g["cont_step_ms"] / g["static_step_ms"], rel=1e-6)
+    # A one-row step at the long request's mean context is about the continuous run's mean step.
+    assert g["cont_step_ms"] == pytest.approx(1e3 * H100_8B.decode_step(1, 1128), rel=0.02)
+
+
+def test_the_real_figure_draws_an_unstable_runs_p99_hollow_and_marks_it() -> None:
+    from matplotlib.colors import to_rgba
+
+    from batching.book import figures
+
+    run = {"slot_util": 0.5, "e2e_p99": 2.0, "throughput_tok": 90.0}
+    rs = {"real": {"static": {**run, "stable": 0.0}, "continuous": {**run, "stable": 1.0}}}
+    fig = figures.continuous.real_schedulers_figure(rs)
+    p99 = fig.axes[1]
+    faces = [to_rgba(b.get_facecolor()) for b in p99.patches]
+    assert faces[0] == to_rgba("white") and faces[1] != to_rgba("white")
+    assert [t.get_text() for t in p99.texts] == ["queue grew"]
+    assert not fig.axes[0].texts and not fig.axes[2].texts  # only the percentile is in doubt

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from batching.book import serve
+from batching.book.common import Versus
 
 COLS = serve.COLUMNS
 
@@ -69,7 +70,9 @@ def test_numbers_by_hand():
 def test_vllm_rows_and_ratios_when_the_file_has_them():
     """A file without vLLM (not built where it ran) has no vLLM row and no ratio; one with it
     gets the row after the servers' and vLLM's ratio to this engine's chunked run."""
-    assert serve.numbers(bench_doc())["vllm_over_chunked"] is None
+    n = serve.numbers(bench_doc())
+    assert n["vllm_over_chunked"] is n["vllm_e2e_vs_chunked"] is n["server_over_vllm"] is None
+    assert n["vllm_same_throughput"] is None
     doc = bench_doc()
     doc["median"]["vllm-serve"] = row(0.06, 0.01, 0.44, 380.0)
     doc["rounds"]["vllm-serve"] = [{"loadavg_1m": 1.0}]
@@ -77,6 +80,16 @@ def test_vllm_rows_and_ratios_when_the_file_has_them():
     r = n["vllm_over_chunked"]
     assert r["ttft_p50"] == pytest.approx(0.5) and r["output_throughput"] == pytest.approx(2.0)
     assert r["e2e_p50"] == pytest.approx(0.8)
+    assert n["vllm_e2e_vs_chunked"] is Versus.LESS  # 0.44 against 0.55 s
+    assert n["server_over_vllm"]["e2e_p50"] == pytest.approx(1.5 / 0.44)
+    assert not n["vllm_same_throughput"]  # 380 against 200 tok/s
+    doc["median"]["vllm-serve"] = row(0.06, 0.01, 0.56, 205.0)  # within 5%: the same
+    n = serve.numbers(doc)
+    assert n["vllm_e2e_vs_chunked"] is Versus.SAME and n["vllm_same_throughput"]
+    doc["median"]["vllm-serve"] = row(0.06, 0.01, 0.63, 205.0)
+    assert serve.numbers(doc)["vllm_e2e_vs_chunked"] is Versus.MORE
+    doc["median"]["vllm-serve"] = row(0.06, 0.01, 0.44, 380.0)
+    n = serve.numbers(doc)
     assert [x[0] for x in serve.table_rows(n)] == [
         "simulated",
         "ours-continuous",
@@ -135,3 +148,17 @@ def test_a_busy_machine_is_the_load_above_the_core_count() -> None:
 
     assert machine_busy(2.5, 2) and not machine_busy(2.0, 2) and not machine_busy(None, 2)
     assert machine_busy(1.5, None)  # unknown core count: one
+
+
+def test_the_serve_figure_draws_a_bar_per_mode_it_is_given_and_has() -> None:
+    from batching.book import figures
+
+    doc = bench_doc()
+    doc["median"]["vllm-serve"] = row(0.06, 0.01, 0.44, 380.0)
+    doc["rounds"]["vllm-serve"] = [{"loadavg_1m": 1.0}]
+    labels = {"ours-continuous": "ours", "hf-serve": "hf", "vllm-serve": "vllm", "live": "now"}
+    fig = figures.continuous.serve_figure(serve.numbers(doc)["rows"], labels)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["ours", "hf", "vllm"]  # no live row
+    e2e = fig.axes[2]
+    assert [round(p.get_width()) for p in e2e.patches] == [500, 1500, 440]  # ms
+    assert [t.get_text() for t in e2e.texts] == ["500", "1500", "440"]

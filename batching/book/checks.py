@@ -14,6 +14,7 @@ from ..costs.devices import Machine, machine_of, same_machine
 from ..results import load_average, machine_load
 from ..schedulers import make_scheduler
 from ..workloads import Workload
+from .capacity import queue_growth
 from .common import ROOT, machine_label, metrics, same_machine_as, simulate
 from .continuous import iterations
 from .profiles import PROFILE_DIR
@@ -196,7 +197,8 @@ def real_schedulers(
     profile: str | None = "auto",
 ) -> dict[str, Any]:
     """7.2, measured: ``workload`` on the real model under each ``{name: options}`` (``scheduler``
-    among them), one model for all runs: ``real`` ({name: :func:`metrics`}), ``executor``,
+    among them), one model for all runs: ``real`` ({name: :func:`metrics` and ``stable``, 1.0
+    unless the queue grew over the replay, :func:`~batching.book.capacity.queue_growth`), ``executor``,
     ``model``, the machine's load and, with a ``profile`` measured for this model ("auto":
     :func:`profile_measured_here`), ``sim`` (the same runs simulated on it) and ``profile``.
     The slabs hold the model's whole context, the limit the simulator's schedulers see too:
@@ -221,14 +223,19 @@ def real_schedulers(
         opts = dict(opts)
         sched = opts.pop("scheduler")
         res = serve_real(runner, workload, sched, **opts)
-        out["real"][name], out["executor"] = metrics(res), res.executor
+        out["real"][name], out["executor"] = _with_stability(res), res.executor
         if cost is not None:
             # A KV budget is the scheduler's kv_capacity on the real engine, kv_tokens in the simulator.
             sim_opts = dict(opts)
             kv = sim_opts.pop("kv_capacity", None)
-            out["sim"][name] = metrics(simulate(workload, cost, sched, kv_tokens=kv, **sim_opts))
+            out["sim"][name] = _with_stability(simulate(workload, cost, sched, kv_tokens=kv, **sim_opts))
     out.update(machine_load(load0, load_average()))
     return out
+
+
+def _with_stability(result: Any) -> dict[str, float]:
+    """:func:`metrics` and ``stable`` (1.0 unless the run's queue grew over the replay)."""
+    return {**metrics(result), "stable": 1.0 - queue_growth(result)["growing"]}
 
 
 #: The rows of 7.2's measured scheduler comparison: (label, metrics key, format).

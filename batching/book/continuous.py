@@ -3,6 +3,7 @@ through, p99 latency and utilization at a given load, and the verdicts on the se
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,7 +14,7 @@ from ..engine import RunResult
 from ..metrics import request_record
 from ..workloads import Workload, preset
 from .capacity import capacity, run_point
-from .common import Claim, columns, simulate
+from .common import Claim, columns, metrics, simulate
 
 
 def rate_sweep(
@@ -205,14 +206,93 @@ def p99_claim(p99: Mapping[str, Mapping[str, Any]], dense: str, cont: str) -> Cl
     return Claim.DOES_NOT_HOLD
 
 
-def real_tail(static: Mapping[str, Any], cont: Mapping[str, Any]) -> dict[str, Any]:
-    """7.2's live check of "p99 shrinks" from the real static and continuous runs' numbers
-    (``checks.real_schedulers``): ``claim`` holds if continuous batching's E2E p99 is the
-    lower; ``p99_ratio`` the larger p99 over the smaller; ``slot_lower``: its slot utilization
-    is below static batching's (below saturation its free slots sit empty between requests)."""
-    s, c = static["e2e_p99"], cont["e2e_p99"]
+def queue_wait_bound(workload: Workload, rids: Sequence[int], blocked_s: float) -> dict[str, float]:
+    """A lower bound on how long the requests ``rids`` of ``workload`` wait when none is
+    admitted before ``blocked_s`` (s after t = 0, e.g. the long request's decode steps under
+    static batching): ``from_start`` (``blocked_s``), ``mean_arrival`` (s after t = 0) and
+    ``from_arrival``, the mean of max(0, ``blocked_s`` - arrival), the origin a request's
+    latency is measured from."""
+    want = set(rids)
+    arr = np.array([a for a, r in zip(workload.arrivals, workload.rids) if r in want], dtype=float)
+    if len(arr) == 0:
+        raise ValueError("queue_wait_bound(): none of the rids is in the workload")
     return {
-        "claim": Claim.HOLDS if c < s else Claim.DOES_NOT_HOLD,
-        "p99_ratio": max(s, c) / min(s, c),
-        "slot_lower": bool(cont["slot_util"] < static["slot_util"]),
+        "from_start": float(blocked_s),
+        "mean_arrival": float(arr.mean()),
+        "from_arrival": float(np.maximum(0.0, blocked_s - arr).mean()),
     }
+
+
+def step_gap(static: RunResult, cont: RunResult) -> dict[str, float]:
+    """How much sooner continuous batching ends the same batch than static batching, and why:
+    each run's mean step (``static_step_ms``, ``cont_step_ms``: busy time over steps, ms), its
+    end (``static_end_s``, ``cont_end_s``) and ``gap``, 1 - continuous end / static end."""
+    out = {}
+    for tag, res in (("static", static), ("cont", cont)):
+        m = metrics(res)
+        out[f"{tag}_step_ms"] = 1e3 * m["busy_s"] / m["steps"]
+        out[f"{tag}_end_s"] = max(float(r.finish_time) for r in res.requests if r.finish_time is not None)
+    out["gap"] = 1.0 - out["cont_end_s"] / out["static_end_s"]
+    return out
+
+
+class Tail(str, enum.Enum):
+    """7.2's measured check of "p99 shrinks": which of the static and continuous runs kept up
+    with their arrivals (:func:`~batching.book.capacity.queue_growth`), and, where both did,
+    which p99 end-to-end latency is the lower. An unstable run's p99 only measures how long
+    the replay lasted, so no ratio is taken from it."""
+
+    #: Both stable; continuous batching's p99 is the lower.
+    LOWER = "lower"
+    #: Both stable; continuous batching's p99 is not the lower.
+    NOT_LOWER = "not lower"
+    #: Static batching's queue grew over the replay; continuous batching kept up.
+    STATIC_UNSTABLE = "static unstable"
+    #: Continuous batching's queue grew while static batching kept up.
+    CONT_UNSTABLE = "continuous unstable"
+    #: Both queues grew: at this load neither p99 counts, and the check cannot judge the claim.
+    BOTH_UNSTABLE = "both unstable"
+
+
+#: What each :class:`Tail` says of "p99 shrinks" (None: the check cannot judge it).
+TAIL_CLAIM: dict[Tail, Claim | None] = {
+    Tail.LOWER: Claim.HOLDS,
+    Tail.NOT_LOWER: Claim.DOES_NOT_HOLD,
+    Tail.STATIC_UNSTABLE: Claim.HOLDS,
+    Tail.CONT_UNSTABLE: Claim.DOES_NOT_HOLD,
+    Tail.BOTH_UNSTABLE: None,
+}
+
+
+def real_tail(
+    static: Mapping[str, Any], cont: Mapping[str, Any], workload: Workload | None = None
+) -> dict[str, Any]:
+    """7.2's live check of "p99 shrinks" from the real static and continuous runs' numbers
+    (``checks.real_schedulers``, whose ``stable`` each run has; a run without it counts as
+    stable): ``tail``, the :class:`Tail`; ``claim``, HOLDS for LOWER and STATIC_UNSTABLE (as in
+    :func:`p99_claim`, a dense run that falls behind has no p99 to beat), None for
+    BOTH_UNSTABLE (untested), else DOES_NOT_HOLD; ``p99_ratio``, the
+    larger p99 over the smaller where both runs are stable, else NaN; ``slot_lower``: its slot
+    utilization is below static batching's (below saturation its free slots sit empty between
+    requests); with ``workload``, ``offered_tok`` (output tokens per second its arrivals ask
+    for) beside each run's ``static_tok`` and ``cont_tok`` served."""
+    s, c = static["e2e_p99"], cont["e2e_p99"]
+    s_ok, c_ok = bool(static.get("stable", True)), bool(cont.get("stable", True))
+    if not c_ok:
+        tail = Tail.CONT_UNSTABLE if s_ok else Tail.BOTH_UNSTABLE
+    elif not s_ok:
+        tail = Tail.STATIC_UNSTABLE
+    else:
+        tail = Tail.LOWER if c < s else Tail.NOT_LOWER
+    out: dict[str, Any] = {
+        "tail": tail,
+        "claim": TAIL_CLAIM[tail],
+        "p99_ratio": max(s, c) / min(s, c) if s_ok and c_ok else math.nan,
+        "slot_lower": bool(cont["slot_util"] < static["slot_util"]),
+        "static_tok": float(static["throughput_tok"]) if "throughput_tok" in static else math.nan,
+        "cont_tok": float(cont["throughput_tok"]) if "throughput_tok" in cont else math.nan,
+    }
+    if workload is not None:
+        span = workload.duration
+        out["offered_tok"] = float(workload.output_lens.sum()) / span if span > 0 else math.inf
+    return out

@@ -17,7 +17,7 @@ from ..metrics import request_records, summarize
 from ..results import machine_busy
 from ..workloads import Workload, preset
 from ..workloads.traces import load_trace
-from .common import ROOT, same_machine_as, simulate
+from .common import ROOT, Versus, same_machine_as, simulate, versus
 from .profiles import PROFILE_DIR
 
 RESULT = ROOT / "benchmarks" / "results" / "serve-cpu-here-cpu-s.json"
@@ -105,7 +105,10 @@ def numbers(
     profile: str | Path | None = None,
     here: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A row per mode (:data:`ROWS`), the server's ratios to this engine, the verdicts the
+    """A row per mode (:data:`ROWS`), the server's ratios to this engine (``server_over_ours``)
+    and, where the file has vLLM, vLLM's to this engine's chunked run (``vllm_over_chunked``,
+    with ``vllm_e2e_vs_chunked``, the :class:`~.common.Versus` of its median end-to-end
+    latency) and the server's to vLLM (``server_over_vllm``), the verdicts the
     prose words and the run's conditions; ``live`` adds a replay now (``smoke``: the tiny
     model, 8 requests). ``machine`` and ``profile_machine`` name what the benchmark and the
     profile ran on (``machine`` None: a file that did not record it), ``same_machine`` and
@@ -136,8 +139,15 @@ def numbers(
         "vllm_over_chunked": None
         if vl is None
         else {k: _ratio(vl[k], rows["ours-chunked"][k]) for k in COLUMNS},
+        "vllm_e2e_vs_chunked": None
+        if vl is None
+        else _versus(vl["e2e_p50"], rows["ours-chunked"]["e2e_p50"]),
+        "server_over_vllm": None if vl is None else {k: _ratio(hf[k], vl[k]) for k in COLUMNS},
         # Both kept up with the arrivals: throughput is the offered load, not a capacity.
         "same_throughput": _near(hf["output_throughput"], ours["output_throughput"], SAME),
+        "vllm_same_throughput": None
+        if vl is None
+        else _near(vl["output_throughput"], ours["output_throughput"], SAME),
         "requests": len(w),
         "scale_lengths": float(doc["workload"]["scale_lengths"]),
         "time_scale": float(doc["workload"]["time_scale"]),
@@ -160,6 +170,12 @@ def numbers(
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+def _versus(a: float | None, b: float | None) -> Versus | None:
+    """:class:`~.common.Versus` of ``a / b`` within :data:`SAME` (None without both)."""
+    r = _ratio(a, b)
+    return None if r is None else versus(r, SAME)
 
 
 def _near(a: float | None, b: float | None, tol: float) -> bool:

@@ -3,6 +3,7 @@ iterations per probe, and capacity at a latency target (also the chunked page's)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -58,7 +59,8 @@ def utilization_load_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], trace
 def real_schedulers_figure(rs: Mapping[str, Any]) -> Figure:
     """Slot utilization, p99 end-to-end latency and output tokens/s of each run of
     :func:`~batching.book.checks.real_schedulers` (solid bars), with the simulator's
-    prediction beside them (hatched) where it ran."""
+    prediction beside them (hatched) where it ran. A run whose queue grew over the replay
+    (``stable`` 0) has its p99 bar drawn hollow and marked: that percentile does not count."""
     keys = (
         ("slot_util", "slot utilization"),
         ("e2e_p99", "p99 end-to-end (s)"),
@@ -72,7 +74,23 @@ def real_schedulers_figure(rs: Mapping[str, Any]) -> Figure:
         for i, n in enumerate(names):
             c = _config_color(n)
             x = i - w / 2 if sim else i
-            ax.bar(x, rs["real"][n][key], width=w, color=c, label="measured" if i == 0 else None)
+            grew = key == "e2e_p99" and not rs["real"][n].get("stable", 1.0)
+            v = rs["real"][n][key]
+            if grew:
+                ax.bar(x, v, width=w, color="white", edgecolor=c, linewidth=1.5)
+                ax.annotate(
+                    "queue grew",
+                    (x, v),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                    color="#666666",
+                )
+                ax.margins(y=0.12)
+            else:
+                ax.bar(x, v, width=w, color=c, label="measured" if i == 0 else None)
             if sim:
                 ax.bar(
                     i + w / 2,
@@ -165,4 +183,31 @@ def capacity_figure(
         Patch(facecolor="#555555", alpha=shades.get(j, 0.3), label=slo_labels[s]) for j, s in enumerate(slos)
     ]
     ax.legend(handles=handles, loc="upper right", fontsize=7.5, frameon=False)
+    return fig
+
+
+#: Colours of the servers beside this engine's schedulers (Okabe-Ito, apart from the palette's).
+SERVER_COLORS = {"hf-serve": "#E69F00", "vllm-serve": "#009E73"}
+
+
+def serve_figure(rows: Mapping[str, Mapping[str, float | None]], labels: Mapping[str, str]) -> Figure:
+    """Median time to first token, inter-token gap and end-to-end latency (ms) of each mode in
+    ``labels`` (its order, top to bottom) that ``rows`` has (:func:`batching.book.serve.numbers`'
+    ``rows``), one horizontal bar each, the value written at its end (one decimal below 10 ms)."""
+    keys = (("ttft_p50", "median TTFT (ms)"), ("itl_p50", "median ITL (ms)"), ("e2e_p50", "median E2E (ms)"))
+    modes = [m for m in labels if m in rows]
+    fig, axes = plt.subplots(1, len(keys), figsize=(WIDTH, 0.32 * len(modes) + 1.0), sharey=True)
+    for ax, (key, title) in zip(axes, keys):
+        vals = [1e3 * (rows[m][key] or math.nan) for m in modes]
+        top = max((v for v in vals if math.isfinite(v)), default=1.0)
+        for i, (m, v) in enumerate(zip(modes, vals)):
+            c = SERVER_COLORS.get(m) or _config_color(m.removeprefix("ours-"))
+            ax.barh(i, v, height=0.7, color=c)
+            if math.isfinite(v):
+                ax.text(v + top * 0.02, i, f"{v:.1f}" if v < 10 else f"{v:.0f}", va="center", fontsize=7.5)
+        ax.set_xlim(0, top * 1.3)
+        ax.set_title(title, fontsize=9)
+        ax.grid(axis="y", visible=False)
+    axes[0].set_yticks(range(len(modes)), [labels[m] for m in modes])
+    axes[0].invert_yaxis()
     return fig

@@ -100,20 +100,33 @@ def spike_summary(result: RunResult, running: Sequence[int], newcomer: int) -> d
 
 
 def stall_summary(
-    runs: Mapping[str, tuple[str, RunResult]], running: Sequence[int], newcomer: int
+    runs: Mapping[str, tuple[str, RunResult]],
+    running: Sequence[int],
+    newcomer: int,
+    since_arrival: bool = False,
 ) -> dict[str, Any]:
     """7.3: ``{tag: (label, result)}`` of the long-prompt workload, reduced to ``series``
     ({label: :func:`itl_series` of the running requests}), ``first_token`` ({label: the
-    newcomer's first-token time, s}) and ``numbers`` (each run's :func:`spike_summary`,
-    keys prefixed ``<tag>_``)."""
+    newcomer's first-token time, s}), ``arrival`` ({label: the newcomer's arrival, s}) and
+    ``numbers`` (each run's :func:`spike_summary`, keys prefixed ``<tag>_``).
+
+    ``since_arrival``: times in ``series`` and ``first_token`` counted from each run's own
+    arrival of the newcomer (``arrival`` then stays on each run's clock). Measured runs need
+    it: the prompt is placed by step count, so on a measured clock it arrives at a different
+    second in each run, and one time axis would misplace all runs but one."""
     series: dict[str, Any] = {}
     first: dict[str, float] = {}
+    arrival: dict[str, float] = {}
     numbers: dict[str, float] = {}
     for tag, (label, res) in runs.items():
-        series[label] = itl_series(res, running)
-        first[label] = next(r for r in res.requests if r.rid == newcomer).token_times[0]
+        new = next(r for r in res.requests if r.rid == newcomer)
+        zero = new.arrival if since_arrival else 0.0
+        s = itl_series(res, running)
+        series[label] = {**s, "t": s["t"] - zero}
+        first[label] = new.token_times[0] - zero
+        arrival[label] = new.arrival
         numbers.update(flat(tag, spike_summary(res, running, newcomer)))
-    return {"series": series, "first_token": first, "numbers": numbers}
+    return {"series": series, "first_token": first, "arrival": arrival, "numbers": numbers}
 
 
 def stall_runs(

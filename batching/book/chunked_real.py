@@ -68,7 +68,8 @@ def real_stall(
     """7.3, measured: ``running`` requests decode on the real model when a ``prompt``-token
     prompt arrives ``lead_steps`` decode steps after their prefill (counted in steps, so the
     same on any machine); one run per :func:`~batching.book.chunked.stall_configs`. Returns
-    :func:`~batching.book.chunked.stall_summary` plus the sizes, the arrival (``at_s``
+    :func:`~batching.book.chunked.stall_summary` (series and first tokens from each run's
+    arrival of the prompt) plus the sizes, the arrival (``at_s``
     measured, ``at_step`` on the step clock), the median decode step before it (chunked run),
     runs, executor and machine load. None sizes take :data:`REAL_STALL`'s for the device."""
     from .checks import real_kind, real_runner, serve_real
@@ -126,7 +127,9 @@ def real_stall(
     L = res.log.cols
     before = [s for t, s, pre in zip(L["t"], L["dur"], L["prefill"]) if pre == 0 and t < newcomer.arrival]
     step = float(np.median(before[len(before) // 2 :]))  # the later half: past the first steps' warm-up
-    out = stall_summary(runs, range(running), running)
+    # Each run on its own clock from the prompt's arrival: the runs' steps take different
+    # seconds, so the step-placed prompt arrives at a different second in each.
+    out = stall_summary(runs, range(running), running, since_arrival=True)
     out.update(
         at_s=newcomer.arrival,  # measured: when the lead_steps-th decode step after the prefill ended
         at_step=at,

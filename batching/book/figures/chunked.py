@@ -39,6 +39,7 @@ def itl_figure(
     arrival: float,
     first_tokens: Mapping[str, float] | None = None,
     window: tuple[float, float] | None = None,
+    xlabel: str = "time (s)",
 ) -> Figure:
     """7.3: the inter-token latency the running requests see, per configuration; triangles
     on the time axis mark the newcomer's first token."""
@@ -71,7 +72,7 @@ def itl_figure(
             )
     if window:
         ax.set_xlim(*window)
-    ax.set_xlabel("time (s)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("inter-token latency of\nthe running requests (ms)")
     # Headroom above the tallest stall for the legend, which would otherwise sit on it.
     ax.set_ylim(0, top * 1.45 if top > 0 else None)

@@ -180,7 +180,8 @@ def test_load_profiles_picks_up_every_profile_and_says_which_devices_are_measure
     assert rows[-2] == ["NVIDIA H200", "llama-8b", "128", "4.0", "256", "8.0", "256"]
     assert rows[-1] == ["NVIDIA H200", "llama-8b", "1024", "4.2", "256", "20.0", "64"]
     # Each named by the machine it was measured on, not the entry every CPU shares.
-    assert [p["machine"] for p in both] == ["AMD EPYC (2 threads)", "NVIDIA H200"]
+    cpu = json.loads((tmp_path / "cpu-here-cpu-s.json").read_text())["meta"]["machine"]
+    assert [p["machine"] for p in both] == [f"{cpu['name']} ({cpu['threads']} threads)", "NVIDIA H200"]
     assert header[0] == "measured on"
     roof = profiles.profile_roofline(h200, points=10)
     assert len(roof["batch"]) == 10 and roof["batch"][0] == 1 and roof["batch"][-1] == pytest.approx(256)

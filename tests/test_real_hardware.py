@@ -153,14 +153,16 @@ def test_a_cpu_is_its_model_name_and_threads_and_a_gpu_its_name(monkeypatch) -> 
 
 def test_an_old_profile_gets_its_machine_from_device_name_and_threads() -> None:
     """Files written before ``machine`` was recorded are not re-measured: their device_name and
-    threads say it (the committed cpu-s profile: an AMD EPYC at 2 threads)."""
-    import json
-
-    from batching.book.profiles import PROFILE_DIR
+    threads say it (the cpu-s profile committed on 2026-12-01: an AMD EPYC at 2 threads)."""
     from batching.costs.devices import Machine, machine_of
 
-    meta = json.loads((PROFILE_DIR / "cpu-here-cpu-s.json").read_text())["meta"]
-    assert "machine" not in meta
+    meta = {
+        "device": "cpu-here",
+        "device_name": "AMD EPYC",
+        "datasheet": False,
+        "model": "cpu-s",
+        "threads": 2,
+    }
     assert machine_of(meta) == Machine("cpu", "AMD EPYC", 2)
     # A real executor's old record (device "cpu") and a GPU sweep's (device_type), a GPU profile.
     assert machine_of({"device": "cpu", "device_name": "AMD EPYC", "threads": 1}) == Machine(

@@ -107,16 +107,15 @@ def stall_summary(
 ) -> dict[str, Any]:
     """7.3: ``{tag: (label, result)}`` of the long-prompt workload, reduced to ``series``
     ({label: :func:`itl_series` of the running requests}), ``first_token`` ({label: the
-    newcomer's first-token time, s}), ``arrival`` ({label: the newcomer's arrival, s}) and
-    ``numbers`` (each run's :func:`spike_summary`, keys prefixed ``<tag>_``).
+    newcomer's first-token time, s}) and ``numbers`` (each run's :func:`spike_summary`, keys
+    prefixed ``<tag>_``).
 
     ``since_arrival``: times in ``series`` and ``first_token`` counted from each run's own
-    arrival of the newcomer (``arrival`` then stays on each run's clock). Measured runs need
-    it: the prompt is placed by step count, so on a measured clock it arrives at a different
-    second in each run, and one time axis would misplace all runs but one."""
+    arrival of the newcomer. Measured runs need it: the prompt is placed by step count, so on
+    a measured clock it arrives at a different second in each run, and one time axis would
+    misplace all runs but one."""
     series: dict[str, Any] = {}
     first: dict[str, float] = {}
-    arrival: dict[str, float] = {}
     numbers: dict[str, float] = {}
     for tag, (label, res) in runs.items():
         new = next(r for r in res.requests if r.rid == newcomer)
@@ -124,9 +123,8 @@ def stall_summary(
         s = itl_series(res, running)
         series[label] = {**s, "t": s["t"] - zero}
         first[label] = new.token_times[0] - zero
-        arrival[label] = new.arrival
         numbers.update(flat(tag, spike_summary(res, running, newcomer)))
-    return {"series": series, "first_token": first, "arrival": arrival, "numbers": numbers}
+    return {"series": series, "first_token": first, "numbers": numbers}
 
 
 def stall_runs(

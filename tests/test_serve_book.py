@@ -3,6 +3,9 @@ bench_serve result, the simulator's row, and a live replay against the fake serv
 
 from __future__ import annotations
 
+import functools
+import json
+
 import pytest
 
 from batching.book import serve
@@ -99,25 +102,30 @@ def test_vllm_rows_and_ratios_when_the_file_has_them():
     ]
 
 
-def test_the_run_and_its_profile_are_this_machines_only_when_their_machines_match():
-    """The committed profile is an AMD EPYC's at 2 threads: a build on an Intel Xeon names it;
-    a bench_serve file written before results recorded ``machine`` is no machine's."""
+def test_the_run_and_its_profile_are_this_machines_only_when_their_machines_match(tmp_path):
+    """A profile measured on an AMD EPYC at 2 threads: a build on an Intel Xeon names it;
+    a bench_serve file written before results recorded ``machine`` is no machine's. The
+    profile is a copy of the committed one with its machine set, so the test holds whichever
+    machine measured the committed file."""
     epyc = {"machine": {"kind": "cpu", "name": "AMD EPYC", "threads": 2}}
     xeon = {"machine": {"kind": "cpu", "name": "Intel Xeon", "threads": 2}}
-    n = serve.numbers(bench_doc(), here=epyc)
+    prof = serve.committed(serve.PROFILE)
+    prof["meta"] = {**prof["meta"], **epyc}
+    path = tmp_path / "epyc-cpu-s.json"
+    path.write_text(json.dumps(prof))
+    numbers = functools.partial(serve.numbers, profile=path)
+    n = numbers(bench_doc(), here=epyc)
     assert (n["profile_machine"], n["profile_same_machine"]) == ("AMD EPYC (2 threads)", True)
     assert (n["machine"], n["same_machine"]) == (None, False)
-    n = serve.numbers(
-        {**bench_doc(), "machine": {"kind": "cpu", "name": "AMD EPYC", "threads": 1}}, here=xeon
-    )
+    n = numbers({**bench_doc(), "machine": {"kind": "cpu", "name": "AMD EPYC", "threads": 1}}, here=xeon)
     assert (n["machine"], n["same_machine"], n["profile_same_machine"]) == (
         "AMD EPYC (1 thread)",
         False,
         False,
     )
-    n = serve.numbers({**bench_doc(), **xeon}, here=xeon)
+    n = numbers({**bench_doc(), **xeon}, here=xeon)
     assert n["same_machine"] and not n["profile_same_machine"]
-    assert not serve.numbers(bench_doc())["profile_same_machine"]  # no live run: nothing is this machine's
+    assert not numbers(bench_doc())["profile_same_machine"]  # no live run: nothing is this machine's
 
 
 def test_verdicts_flip_with_the_numbers():

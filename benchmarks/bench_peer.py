@@ -60,13 +60,39 @@ VLLM_STAMP = VLLM_VENV / ".installed-vllm"  # written by `make vllm` once the en
 VLLM_KV_GB = 1  # VLLM_CPU_KVCACHE_SPACE: cpu-s holds 8 KiB per token, so 1 GB is ~130k tokens
 GOAL = 1.5  # this engine's tokens/s over transformers' continuous batching (issue 3)
 #: --dtype: each engine's name for it (this engine and transformers take the torch dtype).
+#: ``auto``, this engine only: the dtype and kernels its probe chose on this machine
+#: (batching.real.kernels), which must be the faster of its fp32 and bf16 runs.
 DTYPES = {"fp32": ("float32", "float32"), "bf16": ("bfloat16", "bfloat16")}
+DTYPE_CHOICES = ("fp32", "bf16", "auto")
+#: Issue 25's goal: this engine's tokens/s at its best dtype over vLLM's at vLLM's best.
+VLLM_GOAL = 1.5
 
 
 def torch_dtype(spec: dict[str, Any]) -> Any:
     import torch
 
     return getattr(torch, DTYPES[spec.get("dtype", "fp32")][0])
+
+
+def variants(modes: list[str], dtypes: list[str]) -> list[str]:
+    """``mode@dtype`` of every run: each mode in each dtype, ``auto`` for this engine only."""
+    return [f"{m}@{d}" for d in dtypes for m in modes if d != "auto" or m.startswith("ours-")]
+
+
+def engine(variant: str) -> str:
+    """The engine of a ``mode@dtype`` variant: ``ours-chunked``, ``vllm``, ..."""
+    return variant.split("@")[0]
+
+
+def best_variants(per_variant: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each engine's fastest variant by median tokens/s (``auto`` counts as this engine's own
+    choice, so it competes too)."""
+    out: dict[str, str] = {}
+    for v, st in per_variant.items():
+        e = engine(v)
+        if e not in out or st["tok_s_median"] > per_variant[out[e]]["tok_s_median"]:
+            out[e] = v
+    return out
 
 
 # ---------------------------------------------------------------------------- workload
@@ -128,10 +154,11 @@ def _setup_torch(threads: int):
 
 
 def worker_ours(mode: str, spec: dict[str, Any]) -> dict[str, Any]:
-    _setup_torch(spec["threads"])
+    torch = _setup_torch(spec["threads"])
     from batching.engine import run
-    from batching.real.checkpoint import load_hf_checkpoint
-    from batching.real.executor import RealExecutor
+    from batching.real.checkpoint import load_hf_checkpoint, read_config
+    from batching.real.executor import RealExecutor, kernel_plan
+    from batching.real.kernels import DTYPES as TORCH_DTYPES
     from batching.real.runner import ModelRunner
     from batching.request import Request
     from batching.schedulers import ChunkedPrefillScheduler, ContinuousScheduler
@@ -139,7 +166,10 @@ def worker_ours(mode: str, spec: dict[str, Any]) -> dict[str, Any]:
     reqs = spec["requests"]
     max_len = max(p + o for _, p, o in reqs)
     t = time.perf_counter()
-    model = load_hf_checkpoint(spec["checkpoint"], "cpu", torch_dtype(spec))
+    # auto: the dtype and kernels this machine's probe chose (probed once, cached on disk).
+    plan = kernel_plan(read_config(spec["checkpoint"]), torch.device("cpu"), spec.get("dtype", "fp32"))
+    model = load_hf_checkpoint(spec["checkpoint"], "cpu", TORCH_DTYPES[plan.dtype])
+    model.use_kernels(plan)
     runner = ModelRunner(model, spec["slots"], max_len=max_len, seed=spec["seed"])
     load_s = time.perf_counter() - t
     ex = RealExecutor(runner)  # one small untimed warm-up step
@@ -464,11 +494,13 @@ def worker_env(mode: str, threads: int, omp_wait: str) -> dict[str, str]:
     return env
 
 
-def run_worker(mode: str, spec_path: Path, round_: int, threads: int, omp_wait: str) -> dict[str, Any]:
-    """One mode in a fresh process; also how many cores other processes kept busy meanwhile
-    (``others_cores``: the machine's busy CPU time minus the worker's own, over its lifetime)."""
-    out = CACHE / f"worker-{mode}-r{round_}.json"
-    log = CACHE / f"worker-{mode}-r{round_}.log"
+def run_worker(variant: str, spec_path: Path, round_: int, threads: int, omp_wait: str) -> dict[str, Any]:
+    """One ``mode@dtype`` in a fresh process; also how many cores other processes kept busy
+    meanwhile (``others_cores``: the machine's busy CPU time minus the worker's own, over its
+    lifetime)."""
+    mode = engine(variant)
+    out = CACHE / f"worker-{variant}-r{round_}.json"
+    log = CACHE / f"worker-{variant}-r{round_}.log"
     env = worker_env(mode, threads, omp_wait)
     cmd = [
         str(VLLM_PY) if mode == "vllm" else sys.executable,
@@ -516,9 +548,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument(
         "--dtype",
-        choices=sorted(DTYPES),
-        default="fp32",
-        help="every engine's weights and activations (the checkpoint is saved in fp32 and cast on load)",
+        default="fp32,bf16,auto",
+        help="comma-separated dtypes every engine runs in (fp32, bf16; the checkpoint is saved in fp32 "
+        "and cast on load) and auto (this engine only: its probe's choice)",
     )
     p.add_argument(
         "--max-others",
@@ -563,6 +595,10 @@ def main() -> None:
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"unknown mode {m!r}; valid: {', '.join(MODES)}")
+    dtypes = [d for d in a.dtype.split(",") if d]
+    for d in dtypes:
+        if d not in DTYPE_CHOICES:
+            raise SystemExit(f"--dtype: unknown dtype {d!r}; valid: {', '.join(DTYPE_CHOICES)}")
     vllm_skipped = vllm_missing() if "vllm" in modes else None
     if vllm_skipped is None and "vllm" in modes and a.quick:
         vllm_skipped = "--quick: the tiny model's head_dim of 16 is not one vLLM's CPU attention supports"
@@ -598,7 +634,6 @@ def main() -> None:
         "slots": a.slots,
         "token_budget": a.token_budget,
         "static_batch": a.static_batch,
-        "dtype": a.dtype,
         "hf_cb_config": {
             "page_size": a.hf_page_size,
             "num_blocks": a.hf_num_blocks,
@@ -606,26 +641,29 @@ def main() -> None:
             "max_requests_per_batch": a.hf_max_requests,
         },
     }
-    spec_path = CACHE / "spec.json"
-    spec_path.write_text(json.dumps(spec) + "\n")
+    spec_paths = {}
+    for d in dtypes:  # one spec per dtype, which each worker reads
+        spec_paths[d] = CACHE / f"spec-{d}.json"
+        spec_paths[d].write_text(json.dumps({**spec, "dtype": d}) + "\n")
+    runs = variants(modes, dtypes)
 
     load0 = load_average()
     git0 = git_state()
     rounds: list[dict[str, Any]] = []
     tokens: dict[str, dict[str, list[int]]] = {}
-    deterministic = {m: True for m in modes}
+    deterministic = {m: True for m in runs}
     t_start = time.perf_counter()
     for r in range(a.rounds):
-        order = modes[r % len(modes) :] + modes[: r % len(modes)]  # rotate: each mode takes each place
+        order = runs[r % len(runs) :] + runs[: r % len(runs)]  # rotate: each run takes each place
         row: dict[str, Any] = {"round": r, "order": order, "loadavg_before": load_average(), "modes": {}}
         for m in order:
             tries = []
             for _ in range(1 + a.retries):  # a run disturbed by other processes is redone, the quietest kept
-                tries.append(run_worker(m, spec_path, r, a.threads, a.omp_wait_policy))
+                tries.append(run_worker(m, spec_paths[m.split("@")[1]], r, a.threads, a.omp_wait_policy))
                 if (tries[-1]["others_cores"] or 0.0) <= a.max_others:
                     break
                 print(
-                    f"round {r} {m:16} {tries[-1]['tok_s']:8.1f} tok/s  others used "
+                    f"round {r} {m:21} {tries[-1]['tok_s']:8.1f} tok/s  others used "
                     f"{tries[-1]['others_cores']:.2f} cores: again",
                     flush=True,
                 )
@@ -637,7 +675,7 @@ def main() -> None:
             tokens.setdefault(m, toks)
             row["modes"][m] = doc
             print(
-                f"round {r} {m:16} {doc['tok_s']:8.1f} tok/s  wall {doc['wall_s']:6.2f} s  "
+                f"round {r} {m:21} {doc['tok_s']:8.1f} tok/s  wall {doc['wall_s']:6.2f} s  "
                 f"(process {doc['process_s']:.1f} s, load {doc['load_s']:.2f} s, warm-up {doc['warmup_s']:.2f} s, "
                 f"others {doc['others_cores'] or 0.0:.2f} cores)",
                 flush=True,
@@ -646,10 +684,10 @@ def main() -> None:
         rounds.append(row)
     total_s = time.perf_counter() - t_start
 
-    digests = {m: rounds[0]["modes"][m]["prompt_digest"] for m in modes}
-    sources = sorted({row["modes"][m]["source_digest"] for row in rounds for m in modes})
+    digests = {m: rounds[0]["modes"][m]["prompt_digest"] for m in runs}
+    sources = sorted({row["modes"][m]["source_digest"] for row in rounds for m in runs})
     per_mode = {}
-    for m in modes:
+    for m in runs:
         tps = [row["modes"][m]["tok_s"] for row in rounds]
         walls = [row["modes"][m]["wall_s"] for row in rounds]
         per_mode[m] = {
@@ -660,33 +698,54 @@ def main() -> None:
             "others_cores": [row["modes"][m]["others_cores"] for row in rounds],
             "tokens_identical_across_rounds": deterministic[m],
         }
+        if "executor" in rounds[0]["modes"][m]:  # this engine: the kernels it ran
+            per_mode[m]["kernels"] = rounds[0]["modes"][m]["executor"].get("kernels")
+    best = best_variants(per_mode)
+    # Each engine at its best dtype against every peer at theirs, and dtype by dtype.
     ratios = {}
-    for ours in (m for m in modes if m.startswith("ours-")):
-        for hf in (m for m in modes if m.startswith("hf-") or m == "vllm"):
-            ratios[f"{ours}/{hf}"] = {
-                "best": per_mode[ours]["tok_s_best"] / per_mode[hf]["tok_s_best"],
-                "median": per_mode[ours]["tok_s_median"] / per_mode[hf]["tok_s_median"],
+    for ours in (e for e in best if e.startswith("ours-")):
+        for peer in (e for e in best if e.startswith("hf-") or e == "vllm"):
+            x, y = per_mode[best[ours]], per_mode[best[peer]]
+            ratios[f"{ours}/{peer} (best dtype each)"] = {
+                "variants": [best[ours], best[peer]],
+                "best": x["tok_s_best"] / y["tok_s_best"],
+                "median": x["tok_s_median"] / y["tok_s_median"],
             }
+            for d in dtypes:
+                if f"{ours}@{d}" in per_mode and f"{peer}@{d}" in per_mode:
+                    x, y = per_mode[f"{ours}@{d}"], per_mode[f"{peer}@{d}"]
+                    ratios[f"{ours}/{peer} ({d})"] = {
+                        "best": x["tok_s_best"] / y["tok_s_best"],
+                        "median": x["tok_s_median"] / y["tok_s_median"],
+                    }
     equality = {}
     pairs = [
-        (x, y) for x in modes for y in modes if x.startswith("ours-") and (y.startswith("hf-") or y == "vllm")
-    ]
-    pairs += [
         (x, y)
-        for x, y in (("ours-continuous", "ours-chunked"), ("hf-static", "hf-continuous"))
-        if x in modes and y in modes
+        for x in runs
+        for y in runs
+        if x.startswith("ours-")
+        and (y.startswith("hf-") or y.startswith("vllm"))
+        and x.split("@")[1] == y.split("@")[1]
     ]
+    for d in dtypes:
+        pairs += [
+            (f"{x}@{d}", f"{y}@{d}")
+            for x, y in (("ours-continuous", "ours-chunked"), ("hf-static", "hf-continuous"))
+            if f"{x}@{d}" in runs and f"{y}@{d}" in runs
+        ]
     for x, y in pairs:
         equality[f"{x} vs {y}"] = first_difference(tokens[x], tokens[y])
-    goal = {
-        m: {
-            "ratio_best": ratios[f"{m}/hf-continuous"]["best"],
-            "ratio_median": ratios[f"{m}/hf-continuous"]["median"],
-            "met": ratios[f"{m}/hf-continuous"]["median"] >= GOAL,
-        }
-        for m in modes
-        if m.startswith("ours-") and f"{m}/hf-continuous" in ratios
-    }
+    goal = {}
+    for ours in (e for e in best if e.startswith("ours-")):
+        for peer, target in (("hf-continuous", GOAL), ("vllm", VLLM_GOAL)):
+            key = f"{ours}/{peer} (best dtype each)"
+            if key in ratios:
+                goal[f"{ours}/{peer}"] = {
+                    "target": f">= {target}x, each at its best dtype (median)",
+                    "ratio_best": ratios[key]["best"],
+                    "ratio_median": ratios[key]["median"],
+                    "met": ratios[key]["median"] >= target,
+                }
     prompts = [p for _, p, _ in reqs]
     outputs = [o for _, _, o in reqs]
     doc = {
@@ -706,12 +765,13 @@ def main() -> None:
         "vllm": (
             {"skipped": vllm_skipped}
             if vllm_skipped
-            else rounds[0]["modes"]["vllm"]["vllm"]
+            else next(rounds[0]["modes"][v]["vllm"] for v in runs if engine(v) == "vllm")
             if "vllm" in modes
             else None
         ),
         "threads": a.threads,
-        "dtype": DTYPES[a.dtype][0],
+        "dtypes": dtypes,
+        "best_variant": best,
         "omp_wait_policy": a.omp_wait_policy,
         "gomp_spincount": os.environ.get("GOMP_SPINCOUNT") or "100000",
         "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE") or "1",
@@ -776,7 +836,7 @@ def main() -> None:
         "every engine; each mode in its own process; mode order rotated every round",
         "summary": per_mode,
         "ratios": ratios,
-        "goal": {"target": f">= {GOAL}x hf-continuous (median)", **goal},
+        "goal": goal,
         "token_equality": equality,
         "rounds": rounds,
     }
@@ -793,28 +853,27 @@ def main() -> None:
         else (
             CACHE / "peer-quick.json"
             if a.quick
-            else ROOT
-            / "benchmarks"
-            / "results"
-            / f"peer-cpu-here-{a.model}{'' if a.dtype == 'fp32' else '-' + a.dtype}.json"
+            else ROOT / "benchmarks" / "results" / f"peer-cpu-here-{a.model}.json"
         )
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(
-        f"\n{a.model} ({shape.params / 1e6:.1f}M params, {a.dtype}), {len(reqs)} requests, {sum(outputs)} output tokens, "
+        f"\n{a.model} ({shape.params / 1e6:.1f}M params, {','.join(dtypes)}), {len(reqs)} requests, "
+        f"{sum(outputs)} output tokens, "
         f"{a.rounds} rounds, {total_s:.0f} s"
     )
-    for m in modes:
+    for m in runs:
         print(
-            f"  {m:16} best {per_mode[m]['tok_s_best']:8.1f}  median {per_mode[m]['tok_s_median']:8.1f} tok/s"
+            f"  {m:21} best {per_mode[m]['tok_s_best']:8.1f}  median {per_mode[m]['tok_s_median']:8.1f} tok/s"
+            + ("  (best dtype)" if best.get(engine(m)) == m else "")
         )
     for k, v in ratios.items():
-        print(f"  {k:32} best {v['best']:5.2f}x  median {v['median']:5.2f}x")
+        print(f"  {k:44} best {v['best']:5.2f}x  median {v['median']:5.2f}x")
     for k, v in equality.items():
         fm = v["first_mismatch"]
         print(
-            f"  tokens {k:32} {v['equal']}/{v['requests']} equal"
+            f"  tokens {k:44} {v['equal']}/{v['requests']} equal"
             + ("" if fm is None else f"; first mismatch rid {fm['rid']} at token {fm['index']}")
         )
     if git0["dirty"]:

@@ -97,3 +97,24 @@ def test_bf16_workers_run_in_bf16(bench, tmp_path) -> None:
     pytest.importorskip("transformers")
     _, _, model, _ = bench._hf_model(spec)
     assert next(model.parameters()).dtype is torch.bfloat16
+
+
+def test_auto_worker_runs_the_probes_choice_and_records_it(bench, tmp_path) -> None:
+    """``auto`` (this engine only): the dtype and kernels of this machine's probe, recorded in
+    the worker's executor record."""
+    from batching.real.checkpoint import read_config
+    from batching.real.executor import kernel_plan
+
+    spec = {**_tiny_spec(tmp_path), "requests": [[0, 9, 5], [1, 3, 12]], "dtype": "auto"}
+    ours = bench.worker_ours("ours-chunked", spec)
+    plan = kernel_plan(read_config(tmp_path), torch.device("cpu"), "auto")
+    assert ours["executor"]["kernels"]["buckets"] == plan.to_dict()["buckets"]
+    assert ours["executor"]["kernels"]["dtype"] == plan.dtype
+    assert [len(ours["tokens"][r]) for r in range(2)] == [5, 12]
+
+
+def test_variants_and_each_engines_best_dtype(bench) -> None:
+    runs = bench.variants(["ours-chunked", "vllm"], ["fp32", "bf16", "auto"])
+    assert runs == ["ours-chunked@fp32", "vllm@fp32", "ours-chunked@bf16", "vllm@bf16", "ours-chunked@auto"]
+    per = {v: {"tok_s_median": t} for v, t in zip(runs, [400.0, 420.0, 700.0, 1000.0, 710.0])}
+    assert bench.best_variants(per) == {"ours-chunked": "ours-chunked@auto", "vllm": "vllm@bf16"}

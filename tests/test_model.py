@@ -120,20 +120,29 @@ def test_decode_rows_in_scattered_slots_read_only_their_own_slabs(
             torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
 
 
-def test_padded_linear_equals_the_unpadded_product(model64: Llama) -> None:
-    """CPU steps pad their token count to a bucket (padded_tokens); the real rows' outputs
-    are those of the plain product, and every bucket pads to itself."""
-    from batching.real.model import WX_MAX_TOKENS, padded_tokens
+def test_padded_plan_equals_the_unpadded_product() -> None:
+    """A plan that runs a step's rows padded to a bucket (and some buckets on other paths)
+    gives the plain product on the real rows, and lists the row counts steps run on."""
+    from batching.real.kernels import Bucket, LinearPlan
 
-    for T in range(1, WX_MAX_TOKENS + 1):
-        P = padded_tokens(T)
-        assert T <= P <= max(T + 7, 4) and padded_tokens(P) == P and (P <= 8 or P % 8 == 0)
-    w = model64.blocks[0].w_gate_up
-    for T in (3, 7, 13, 100):
+    plan = LinearPlan(
+        "fp64", (Bucket(1, "aten", 2), Bucket(4, "wx", 4), Bucket(16, "aten", 24), Bucket(24, "wx", 0))
+    )
+    m = Llama(TINY, "cpu", F64, seed=0, kernels=plan)
+    assert [plan.lookup(t) for t in (1, 2, 3, 5, 17, 30)] == [
+        ("aten", 2),
+        ("wx", 4),
+        ("wx", 4),
+        ("aten", 24),
+        ("wx", 17),
+        ("wx", 30),
+    ]
+    assert plan.token_buckets() == [4, *range(17, 25)]  # 17-24 run as themselves
+    w = m.blocks[0].w_gate_up
+    for T in (1, 3, 7, 13, 20, 100):
         x = torch.randn(T, TINY.hidden, dtype=F64, generator=torch.Generator().manual_seed(T))
-        torch.testing.assert_close(model64.linear(x, w), x @ w.T, rtol=0, atol=1e-12)
-    assert model64.token_buckets()[:8] == [1, 2, 4, 5, 6, 8, 16, 24]
-    assert Llama(TINY, "cpu", F64, wx=False).token_buckets() is None
+        torch.testing.assert_close(m.linear(x, w), x @ w.T, rtol=0, atol=1e-12)
+    assert LinearPlan.fixed("aten").token_buckets() is None
 
 
 def test_kv_slab_that_does_not_fit_is_refused_with_both_numbers(model64: Llama) -> None:
@@ -174,17 +183,15 @@ def test_plan_beyond_the_slab_is_refused(model64: Llama) -> None:
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_batch1_split_products_give_the_plain_layouts_logits(threads: int) -> None:
-    """One-token steps multiply transposed copies of every weight, the input dimension split
-    one piece per thread (Llama.linear); the numbers must be those of the plain layout
-    whatever the thread count (3 does not divide tiny's widths: fewer pieces), and the
-    memory check must count the copies."""
-    from batching.real.model import batch1_copy_params
+    """The one-row ``split`` path multiplies transposed copies of every weight, the input
+    dimension split one piece per thread; the numbers must be those of ``F.linear`` whatever
+    the thread count (3 does not divide tiny's widths: fewer pieces), and its copies are
+    counted."""
+    from batching.real.kernels import LinearPlan
+    from batching.real.model import form_copy_params
 
-    m = Llama(TINY, "cpu", F64, seed=0)
-    plain = Llama(TINY, "cpu", F64, seed=0, wx=False)
-    assert len(m._b1) == 4 * TINY.layers + 1  # qkv, o, gate/up, down of each layer, the lm head
-    assert m.batch1_bytes() == batch1_copy_params(TINY) * 8 == sum(w.numel() for w in m.linear_weights()) * 8
-    assert plain.batch1_bytes() == 0
+    m = Llama(TINY, "cpu", F64, seed=0, kernels=LinearPlan.fixed("split", "fp64"))
+    plain = Llama(TINY, "cpu", F64, seed=0, kernels=LinearPlan.fixed("aten", "fp64"))
     ids = torch.tensor([5])
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -197,19 +204,24 @@ def test_batch1_split_products_give_the_plain_layouts_logits(threads: int) -> No
             torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
     finally:
         torch.set_num_threads(before)
+    assert len(m._forms) == 4 * TINY.layers + 1  # qkv, o, gate/up, down of each layer, the lm head
+    assert m.forms_bytes() == form_copy_params(TINY) * 8 == sum(w.numel() for w in m.linear_weights()) * 8
+    assert plain.forms_bytes() == 0
 
 
 def test_split_ways_is_one_piece_per_thread_that_divides_the_width() -> None:
-    from batching.real.model import split_ways
+    from batching.real.kernels import split_ways
 
     assert [split_ways(768, t) for t in (0, 1, 2, 4, 5, 16)] == [1, 1, 2, 4, 4, 16]
     assert split_ways(7, 4) == 1 and split_ways(9, 4) == 3
 
 
-def test_batch1_copies_follow_weights_changed_in_place() -> None:
+def test_weight_forms_follow_weights_changed_in_place() -> None:
     """A checkpoint copied into the parameters after construction must not leave stale copies."""
-    m = Llama(TINY, "cpu", F64, seed=0)
-    plain = Llama(TINY, "cpu", F64, seed=1, wx=False)
+    from batching.real.kernels import LinearPlan
+
+    m = Llama(TINY, "cpu", F64, seed=0, kernels=LinearPlan.fixed("split", "fp64"))
+    plain = Llama(TINY, "cpu", F64, seed=1, kernels=LinearPlan.fixed("aten", "fp64"))
     with torch.no_grad():
         for a, b in zip(m.parameters(), plain.parameters()):
             a.copy_(b)

@@ -104,7 +104,7 @@ def _no_cuda(monkeypatch) -> None:
                 "--device",
                 "cpu",
             ],
-            "error: llama-70b in torch.float32",
+            "error: llama-70b in torch.bfloat16",  # --dtype auto: too big in the smaller dtype
         ),
         (["measure", "--model", "tiny", "--device", "cuda"], "error: device='cuda': this torch"),
     ],

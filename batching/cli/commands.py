@@ -211,7 +211,12 @@ def add_parsers(sub: Any) -> None:
     g = r.add_argument_group("model")
     g.add_argument("--model", default="cpu-s")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    g.add_argument("--dtype", help="fp32 (CPU default) or bf16 (CUDA default)")
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (default: bf16 on CUDA; on a CPU the faster of fp32 and bf16 here, probed once "
+        "and cached), fp32 or bf16",
+    )
     g.add_argument("--max-len", type=int, help="slab length per slot (default: the model's context)")
     g.add_argument("--threads", type=int, help="torch intra-op threads")
     g.add_argument(
@@ -231,7 +236,11 @@ def add_parsers(sub: Any) -> None:
     m = sub.add_parser("measure", help="measure step costs of a model on this device into a profile")
     m.add_argument("--model", default="cpu-m")
     m.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    m.add_argument("--dtype", help="fp32 (CPU default) or bf16 (CUDA default)")
+    m.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (default: bf16 on CUDA; on a CPU the faster of fp32 and bf16 here), fp32 or bf16",
+    )
     m.add_argument("--batches", type=_ints, help="decode batch sizes, e.g. 1,2,4,8")
     m.add_argument("--ctxs", type=_ints, help="decode context lengths per row")
     m.add_argument("--prefill", type=_ints, help="prefill lengths")

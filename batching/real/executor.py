@@ -21,6 +21,7 @@ from ..schedulers.base import Scheduler
 from ..workloads import Workload
 from .checkpoint import load_hf_checkpoint, read_config
 from .hardware import device_entry, device_name, machine, resolve_device, set_threads, synchronize
+from .kernels import DTYPES, LinearPlan, plan_for
 from .model import default_dtype
 from .runner import ModelRunner, check_model_fits
 
@@ -35,14 +36,29 @@ _DTYPES: dict[str, torch.dtype] = {
 REGISTRY_DTYPE: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
-def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
-    """A dtype's name (``fp32``, ``bf16``, ``fp64``); ``None``: fp32 on CPU, bf16 on CUDA."""
+def resolve_dtype(dtype: str | None, device: torch.device, shape: ModelShape | None = None) -> torch.dtype:
+    """A dtype's name (``fp32``, ``bf16``, ``fp64``); ``None``: fp32 on CPU, bf16 on CUDA;
+    ``auto``: bf16 on CUDA, on a CPU the faster for ``shape`` here (:func:`kernel_plan`)."""
     if dtype is None:
         return default_dtype(device)
+    if str(dtype).lower() == "auto":
+        if shape is None:
+            raise ValueError("dtype='auto' needs the model's shape")
+        return DTYPES[kernel_plan(shape, device, "auto").dtype]
     try:
         return _DTYPES[str(dtype).lower()]
     except KeyError:
-        raise ValueError(f"dtype={dtype!r}: must be one of {', '.join(_DTYPES)}") from None
+        raise ValueError(f"dtype={dtype!r}: must be auto or one of {', '.join(_DTYPES)}") from None
+
+
+def kernel_plan(shape: ModelShape, device: torch.device, dtype: str | torch.dtype | None) -> LinearPlan:
+    """The linear layers' plan of ``shape`` on ``device`` in ``dtype`` (``auto``: with the dtype
+    chosen, and why): probed once per machine on a CPU (:mod:`batching.real.kernels`)."""
+    if isinstance(dtype, str) and dtype.lower() != "auto":
+        dtype = resolve_dtype(dtype, device)
+    # A model whose weights fit in no dtype is refused before the probe allocates them.
+    check_model_fits(shape, 1, device, torch.bfloat16 if dtype in (None, "auto") else dtype, 1, graphs=False)
+    return plan_for(shape, device, dtype)
 
 
 def hardware_cost(runner: ModelRunner) -> RooflineCost | None:
@@ -121,7 +137,8 @@ class RealExecutor:
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "linear": r.model.linear_form,
-            "batch1_copy_bytes": r.model.batch1_bytes(),
+            "kernels": r.model.kernels.to_dict(),
+            "form_copy_bytes": r.model.forms_bytes(),
             "decode_graphs": r.graphs_info(),
             "attention": r.attention_backends(),
             "slots": r.slots,
@@ -234,7 +251,8 @@ def run_real(
         else:
             shape = get_model(model_name)
         dev = resolve_device(device)
-        dt = resolve_dtype(dtype, dev)
+        plan = kernel_plan(shape, dev, dtype) if str(dtype).lower() == "auto" else None
+        dt = DTYPES[plan.dtype] if plan is not None else resolve_dtype(dtype, dev)
         limit = shape.max_context if max_len is None else max_len
     set_threads(threads)
     for r in reqs:
@@ -246,11 +264,20 @@ def run_real(
     # A given runner serves as it is: prefills overwrite its slabs, and ids are the requests'.
     if runner is None and checkpoint is None:
         runner = ModelRunner.from_shape(
-            shape, scheduler.max_slots, device=dev, dtype=dt, seed=seed, max_len=max_len, graphs=graphs
+            shape,
+            scheduler.max_slots,
+            device=dev,
+            dtype=dt,
+            seed=seed,
+            max_len=max_len,
+            graphs=graphs,
+            kernels=plan,
         )
     elif runner is None and checkpoint is not None:
         check_model_fits(shape, scheduler.max_slots, dev, dt, max_len, graphs=graphs)  # before loading
         model = load_hf_checkpoint(checkpoint, dev, dt)
+        if plan is not None:
+            model.use_kernels(plan)
         runner = ModelRunner(model, scheduler.max_slots, max_len, seed, graphs=graphs)
     assert runner is not None
     ex = RealExecutor(

@@ -17,11 +17,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..costs.devices import get_device
 from ..costs.models import ModelShape, get_model
 from ..plan import PrefillChunk, StepPlan
 from ..request import Request
 from ..results import load_average
-from .executor import REGISTRY_DTYPE, resolve_dtype
+from .executor import REGISTRY_DTYPE, kernel_plan, resolve_dtype
 from .hardware import (
     DeviceEntry,
     device_entry,
@@ -31,7 +32,7 @@ from .hardware import (
     resolve_device,
     synchronize,
 )
-from .model import split_ways
+from .kernels import split_ways
 from .runner import SPAN_PER_ROW, ModelRunner
 
 PROFILE_SCHEMA = 1
@@ -236,16 +237,21 @@ class Rig:
         }
 
     def spec(self, dtype: str) -> dict[str, Any] | None:
-        """An unregistered GPU's figures as measured here; None for a registered device."""
-        if self.entry.registered:
+        """The device's figures as measured here where the registry has none for ``dtype`` (an
+        unregistered GPU; this CPU in bf16, which the registry's CPU entry, measured in fp32 on
+        an AVX2 machine, has no peak for); None otherwise."""
+        if self.entry.registered and (self.entry.datasheet or dtype in get_device(self.entry.name).peak_flops):
             return None
         return measured_spec(self.entry, self.bw, self.peak, dtype, device_memory(self.dev) or 0.0)
 
 
-def target(device: str, dtype: str | None = None) -> tuple[torch.device, DeviceEntry, torch.dtype]:
-    """The device ("auto": the GPU if any), its registry entry and the torch dtype (fp32, bf16)."""
+def target(
+    device: str, dtype: str | None = None, shape: ModelShape | None = None
+) -> tuple[torch.device, DeviceEntry, torch.dtype]:
+    """The device ("auto": the GPU if any), its registry entry and the torch dtype (fp32, bf16;
+    ``auto``: the faster for ``shape`` here)."""
     dev = resolve_device(device)
-    tdt = resolve_dtype(dtype, dev)
+    tdt = resolve_dtype(dtype, dev, shape)
     if tdt not in REGISTRY_DTYPE:
         raise ValueError(f"dtype={dtype!r}: profiles are fp32 or bf16")
     return dev, device_entry(dev), tdt
@@ -261,9 +267,11 @@ def rig(
     peak_n: int | None = None,
     seed: int = 0,
     graphs: bool | None = None,
+    auto: bool = False,
 ) -> Rig:
-    """Probe the :func:`target`, then build and warm up ``shape`` with ``slots`` slabs of ``max_len``.
-    Probes first: their buffers (twice ``bandwidth_bytes``, default the weights' bytes) are
+    """Probe the :func:`target`, then build and warm up ``shape`` with ``slots`` slabs of ``max_len``,
+    its linear layers on this machine's kernels (``auto``: the dtype was chosen by probing both,
+    which the plan records). Probes first: their buffers (twice ``bandwidth_bytes``, default the weights' bytes) are
     freed before the slabs take the memory (an 8B profile's fill most of an H200)."""
     (dev, entry, tdt), load0, t0 = at, load_average(), time.perf_counter()
     nbytes = bandwidth_bytes or shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
@@ -271,8 +279,10 @@ def rig(
     peak = matmul_peak(dev, tdt, peak_n or (2048 if dev.type == "cpu" else 8192))
     if dev.type == "cuda":
         torch.cuda.empty_cache()
+    # ``auto`` chose the dtype by probing both: the plan keeps why (a dtype asked for: its own).
+    plan = kernel_plan(shape, dev, "auto" if auto else tdt)
     runner = ModelRunner.from_shape(
-        shape, slots, device=dev, dtype=tdt, seed=seed, max_len=max_len, graphs=graphs
+        shape, slots, device=dev, dtype=tdt, seed=seed, max_len=max_len, graphs=graphs, kernels=plan
     )
     runner.warmup()
     return Rig(dev, entry, tdt, bw, peak, runner, load0, t0)
@@ -318,8 +328,8 @@ def measure(
     for name, n in (("rounds", rounds), ("reps", reps)):
         if not (isinstance(n, int) and n >= 1):
             raise ValueError(f"{name}={n!r}: must be an integer >= 1")
-    dev, entry, tdt = at = target(device, dtype)  # no GPU is said before any length is checked
     shape = get_model(model)
+    dev, entry, tdt = at = target(device, dtype, shape)  # no GPU is said before any length is checked
     for name, vals in (("batches", batches), ("ctxs", ctxs), ("prefill_tokens", prefill_tokens)):
         if not vals or sorted(set(vals)) != list(vals) or vals[0] < (0 if name == "ctxs" else 1):
             raise ValueError(f"{name}={vals!r}: must be increasing and positive")
@@ -332,7 +342,15 @@ def measure(
         raise ValueError(f"a measured length of {max_len} exceeds {model}'s max_context={shape.max_context}")
     slots = max(batches + [r + 1 for _, r, _ in mixed] + [r for r, _ in prefill_rows])
     rg = rig(
-        at, shape, slots, max_len, bandwidth_bytes=bandwidth_bytes, peak_n=peak_n, seed=seed, graphs=graphs
+        at,
+        shape,
+        slots,
+        max_len,
+        bandwidth_bytes=bandwidth_bytes,
+        peak_n=peak_n,
+        seed=seed,
+        graphs=graphs,
+        auto=str(dtype).lower() == "auto",
     )
     runner, bw, peak = rg.runner, rg.bw, rg.peak
     weight_bytes = shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
@@ -375,6 +393,7 @@ def measure(
                 "rounds": rounds,
                 "seed": seed,
                 "token_buckets": runner.model.token_buckets(),
+                "kernels": runner.model.kernels.to_dict(),
                 "slots": runner.slots,
                 "max_len": runner.max_len,
                 "how": "python -m batching measure: synchronized wall clock around ModelRunner's packed forward "

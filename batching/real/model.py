@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..costs.models import ModelShape
+from .kernels import LinearPlan, apply, plan_for, prepare
 
 #: Query, key, value of one layer for the packed tokens -> attention output [T, H, D].
 AttendFn = Callable[[int, Tensor, Tensor, Tensor], Tensor]
@@ -46,7 +47,8 @@ class ModelConfig(ModelShape):
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:
-    """fp32 on CPU (no bf16 instructions here: bf16 matmuls ~6x slower), bf16 on CUDA."""
+    """fp32 on CPU, bf16 on CUDA; ``auto`` (:func:`~batching.real.kernels.plan_for`) picks a
+    CPU's by timing both."""
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
@@ -127,36 +129,9 @@ def sdpa_backend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, ca
         return f"unknown ({type(e).__name__})"
 
 
-#: Largest token count for which Llama.linear uses ``(W @ x.T).T`` on CPU: faster at 128
-#: tokens (cpu-s prefill 71.7 vs 81.3 ms with F.linear), slower at 255 (156 vs 130 ms).
-WX_MAX_TOKENS = 128
-
-
-def padded_tokens(T: int) -> int:
-    """Rows a CPU ``(W @ x.T).T`` product of ``T`` tokens runs on: MKL is fast at multiples of
-    8 (and 4), slow between (``cpu-m`` steps: 3 rows 55.6 ms vs 38.9 for 4, 7 rows 84.4 vs 70.2
-    for 8, 13-15 rows 126-148 vs 87.9 for 16), so pad to a multiple of 8, except 1, 2, 5 and 6
-    rows, cheaper than padded (5 rows 57 ms, 8 rows 70)."""
-    if T <= 8:
-        return {3: 4, 7: 8}.get(T, T)
-    return -(-T // 8) * 8
-
-
-#: How a CPU model (``wx``) multiplies by its weights (:attr:`Llama.linear_form`).
-LINEAR_CPU = (
-    "(W @ x.T).T; batch 1: x @ W.T stored transposed, input dimension split one piece per thread "
-    "(one bmm, summed)"
-)
-
-
-def split_ways(in_features: int, threads: int) -> int:
-    """Pieces a CPU one-token product splits its input into: up to one per thread, dividing
-    ``in_features`` evenly."""
-    return max(s for s in range(1, max(threads, 1) + 1) if in_features % s == 0)
-
-
-def batch1_copy_params(cfg: ModelConfig) -> int:
-    """Elements of a CPU model's transposed one-token copies: every linear weight and the head."""
+def form_copy_params(cfg: ModelConfig) -> int:
+    """Elements of one extra form of every linear weight and the head (a CPU plan's ``split``
+    or ``dnnl`` copies), which the memory check counts before the plan is probed."""
     H, K, D, d = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.hidden
     per_layer = (H + 2 * K) * D * d + d * H * D + 2 * cfg.ffn * d + d * cfg.ffn
     return cfg.layers * per_layer + cfg.vocab * d
@@ -202,7 +177,8 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    """A Llama-style decoder with seeded random weights; ``wx`` (default on CPU): see :meth:`linear`."""
+    """A Llama-style decoder with seeded random weights; its linear layers run the paths of a
+    :class:`~batching.real.kernels.LinearPlan` (default: this machine's, probed once)."""
 
     cos: Tensor
     sin_signed: Tensor
@@ -214,13 +190,13 @@ class Llama(nn.Module):
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
         seed: int = 0,
-        wx: bool | None = None,
+        kernels: LinearPlan | None = None,
     ) -> None:
         super().__init__()
         device = torch.device(device)
         dtype = dtype or default_dtype(device)
         self.cfg, self.device, self.dtype = cfg, device, dtype
-        self.wx = device.type == "cpu" if wx is None else wx
+        self._kernels = kernels  # None: this machine's, probed at the first forward pass
         kw: dict[str, Any] = {"device": device, "dtype": dtype}
         self.embed = nn.Parameter(torch.empty(cfg.vocab, cfg.hidden, **kw), requires_grad=False)  # [V, d]
         self.blocks = nn.ModuleList(Block(cfg, device, dtype) for _ in range(cfg.layers))
@@ -238,9 +214,8 @@ class Llama(nn.Module):
         self.register_buffer("cos", ang.cos().to(**kw), persistent=False)
         sign = torch.cat((-torch.ones(cfg.head_dim // 2), torch.ones(cfg.head_dim // 2))).to(torch.float64)
         self.register_buffer("sin_signed", (ang.sin() * sign).to(**kw), persistent=False)  # see apply_rope
-        self._b1: dict[int, Tensor] = {}
-        self._b1_state: tuple[tuple[int, int], ...] = ()
-        self.refresh_batch1()
+        self._forms: dict[tuple[int, str], Tensor] = {}
+        self._forms_state: tuple[tuple[int, int], ...] | None = None
 
     @property
     def layers(self) -> list[Block]:
@@ -254,20 +229,36 @@ class Llama(nn.Module):
         # A checkpoint copied in, or a move to another dtype, changes one of these.
         return tuple((id(w), w._version) for w in self.linear_weights())
 
+    @property
+    def kernels(self) -> LinearPlan:
+        """The plan the linear layers run (the first use of the default probes this machine:
+        seconds, then cached on disk, see :func:`~batching.real.kernels.plan_for`)."""
+        if self._kernels is None:
+            self._kernels = plan_for(self.cfg, self.device, self.dtype)
+        return self._kernels
+
     @torch.no_grad()
-    def refresh_batch1(self) -> None:
-        """(Re)build the transposed weights of CPU one-token steps (``forward`` does on a change)."""
-        self._b1 = {id(w): w.T.contiguous() for w in self.linear_weights()} if self.wx else {}
-        self._b1_state = self._weights_state()
+    def refresh_forms(self) -> None:
+        """(Re)build what the plan's paths multiply by besides the weights themselves (a
+        transposed copy for ``split``, oneDNN's reordered one for ``dnnl``); ``forward`` does
+        on a change of the weights."""
+        need = [p for p in self.kernels.paths if p in ("split", "dnnl")]
+        self._forms = {(id(w), p): prepare(p, w) for w in self.linear_weights() for p in need}
+        self._forms_state = self._weights_state()
+
+    def use_kernels(self, plan: LinearPlan) -> None:
+        """Run the linear layers by ``plan`` from now on."""
+        self._kernels = plan
+        self.refresh_forms()
 
     @property
     def linear_form(self) -> str:
-        """How this model multiplies by its weights."""
-        return LINEAR_CPU if self.wx else "F.linear"
+        """How this model multiplies by its weights (:meth:`LinearPlan.describe`)."""
+        return self.kernels.describe()
 
-    def batch1_bytes(self) -> int:
-        """Bytes of the batch-1 copies."""
-        return sum(t.numel() * t.element_size() for t in self._b1.values())
+    def forms_bytes(self) -> int:
+        """Bytes of the weights' extra forms (transposed or reordered copies) now held."""
+        return sum(t.numel() * t.element_size() for t in self._forms.values())
 
     @torch.no_grad()
     def _init_weights(self, seed: int) -> None:
@@ -300,46 +291,27 @@ class Llama(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def linear(self, x: Tensor, w: Tensor) -> Tensor:
-        """x [T, in] @ W[out, in].T -> [T, out].
-
-        On this CPU ``F.linear`` leaves MKL's fast matrix-vector kernel at T = 2 (batch 2 ~1.9x
-        batch 1); ``(W @ x.T).T`` stays flat to batch ~4 (shared/notes/cpu-decode-measurements.md;
-        GPUs: F.linear). Made contiguous: the next linear's fast path needs row-major input
-        (6656x768 at T=2: 4.1 vs 1.4 ms). Above :data:`WX_MAX_TOKENS` both are compute-bound.
-
-        One token: MKL runs a matrix-vector product on one thread (~14-22 GB/s), a batched
-        product one matrix per thread, so a transposed copy [in, out] split into
-        :func:`split_ways` pieces runs as one ``bmm``, summed (6656x768: 27.2 vs 21.7 GB/s;
-        cpu-m steps 21.4-28.9 vs 32.6-36.0 ms), for +100% memory. From two tokens it is slower
-        (T=4: 10.2 vs 15.4 GB/s)."""
+        """x [T, in] @ W[out, in].T -> [T, out], by the path the plan gives T rows, padded
+        with zero rows where it runs them as more (:meth:`LinearPlan.lookup`)."""
         T = x.shape[0]
-        if self.wx and T == 1:
-            wt = self._b1[id(w)]  # [in, out]
-            n, out = wt.shape
-            s = split_ways(n, torch.get_num_threads())
-            if s == 1:
-                return x @ wt  # [1, in] @ [in, out]
-            # [s, 1, in/s] @ [s, in/s, out] -> [s, 1, out], one piece per thread; summed -> [1, out]
-            return torch.bmm(x.reshape(s, 1, n // s), wt.view(s, n // s, out)).sum(0)
-        if self.wx and T <= WX_MAX_TOKENS:
-            P = padded_tokens(T)
-            if P == T:
-                return (w @ x.T).T.contiguous()
-            xp = F.pad(x, (0, 0, 0, P - T))  # [P, in]: zero rows, see padded_tokens
-            return (w @ xp.T).T[:T].contiguous()
-        return F.linear(x, w)
+        path, P = self.kernels.lookup(T)
+        if P > T:
+            x = F.pad(x, (0, 0, 0, P - T))  # [P, in]
+        y = apply(path, x, w, self._forms.get((id(w), path), w))
+        return y[:T] if P > T else y
 
     def token_buckets(self) -> list[int] | None:
-        """Row counts linear layers run on (:func:`padded_tokens`, for ``ProfileCost``); None: no padding."""
-        if not self.wx:
-            return None
-        return [t for t in range(1, WX_MAX_TOKENS + 1) if padded_tokens(t) == t]
+        """Row counts linear layers run on (for ``ProfileCost``); None: no padding."""
+        return self.kernels.token_buckets()
 
     def forward(self, ids: Tensor, pos: Tensor, attend: AttendFn, rows: Tensor | None = None) -> Tensor:
         """ids, pos [T] (int64) -> logits [R, V] of the tokens ``rows`` [R] selects (None: all T);
         ``attend(layer, q, k, v)`` does attention and caching."""
-        if self.wx and self._weights_state() != self._b1_state:
-            self.refresh_batch1()
+        if (
+            any(p in ("split", "dnnl") for p in self.kernels.paths)
+            and self._weights_state() != self._forms_state
+        ):
+            self.refresh_forms()
         x = self.embed[ids]  # [T, d]
         cos, sin = self.cos[pos, None], self.sin_signed[pos, None]  # [T, 1, D]: broadcast over heads
         for i, block in enumerate(self.blocks):

@@ -21,7 +21,8 @@ from ..request import Request
 from .cache import SlabCache, kv_cache_bytes
 from .graphs import DecodeGraphs
 from .hardware import available_bytes, check_fits
-from .model import PAD_ID, Llama, ModelConfig, batch1_copy_params, default_dtype, gqa_chunk, gqa_decode, sdpa
+from .kernels import LinearPlan
+from .model import PAD_ID, Llama, ModelConfig, default_dtype, form_copy_params, gqa_chunk, gqa_decode, sdpa
 from .model import sdpa_backend as _backend
 
 #: The largest prefill :meth:`ModelRunner.warmup` runs, in tokens (about a second of cpu-s).
@@ -38,11 +39,12 @@ def check_model_fits(
     graphs: bool | None = None,
 ) -> int:
     """Refuse (:class:`DeviceMemoryError`) a model and its KV slabs that would not fit
-    ``device``, before allocating; returns the weights' bytes (a CPU model's batch-1 copies
-    included; decode graphs, default on CUDA, add a slab)."""
+    ``device``, before allocating; returns the weights' bytes (on a CPU with one extra form of
+    each, which its kernels' ``split`` or ``dnnl`` paths keep; decode graphs, default on CUDA,
+    add a slab)."""
     cfg = ModelConfig.from_shape(shape)
     elem = dtype.itemsize
-    copies = batch1_copy_params(cfg) if device.type == "cpu" else 0
+    copies = form_copy_params(cfg) if device.type == "cpu" else 0
     weights = (cfg.params + copies) * elem
     slabs = slots + (1 if (device.type == "cuda" if graphs is None else graphs) else 0)
     kv = kv_cache_bytes(cfg, slabs, cfg.max_context if max_len is None else max_len, dtype)
@@ -51,7 +53,7 @@ def check_model_fits(
         weights + kv,
         avail,
         f"{shape.name} in {dtype}: {weights / 1e9:.2f} GB of weights"
-        f"{' (batch-1 copies included)' if copies else ''} + "
+        f"{' (a copy for the CPU kernels included)' if copies else ''} + "
         f"{kv / 1e9:.2f} GB of KV slabs ({slots} slots)",
         device,
     )
@@ -144,12 +146,14 @@ class ModelRunner:
         max_len: int | None = None,
         mem_available: int | None = None,
         graphs: bool | None = None,
+        kernels: LinearPlan | None = None,
     ) -> ModelRunner:
-        """Build a registry shape's model and cache, checking first that both fit."""
+        """Build a registry shape's model and cache, checking first that both fit; ``kernels``:
+        the linear layers' plan (default: this machine's for the dtype, probed once)."""
         device = torch.device(device)
         dtype = dtype or default_dtype(device)
         weights = check_model_fits(shape, slots, device, dtype, max_len, mem_available, graphs)
-        model = Llama(ModelConfig.from_shape(shape), device, dtype, seed=seed)
+        model = Llama(ModelConfig.from_shape(shape), device, dtype, seed=seed, kernels=kernels)
         return cls(
             model, slots, max_len, seed, None if mem_available is None else mem_available - weights, graphs
         )

@@ -10,9 +10,8 @@ import numpy as np
 
 from ..costs.models import get_model
 from .executor import REGISTRY_DTYPE
-from .hardware import available_bytes
+from .hardware import available_bytes, resolve_device
 from .measure import StepTimer, rig, stats, target
-from .model import LINEAR_CPU
 from .runner import SPAN_PER_ROW
 
 #: Model and batch sizes per device type: on the CPU cpu-m is bandwidth-bound, cpu-s dominated
@@ -58,18 +57,21 @@ def decode_sweep(
     reps: int = 5,
     peak_n: int | None = None,
     bandwidth_bytes: int | None = None,
+    dtype: str | None = "auto",
 ) -> dict[str, Any]:
     """Decode-step time against batch size at ``ctx`` KV tokens per row, along every
     :func:`decode_paths`, after probing bandwidth (at most 2 GiB on a GPU) and matmul peak.
+    ``dtype``: ``auto`` (the faster here, :mod:`batching.real.kernels`), ``fp32`` or ``bf16``.
 
     Returns ``meta``, ``batch``, ``ctx``, ``paths``, ``<path>_ms`` (medians) with
     ``<path>_p25_ms``/``<path>_p75_ms``, and ``matvec_gbs``, ``copy_gbs``, ``read_gbs`` (best
     of each probe; copy counts read + write), ``peak_tflops``.
     """
-    dev, entry, tdt = at = target(device)
-    free = float(available_bytes(dev) or 0) if dev.type == "cuda" else None
-    name, bs = live_defaults(dev.type, model, batches, free)
+    dev0 = resolve_device(device)
+    free = float(available_bytes(dev0) or 0) if dev0.type == "cuda" else None
+    name, bs = live_defaults(dev0.type, model, batches, free)
     base = get_model(name)
+    dev, entry, tdt = at = target(device, dtype, base)
     shape = base.with_dtype(REGISTRY_DTYPE[tdt])
     if not (isinstance(ctx, int) and ctx >= 2 and ctx * 3 // 2 + 2 <= shape.max_context):
         raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
@@ -78,7 +80,16 @@ def decode_sweep(
     nbytes = bandwidth_bytes or (
         shape.weight_read_bytes if dev.type == "cpu" else min(shape.weight_read_bytes, 2 << 30)
     )
-    r = rig(at, base, slots, ctx * 3 // 2 + 2, bandwidth_bytes=nbytes, peak_n=peak_n)
+    r = rig(
+        at,
+        base,
+        slots,
+        ctx * 3 // 2 + 2,
+        bandwidth_bytes=nbytes,
+        peak_n=peak_n,
+        auto=str(dtype).lower() == "auto",
+    )
+    plan = r.runner.model.kernels
     # Round-robin over (batch, path), each after one untimed step: a slow spell of a shared
     # machine spreads over all points instead of bending one stretch of the curve.
     timer = StepTimer(r.runner, 1, warmup=1)
@@ -106,7 +117,10 @@ def decode_sweep(
         "bandwidth_bytes": float(nbytes),
         "peak_n": r.peak["n"],
         "linear": r.runner.model.linear_form,
-        "linear_split": r.runner.model.linear_form == LINEAR_CPU,
+        "kernels": plan.to_dict(),
+        # Batch 1 runs another kernel than batch 2 (the CPU's one-row product, say): the
+        # claim is then read from batch 2 (batching.book.decode.base_batch).
+        "linear_split": plan.lookup(1)[0] != plan.lookup(2)[0],
         "matvec_layout": r.bw["matvec"]["layout"],
     }
     if (spec := r.spec(shape.dtype)) is not None:

@@ -240,7 +240,9 @@ class Rig:
         """The device's figures as measured here where the registry has none for ``dtype`` (an
         unregistered GPU; this CPU in bf16, which the registry's CPU entry, measured in fp32 on
         an AVX2 machine, has no peak for); None otherwise."""
-        if self.entry.registered and (self.entry.datasheet or dtype in get_device(self.entry.name).peak_flops):
+        if self.entry.registered and (
+            self.entry.datasheet or dtype in get_device(self.entry.name).peak_flops
+        ):
             return None
         return measured_spec(self.entry, self.bw, self.peak, dtype, device_memory(self.dev) or 0.0)
 

@@ -57,7 +57,8 @@ def kernel_plan(shape: ModelShape, device: torch.device, dtype: str | torch.dtyp
     if isinstance(dtype, str) and dtype.lower() != "auto":
         dtype = resolve_dtype(dtype, device)
     # A model whose weights fit in no dtype is refused before the probe allocates them.
-    check_model_fits(shape, 1, device, torch.bfloat16 if dtype in (None, "auto") else dtype, 1, graphs=False)
+    smallest = dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
+    check_model_fits(shape, 1, device, smallest, 1, graphs=False)
     return plan_for(shape, device, dtype)
 
 

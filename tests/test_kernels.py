@@ -48,6 +48,9 @@ def test_a_bucket_pads_up_only_when_a_larger_step_is_clearly_cheaper() -> None:
         ("aten", 16),
     ]
     assert cost[1] == 4.0 and cost[4] == 4.1
+    # A step many times larger that times faster is a disturbed probe: no padding past 2x.
+    odd = choose_paths(flat(aten={1: 10.0, 2: 9.9, 4: 9.8, 64: 1.0}), "fp32")[0]
+    assert [LinearPlan("fp32", odd).lookup(t) for t in (1, 3)] == [("aten", 1), ("aten", 4)]
     # Above PAD_MAX a bucket runs its steps unpadded unless padding up is faster.
     big = choose_paths(flat(aten={256: 10.0, 512: 20.0}), "fp32")[0]
     assert LinearPlan("fp32", big).lookup(300) == ("aten", 300)
@@ -112,6 +115,27 @@ def test_timings_are_probed_once_then_read_from_the_machines_cache(tmp_path, mon
     f.write_text(json.dumps(doc))
     monkeypatch.setattr(K, "_MEMO", {})
     assert K.timings(shape, [torch.float32])[1] == "probe" and len(calls) == 2
+
+
+def test_a_probe_disturbed_by_other_processes_is_used_but_not_cached(tmp_path, monkeypatch) -> None:
+    """Other processes kept cores busy during the probe (faked through /proc/stat's reading):
+    the timings serve this process, the plan says why, and nothing is written."""
+    import itertools
+
+    ticks = itertools.count(0.0, 5.0)  # the machine's busy seconds: 5 s per reading
+    clock = itertools.count(100.0, 2.0)  # 2 s of wall time per reading
+
+    monkeypatch.setenv("BATCHING_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(K, "_MEMO", {})
+    monkeypatch.setattr(K, "probe", lambda shape, dtypes, *a, **k: {"fp32": {"aten": {1: 1.0}}})
+    monkeypatch.setattr(K, "busy_cpu_s", lambda: next(ticks))
+    monkeypatch.setattr(K, "own_cpu_s", lambda: 0.0)
+    monkeypatch.setattr(K.time, "perf_counter", lambda: next(clock))
+    ms, source = K.timings(get_model("tiny"), [torch.float32])
+    assert ms == {"fp32": {"aten": {1: 1.0}}} and source.startswith(
+        "probe, disturbed: other processes kept 2.5"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_real_probe_of_tiny_times_every_candidate_path() -> None:
@@ -192,3 +216,14 @@ def test_default_plan_is_probed_lazily_and_float64_is_never_probed(monkeypatch) 
     with pytest.raises(ValueError):  # the fake timings are empty: the first use asks for them
         _ = m.kernels
     assert calls == ["probe"]
+
+
+def test_kernels_command_prints_the_plan_and_its_timings(capsys) -> None:
+    from batching.cli import main
+
+    assert main(["kernels", "--model", "tiny", "--dtype", "fp32"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tiny on this CPU (") and "fp32; rows 1" in out and "dtype fp32: asked for" in out
+    assert "    aten" in out and "    split" in out
+    assert main(["kernels", "--model", "tiny", "--dtype", "fp16"]) == 2
+    assert "dtype='fp16'" in capsys.readouterr().err

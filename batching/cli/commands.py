@@ -191,8 +191,27 @@ def cmd_measure(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_kernels(a: argparse.Namespace) -> int:
+    from ..real import kernels  # torch is needed here only
+    from ..real.executor import kernel_plan
+    from ..real.hardware import resolve_device
+
+    shape = get_model(a.model)
+    if a.probe:  # a fresh probe replaces this machine's cached one
+        kernels.forget(shape)
+    plan = kernel_plan(shape, resolve_device("cpu"), a.dtype)
+    print(f"{shape.name} on this CPU ({plan.source}): {plan.describe()}")
+    print(f"  dtype {plan.dtype}: {plan.dtype_reason}")
+    for d, per in (plan.ms or {}).items():
+        rows = sorted({r for t in per.values() for r in t})
+        print(f"  {d} ms per pass over the linear layers, by rows: " + ", ".join(map(str, rows)))
+        for path, t in per.items():
+            print(f"    {path:6}" + "".join(f"{t[r]:8.2f}" if r in t else " " * 8 for r in rows))
+    return 0
+
+
 def add_parsers(sub: Any) -> None:
-    """Register ``simulate``, ``run`` and ``measure`` on ``sub``."""
+    """Register ``simulate``, ``run``, ``measure`` and ``kernels`` on ``sub``."""
     s = sub.add_parser("simulate", help="run a workload through a scheduler on a simulated clock")
     add_workload_args(s)
     add_scheduler_args(s)
@@ -263,3 +282,12 @@ def add_parsers(sub: Any) -> None:
     m.add_argument("--out", help="profile JSON, e.g. data/profiles/cpu-here-cpu-m.json")
     m.add_argument("--no-progress", action="store_true")
     m.set_defaults(func=cmd_measure)
+
+    k = sub.add_parser(
+        "kernels",
+        help="the CPU kernels and dtype this machine's probe chose for a model (probed once, cached)",
+    )
+    k.add_argument("--model", default="cpu-s")
+    k.add_argument("--dtype", default="auto", help="auto (default), fp32 or bf16")
+    k.add_argument("--probe", action="store_true", help="probe again (e.g. after a run on a busy machine)")
+    k.set_defaults(func=cmd_kernels)

@@ -52,6 +52,14 @@ PAD_MAX = 128
 #: A bucket runs padded to a larger probe row count only when that is faster by this factor:
 #: the probe's noise (a few percent) must not make a step pay for rows it does not need.
 PAD_MARGIN = 0.95
+#: ... and to at most this many times its rows: a kernel that is faster on twice the rows
+#: exists (oneDNN's bf16 one-row product here: 4.7 ms against 4.8 for 2 rows, and up to 7
+#: ms), one faster on many times the rows is a probe disturbed by another process.
+PAD_FACTOR = 2
+#: Cores other processes may keep busy during a probe before it counts as disturbed: a
+#: 2-thread product then stalls for milliseconds whenever a thread is descheduled, and its
+#: timings say nothing of this machine. A disturbed probe is used but never cached.
+PROBE_MAX_OTHERS = 0.3
 #: The probe's weights: the model's own matrices, layer by layer up to this many bytes per
 #: dtype (more than any CPU's last-level cache, so that they stream from memory as the model's do).
 PROBE_BYTES = 512 * 2**20
@@ -203,9 +211,9 @@ def choose_paths(
     """The buckets of one dtype from its timings {path: {rows: ms}}, and each bucket's cost.
 
     Each probe row count takes its fastest path (ties: :data:`PATHS` order); a bucket runs
-    padded to a larger row count where that is faster by more than the probe's noise
-    (:data:`PAD_MARGIN`), so that, within it, a step never costs more than a bigger one.
-    Steps up to :data:`PAD_MAX` rows pad to their bucket."""
+    padded to a larger row count, up to :data:`PAD_FACTOR` times its own, where that is
+    faster by more than the probe's noise (:data:`PAD_MARGIN`): a step then never costs more
+    than one of up to twice its rows. Steps up to :data:`PAD_MAX` rows pad to their bucket."""
     rows = sorted({r for per in ms.values() for r in per})
     if not rows:
         raise ValueError(f"no timings for {dtype}")
@@ -220,9 +228,10 @@ def choose_paths(
     chosen: dict[int, tuple[str, int]] = {}
     for i, r in enumerate(rows):
         t, p = best[r]
-        low = min(best[q][0] for q in rows[i:])
-        # The smallest row count at or above r within the noise of the cheapest there.
-        q = next(q for q in rows[i:] if best[q][0] * PAD_MARGIN <= low)
+        reach = [q for q in rows[i:] if q <= PAD_FACTOR * r]
+        low = min(best[q][0] for q in reach)
+        # The smallest row count at or above r (within PAD_FACTOR) near the cheapest there.
+        q = next(q for q in reach if best[q][0] * PAD_MARGIN <= low)
         pad = q > r and best[q][0] < t * PAD_MARGIN
         chosen[r] = (best[q][1], q) if pad else (p, r)
         cost[r] = best[q][0] if pad else t
@@ -291,9 +300,25 @@ def probe(
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, dict[str, dict[int, float]]]:
     """Milliseconds of one pass over the model's linear layers (:func:`probe_weights`) for each
-    dtype, candidate path and row count: the median of ``rounds`` passes, the paths taking
-    turns within each round so that a slow spell of the machine falls on all of them."""
+    dtype, candidate path and row count: the fastest of ``rounds`` passes (another process
+    only ever adds time), the paths taking turns within each round."""
     return {dtype_name(dt): _probe_dtype(shape, dt, rows, rounds, clock) for dt in dtypes}
+
+
+def busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine has spent busy (user, nice, system, irq, softirq, steal),
+    from /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds this process has spent (all its threads)."""
+    return time.process_time()
 
 
 @torch.inference_mode()
@@ -322,7 +347,7 @@ def _probe_dtype(
             times[(p, r)].append(once(p, r))
     out: dict[str, dict[int, float]] = {}
     for (p, r), ts in times.items():
-        out.setdefault(p, {})[r] = statistics.median(ts) * 1e3
+        out.setdefault(p, {})[r] = min(ts) * 1e3
     return out
 
 
@@ -367,12 +392,16 @@ def cache_dir() -> Path:
 _MEMO: dict[str, dict[str, dict[str, dict[int, float]]]] = {}
 
 
+def _digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def timings(shape: ModelShape, dtypes: Sequence[torch.dtype]) -> tuple[dict[str, Any], str]:
     """This machine's timings of ``shape`` in ``dtypes`` and where they came from (``probe``
     or ``cache``): read from the cache when a probe of this machine, torch and shapes is
     there, else probed and written (a cache that cannot be written is skipped)."""
     key = machine_key(shape)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    digest = _digest(key)
     names = [dtype_name(d) for d in dtypes]
     have = _MEMO.get(digest, {})
     source = "cache"
@@ -389,8 +418,18 @@ def timings(shape: ModelShape, dtypes: Sequence[torch.dtype]) -> tuple[dict[str,
             pass
     missing = [d for d, n in zip(dtypes, names) if n not in have]
     if missing:
+        busy0, own0, t0 = busy_cpu_s(), own_cpu_s(), time.perf_counter()
         have = {**have, **probe(shape, missing)}
+        elapsed = time.perf_counter() - t0
+        busy1, own = busy_cpu_s(), own_cpu_s() - own0
+        others = None if busy0 is None or busy1 is None else max(0.0, busy1 - busy0 - own) / elapsed
         source = "probe"
+        # Judged over a second or more (/proc/stat counts in 10 ms ticks); shorter probes (tiny
+        # models) are too short to tell, and too short to matter.
+        if others is not None and elapsed >= 1.0 and others > PROBE_MAX_OTHERS:
+            source = f"probe, disturbed: other processes kept {others:.1f} cores busy; not cached"
+            _MEMO[digest] = have
+            return {n: have[n] for n in names}, source
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -400,6 +439,13 @@ def timings(shape: ModelShape, dtypes: Sequence[torch.dtype]) -> tuple[dict[str,
             pass
     _MEMO[digest] = have
     return {n: have[n] for n in names}, source
+
+
+def forget(shape: ModelShape) -> None:
+    """Drop this machine's probe of ``shape`` (memory and disk): the next plan probes anew."""
+    digest = _digest(machine_key(shape))
+    _MEMO.pop(digest, None)
+    (cache_dir() / f"{digest}.json").unlink(missing_ok=True)
 
 
 def plan_for(shape: ModelShape, device: torch.device | str, dtype: torch.dtype | str | None) -> LinearPlan:

@@ -120,6 +120,32 @@ def test_decode_rows_in_scattered_slots_read_only_their_own_slabs(
             torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
 
 
+def test_short_and_long_decode_rows_split_into_two_groups_give_the_reference_logits(monkeypatch) -> None:
+    """Rows of very different contexts are read as two groups, each to its own longest context
+    (split_by_length), the short group through holes; every row's logits still equal its own
+    cache-free pass, in the rows' order."""
+    from batching.real import runner as R
+
+    model = Llama(TINY, "cpu", F64, seed=0)
+    monkeypatch.setattr(R, "GROUP_COST_POSITIONS", 4)  # tiny contexts: a split must pay off
+    lens = {0: 3, 1: 40, 2: 4, 3: 5, 4: 3, 5: 44}  # slot: prompt length
+    assert R.split_by_length(list(lens), [n - 1 for n in lens.values()]) == ([0, 2, 3, 4], [1, 5])
+    assert R.split_by_length([0, 1, 2, 3], [10, 10, 11, 10]) is None  # alike: one group
+    runner = ModelRunner(model, slots=6, max_len=64)
+    reqs = [admitted(s, n, 3, slot=s) for s, n in lens.items()]
+    first = StepPlan(prefills=[PrefillChunk(r, r.prompt_len) for r in reqs])
+    commit(first, runner.forward(first), 1.0)
+    assert isinstance(runner._decode_groups(list(lens), [r.num_computed for r in reqs]), list)
+    for _ in range(2):
+        plan = StepPlan(decodes=reqs)
+        out = runner.forward(plan)
+        commit(plan, out, 2.0)
+        for r in reqs:
+            ids = runner.tokens(r)
+            ref = model.forward_full(torch.tensor(ids))
+            torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
+
+
 def test_padded_plan_equals_the_unpadded_product() -> None:
     """A plan that runs a step's rows padded to a bucket (and some buckets on other paths)
     gives the plain product on the real rows, and lists the row counts steps run on."""

@@ -410,3 +410,60 @@ def test_flat_verdict_counts_from_batch_2_where_batch_1_ran_its_own_kernel():
     one = {**sw, "batch": np.array([1.0]), "uniform_ms": np.array([20.0])}
     one.update({k: np.array([20.0]) for k in sw if k.endswith("_ms") and k != "uniform_ms"})
     assert decode.base_index(one) == 0
+
+
+def test_kernel_numbers_and_the_two_dtypes_table_by_hand():
+    """The sweep's kernel record: which dtype, whether the probe chose it (and the other's
+    cost), batch 1's and batch 2's paths; the two dtypes' steps side by side."""
+    sw = _synthetic_sweep()
+    sw["meta"] = {
+        **sw["meta"],
+        "dtype": "bf16",
+        "kernels": {
+            "dtype": "bf16",
+            "dtype_reason": "faster here: ...",
+            "buckets": [[1, "dnnl", 2], [2, "dnnl", 2], [8, "wx", 8], [512, "dnnl", 0]],
+            "geomean_ms": {"fp32": 16.0, "bf16": 5.0},
+        },
+    }
+    kn = decode.kernel_numbers(sw)
+    assert kn == {
+        "dtype": "bf16",
+        "probed": True,
+        "gm_ms": 5.0,
+        "other": "fp32",
+        "other_gm_ms": 16.0,
+        "path1": "dnnl",
+        "rows1": 2,
+        "path2": "dnnl",
+    }
+    asked = {**sw, "meta": {**sw["meta"], "kernels": {**sw["meta"]["kernels"], "dtype_reason": "asked for"}}}
+    assert decode.kernel_numbers(asked)["probed"] is False
+    assert decode.kernel_numbers({**sw, "meta": {"dtype": "bf16"}})["probed"] is False  # a GPU: no record
+    other = {
+        **_synthetic_sweep(),
+        "batch": np.array([1.0, 4.0, 8.0]),
+        "uniform_ms": np.array([80.0, 100.0, 200.0]),
+    }
+    other["meta"] = {**other["meta"], "dtype": "fp32"}
+    rows, header = decode.dtype_rows(sw, other)
+    assert header == ["batch", "bf16 ms", "bf16 x B=1", "fp32 ms", "fp32 x B=1"]
+    # Only the batches both timed (the synthetic sweep: 1, 2, 4, 8 at 40, 40, 48, 70 ms).
+    assert rows == [
+        ["1", "40.0", "1.00", "80.0", "1.00"],
+        ["4", "48.0", "1.20", "100.0", "1.25"],
+        ["8", "70.0", "1.75", "200.0", "2.50"],
+    ]
+
+
+def test_dtype_figure_draws_both_dtypes(tmp_path):
+    from batching.book.figures.why import dtype_figure
+
+    a = _synthetic_sweep()
+    a["meta"] = {**a["meta"], "dtype": "bf16"}
+    b = {**_synthetic_sweep(), "uniform_ms": np.array([80.0, 90.0, 100.0, 200.0])}
+    b["meta"] = {**b["meta"], "dtype": "fp32"}
+    fig = dtype_figure(a, b)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["bf16 (this build's pages)", "fp32"]
+    assert "log" in fig.axes[0].get_xlabel() and fig.axes[1].lines[1].get_ydata()[-1] == pytest.approx(2.5)

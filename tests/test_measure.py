@@ -231,7 +231,14 @@ def test_live_defaults():
 
 def test_the_live_decode_sweep_measures_every_path_on_the_cpu():
     sw = sweep.decode_sweep(
-        model="tiny", device="cpu", batches=[1, 2, 4], ctx=16, reps=2, peak_n=128, bandwidth_bytes=1 << 20
+        model="tiny",
+        device="cpu",
+        batches=[1, 2, 4],
+        ctx=16,
+        reps=2,
+        peak_n=128,
+        bandwidth_bytes=1 << 20,
+        dtype="fp32",
     )
     assert sw["paths"] == ["uniform", "mixed", "gathered"] == list(sweep.decode_paths())
     assert list(sweep.decode_paths(graphs=True)) == ["uniform", "mixed"]  # CUDA graphs: no gathered path
@@ -244,5 +251,22 @@ def test_the_live_decode_sweep_measures_every_path_on_the_cpu():
     assert sw["matvec_gbs"] > 0 and sw["peak_tflops"] > 0
     n = decode.live_numbers(sw)
     assert n["efficiency"] > 0 and n["bmax"] == 4
+    assert sw["meta"]["kernels"]["dtype"] == "fp32" and sw["meta"]["kernels"]["dtype_reason"] == "asked for"
     with pytest.raises(ValueError):
         sweep.decode_sweep(model="tiny", device="cpu", batches=[1, 2], ctx=1000)
+    # auto: the dtype this machine's probe chose, and why; `only` times the paths named.
+    auto = sweep.decode_sweep(
+        model="tiny",
+        device="cpu",
+        batches=[1, 2],
+        ctx=16,
+        reps=1,
+        peak_n=64,
+        bandwidth_bytes=1 << 20,
+        only=["uniform"],
+    )
+    k = auto["meta"]["kernels"]
+    assert auto["paths"] == ["uniform"] and k["dtype"] == auto["meta"]["dtype"] in ("fp32", "bf16")
+    assert k["dtype_reason"] != "asked for" and set(k["geomean_ms"]) == {"fp32", "bf16"}
+    with pytest.raises(ValueError, match="only="):
+        sweep.decode_sweep(model="tiny", device="cpu", batches=[1, 2], ctx=16, only=["nope"])

@@ -136,6 +136,51 @@ def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
+def kernel_numbers(sweep: Mapping[str, Any]) -> dict[str, Any]:
+    """How the sweep's linear layers ran (``meta.kernels``): ``dtype``, ``probed`` (the dtype
+    was chosen by this machine's probe rather than asked for or fixed, as on a GPU), the
+    chosen and the other dtype's probe cost (``gm_ms``, ``other``, ``other_gm_ms``: ms per
+    pass over the linear layers, geometric mean over the probe's row counts), and the paths
+    of batch 1 and batch 2 (``path1``, ``path2``; ``rows1``: the rows batch 1 runs as)."""
+    k = sweep["meta"].get("kernels") or {}
+    gms = dict(k.get("geomean_ms") or {})
+    dt = str(k.get("dtype") or sweep["meta"]["dtype"])
+    other = next((d for d in gms if d != dt), None)
+    buckets = [tuple(b) for b in k.get("buckets") or []]
+
+    def lookup(rows: int) -> tuple[str, int]:
+        for top, path, run in buckets:
+            if rows <= top:
+                return str(path), max(rows, int(run))
+        return (str(buckets[-1][1]), rows) if buckets else ("aten", rows)
+
+    return {
+        "dtype": dt,
+        "probed": k.get("dtype_reason", "asked for") != "asked for" and other is not None,
+        "gm_ms": gms.get(dt),
+        "other": other,
+        "other_gm_ms": gms.get(other) if other else None,
+        "path1": lookup(1)[0],
+        "rows1": lookup(1)[1],
+        "path2": lookup(2)[0],
+    }
+
+
+def dtype_rows(chosen: Mapping[str, Any], other: Mapping[str, Any]) -> tuple[list[list[Any]], list[str]]:
+    """Rows and header of the two dtypes' uniform decode steps side by side (ms, and each
+    over its batch 1), at the batches both sweeps timed."""
+    ca, oa = chosen["meta"]["dtype"], other["meta"]["dtype"]
+    cb = [float(x) for x in chosen["batch"]]
+    ob = {float(b): float(t) for b, t in zip(other["batch"], other["uniform_ms"])}
+    c1, o1 = float(chosen["uniform_ms"][0]), float(other["uniform_ms"][0])
+    rows: list[list[Any]] = [
+        [f"{b:.0f}", f"{t:,.1f}", f"{t / c1:.2f}", f"{ob[b]:,.1f}", f"{ob[b] / o1:.2f}"]
+        for b, t in zip(cb, (float(x) for x in chosen["uniform_ms"]))
+        if b in ob
+    ]
+    return rows, ["batch", f"{ca} ms", f"{ca} x B=1", f"{oa} ms", f"{oa} x B=1"]
+
+
 def gather_bytes(shape: ModelShape, rows: int, longest_ctx: int) -> float:
     """Bytes of K and V the gathered path copies in one decode step: every layer, each row's
     slab up to the longest context plus the new token."""

@@ -153,6 +153,9 @@ class LinearPlan:
     source: str = "fixed"
     ms: Mapping[str, Mapping[str, Mapping[int, float]]] | None = field(default=None, compare=False)
     dtype_reason: str = "asked for"
+    #: Each probed dtype's chosen cost, the geometric mean over the row counts (ms per pass
+    #: over the linear layers): what ``auto`` compared; empty where nothing was probed.
+    geomean_ms: Mapping[str, float] = field(default_factory=dict, compare=False)
 
     @classmethod
     def fixed(cls, path: str = "aten", dtype: str = "fp32") -> LinearPlan:
@@ -202,6 +205,7 @@ class LinearPlan:
             "source": self.source,
             "buckets": [[b.rows, b.path, b.run_rows] for b in self.buckets],
             "describe": self.describe(),
+            "geomean_ms": dict(self.geomean_ms),
         }
 
 
@@ -248,11 +252,8 @@ def choose(
     """The plan of ``dtype`` (None: the faster of the timed dtypes, by the geometric mean of
     their chosen costs over the row counts both were timed at) from timings
     {dtype: {path: {rows: ms}}}. Deterministic: the same timings give the same plan."""
-    if dtype is not None:
-        if dtype not in ms:
-            raise ValueError(f"dtype={dtype!r}: not probed (probed: {', '.join(ms)})")
-        buckets, _ = choose_paths(ms[dtype], dtype)
-        return LinearPlan(dtype, buckets, source, ms, "asked for")
+    if dtype is not None and dtype not in ms:
+        raise ValueError(f"dtype={dtype!r}: not probed (probed: {', '.join(ms)})")
     costs = {d: choose_paths(per, d) for d, per in ms.items()}
     if not costs:
         raise ValueError("no timings to choose from")
@@ -263,15 +264,18 @@ def choose(
     def geo(d: str) -> float:
         return math.exp(statistics.fmean(math.log(max(costs[d][1][r], 1e-9)) for r in common))
 
-    order = sorted(costs, key=lambda d: (geo(d), d != "fp32"))  # a tie keeps fp32
+    gms = {d: geo(d) for d in costs}
+    if dtype is not None:
+        return LinearPlan(dtype, costs[dtype][0], source, ms, "asked for", gms)
+    order = sorted(costs, key=lambda d: (gms[d], d != "fp32"))  # a tie keeps fp32
     pick = order[0]
     reason = (
-        f"faster here: {geo(pick):.3g} ms against {geo(order[1]):.3g} ms ({order[1]}), geometric "
+        f"faster here: {gms[pick]:.3g} ms against {gms[order[1]]:.3g} ms ({order[1]}), geometric "
         f"mean over {common[0]}-{common[-1]} rows"
         if len(order) > 1
         else "the only dtype probed"
     )
-    return LinearPlan(pick, costs[pick][0], source, ms, reason)
+    return LinearPlan(pick, costs[pick][0], source, ms, reason, gms)
 
 
 # ------------------------------------------------------------------------------ the probe

@@ -58,10 +58,12 @@ def decode_sweep(
     peak_n: int | None = None,
     bandwidth_bytes: int | None = None,
     dtype: str | None = "auto",
+    only: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Decode-step time against batch size at ``ctx`` KV tokens per row, along every
     :func:`decode_paths`, after probing bandwidth (at most 2 GiB on a GPU) and matmul peak.
-    ``dtype``: ``auto`` (the faster here, :mod:`batching.real.kernels`), ``fp32`` or ``bf16``.
+    ``dtype``: ``auto`` (the faster here, :mod:`batching.real.kernels`), ``fp32`` or ``bf16``;
+    ``only``: the paths to time (default all).
 
     Returns ``meta``, ``batch``, ``ctx``, ``paths``, ``<path>_ms`` (medians) with
     ``<path>_p25_ms``/``<path>_p75_ms``, and ``matvec_gbs``, ``copy_gbs``, ``read_gbs`` (best
@@ -76,6 +78,10 @@ def decode_sweep(
     if not (isinstance(ctx, int) and ctx >= 2 and ctx * 3 // 2 + 2 <= shape.max_context):
         raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
     paths = decode_paths(graphs=dev.type == "cuda")
+    if only is not None:
+        if not set(only) <= set(paths) or not only:
+            raise ValueError(f"only={list(only)!r}: must name some of {', '.join(paths)}")
+        paths = {p: kw for p, kw in paths.items() if p in only}
     slots = SPAN_PER_ROW * max(bs) + 1 if "gathered" in paths else max(bs)
     nbytes = bandwidth_bytes or (
         shape.weight_read_bytes if dev.type == "cpu" else min(shape.weight_read_bytes, 2 << 30)

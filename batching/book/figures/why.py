@@ -391,3 +391,35 @@ def measured_gpu_figure(curves: Mapping[str, Mapping[str, Any]]) -> Figure:
     axes[0].set_ylabel("linear layers per step (ms)")
     axes[0].legend(loc="upper left", fontsize=7.5)
     return fig
+
+
+#: The two dtypes of a CPU's kernels, as the dtype figure draws them.
+DTYPE_STYLE: dict[str, dict[str, Any]] = {
+    "bf16": {"color": PHASE_COLORS["decode"], "marker": "o"},
+    "fp32": {"color": "#E69F00", "marker": "s"},
+}
+
+
+def dtype_figure(chosen: Mapping[str, Any], other: Mapping[str, Any]) -> Figure:
+    """The uniform decode step of two sweeps of one model in two dtypes: left, the step (ms,
+    log); right, the step over each dtype's own batch 1."""
+    fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.0))
+    lo, hi = math.inf, 0.0
+    for sw in (chosen, other):
+        dt = str(sw["meta"]["dtype"])
+        b = np.asarray(sw["batch"], dtype=float)
+        u = np.asarray(sw["uniform_ms"], dtype=float)
+        st = DTYPE_STYLE.get(dt, {"color": "#666666", "marker": "^"})
+        tag = " (this build's pages)" if sw is chosen else ""
+        axes[0].plot(b, u, "-", ms=4, lw=1.3, label=f"{dt}{tag}", **st)
+        axes[1].plot(b, u / u[0], "-", ms=4, lw=1.3, **st)
+        lo, hi = min(lo, b[0]), max(hi, b[-1])
+    for ax in axes:
+        _pow2_axis(ax, lo, hi)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("decode step (ms, log scale)")
+    axes[1].set_ylabel("step / batch 1's step")
+    axes[1].axhline(KNEE_FACTOR, color="#bbbbbb", lw=0.8)
+    axes[0].legend(fontsize=7.5, loc="upper left")
+    return fig

@@ -88,4 +88,6 @@ def test_fresh_copy_simulates_every_named_trace_and_runs_a_notebook(tmp_path: Pa
     # The figures land under the imported package's repository: the kernel ran the copy's.
     assert list((clone / "_build" / "figures" / "smoke").glob("*.png"))
     assert "Splitwise" in executed.read_text()  # the trace's attribution, glued under the figures
-    assert not (home / ".cache" / "batching").exists()  # found in data/traces, never downloaded
+    assert not (home / ".cache" / "batching" / "traces").exists()  # found in data/traces, never downloaded
+    # The only cache it writes is its own: this machine's kernel probe (batching.real.kernels).
+    assert {p.name for p in (home / ".cache" / "batching").iterdir()} <= {"kernels"}

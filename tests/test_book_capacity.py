@@ -7,9 +7,10 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from helpers import H100_8B
+from helpers import H100_8B, _gpu_profile
 
 from batching.book import capacity as cap
+from batching.costs.profile import ProfileCost
 from batching.workloads import synthetic
 from batching.workloads.lengths import LogNormal
 
@@ -22,6 +23,18 @@ def test_slos_are_5x_and_25x_the_decode_step_of_32_rows_at_4096_tokens() -> None
     # memory-bound: 16 GB of weights plus 32 x 4,096 x 128 KiB of KV at 3.35 TB/s, ~8.5 ms + overhead
     assert 8 < d < 12
 
+
+
+def test_slos_of_a_measured_profile_come_from_its_own_decode_grid() -> None:
+    # helpers' profile: decode ms 4.1 / 4.6 at 8 rows and 4.6 / 8.0 at 64 rows (128 / 1,024
+    # tokens each). A grid point is read as measured; midway in both, the corners' mean.
+    prof = ProfileCost.from_dict(_gpu_profile())
+    assert not hasattr(prof, "decode_step")  # the roofline's helper: slos must not need it
+    s = cap.slos(prof, batch=64, ctx=1024)
+    assert s["decode_ms"] == pytest.approx(8.0)
+    assert (s["strict_ms"], s["relaxed_ms"]) == pytest.approx((40.0, 200.0))
+    mid = cap.slos(prof, batch=36, ctx=576)
+    assert mid["decode_ms"] == pytest.approx((4.1 + 4.6 + 4.6 + 8.0) / 4)
 
 def _run(queues: list[float]) -> SimpleNamespace:
     reqs = [SimpleNamespace(rid=i, arrival=float(i), admit_time=float(i) + q) for i, q in enumerate(queues)]

@@ -97,6 +97,84 @@ def test_utilization_claim_truth_table():
     assert continuous.utilization_claim(0.82, 0.61, 0.70) is C.HOLDS
     assert continuous.utilization_claim(0.50, 0.61, 0.70) is C.DOES_NOT_HOLD
     assert continuous.utilization_claim(0.60, 0.60, 0.0) is C.HOLDS  # the bound is inclusive
+    # No rate met the SLO (NaN): nothing reached 60%, not even the slots.
+    nan = float("nan")
+    assert continuous.utilization_claim(nan, nan, nan) is C.DOES_NOT_HOLD
+    assert continuous.utilization_claim(0.82, nan, nan) is C.SLOT_LEVEL_ONLY
+
+
+def test_decode_compute_counts_the_decode_rows_flops_alone_by_hand():
+    # One request, a 4-token prompt and 3 output tokens, under continuous batching: one prefill
+    # step (4 tokens, 4 x 5 / 2 = 10 attention pairs) then 2 decode steps at 5 and 6 tokens of
+    # context (11 in all). decode_compute is the decode part's FLOPs over busy time at peak.
+    res = common.simulate(reqs((0.0, 4, 3)), H100_8B, "continuous", slots=1)
+    m = common.metrics(res)
+    model, per_s = H100_8B.model, m["busy_s"] * H100_8B.peak_flops
+    assert m["decode_compute"] * per_s == pytest.approx(model.flops_arrays(0.0, 0.0, 2.0, 11.0), rel=1e-12)
+    assert m["hw_compute"] * per_s == pytest.approx(model.flops_arrays(4.0, 10.0, 2.0, 11.0), rel=1e-12)
+    # Static batching's dead row is decode work too: a 1-token request beside the same one
+    # sits dead for both decode steps (its context, 4 + 1 tokens, read each time).
+    st = common.metrics(
+        common.simulate(reqs((0.0, 4, 3), (0.0, 4, 1)), H100_8B, "static", slots=2, timeout=0.0)
+    )
+    per_s = st["busy_s"] * H100_8B.peak_flops
+    assert st["decode_compute"] * per_s == pytest.approx(
+        model.flops_arrays(0.0, 0.0, 4.0, 11.0 + 2 * 5.0), rel=1e-12
+    )
+
+
+def test_token_ratio_and_capacity_gain_by_hand():
+    w = Workload.from_arrays([0.0, 1.0], [100, 320], [10, 20])
+    assert continuous.token_ratio(w) == pytest.approx(420 / 30)
+    C = common.Claim
+    gain = lambda c, d: continuous.capacity_gain(
+        {"c": {"relaxed": c}, "d": {"relaxed": d}}, "c", "d", "relaxed"
+    )
+    assert gain(9.0, 3.0) == {"gain": pytest.approx(3.0), "claim": C.HOLDS}  # several times: >= 3
+    assert gain(2.9, 1.0)["claim"] is C.PARTLY and gain(1.0, 1.0)["claim"] is C.DOES_NOT_HOLD
+    assert gain(0.5, 1.0)["claim"] is C.DOES_NOT_HOLD
+    assert gain(2.0, 0.0) == {"gain": float("inf"), "claim": C.HOLDS}  # dense met no rate
+
+
+def test_utilization_marks_are_the_three_numbers_the_verdict_reads():
+    case = {
+        "narrow": {"rate": 4.0, "slot_util": 0.82, "hw_compute": 0.39},
+        "wide": {"rate": 7.2, "slot_util": 0.32, "hw_compute": 0.68},
+    }
+    marks = continuous.utilization_marks(case, "n", "w")
+    assert marks == [
+        ("n", "slot_util", 4.0, 0.82),
+        ("n", "hw_compute", 4.0, 0.39),
+        ("w", "hw_compute", 7.2, 0.68),
+    ]
+    none = {**case, "wide": {"rate": 0.0, "slot_util": float("nan"), "hw_compute": float("nan")}}
+    assert [m[0] for m in continuous.utilization_marks(none, "n", "w")] == ["n", "n"]
+
+
+def test_the_utilization_figure_stars_each_mark_with_its_value():
+    import matplotlib.pyplot as plt
+
+    from batching.book import figures
+
+    sweep = {
+        "continuous, 32 slots": {
+            "offered_rate": np.array([1.0, 2.0, 8.0]),
+            "stable": np.array([True, True, False]),
+            "slot_util": np.array([0.2, 0.5, 0.9]),
+            "hw_compute": np.array([0.1, 0.3, 0.4]),
+        }
+    }
+    marks = [
+        ("continuous, 32 slots", "slot_util", 3.0, 0.82),
+        ("continuous, 32 slots", "hw_compute", 16.0, 0.39),
+    ]
+    fig = figures.continuous.utilization_load_figure(sweep, trace_rate=2.0, marks=marks)
+    for ax, (_, _, x, y) in zip(fig.axes, marks):
+        stars = [ln for ln in ax.get_lines() if ln.get_marker() == "*"]
+        assert [tuple(s.get_xydata()[0]) for s in stars] == [(x, y)]
+        assert [t.get_text() for t in ax.texts] == [f"{y:.0%}"]
+        assert ax.get_xlim()[1] >= x  # a mark beyond the sweep stays on the axes
+    plt.close(fig)
 
 
 def test_iterations_and_p99_claims_by_hand():
@@ -145,6 +223,41 @@ def test_utilization_at_capacity_wider_batches_use_more_of_the_device():
     u = continuous.utilization_at_capacity(w, H100_8B, cfg, 250.0, iters=3)
     narrow, wide = u["continuous, 8 slots"], u["continuous, 64 slots"]
     assert wide["hw_compute"] > narrow["hw_compute"] > 0 and 0 < narrow["slot_util"] <= 1
+    assert wide["rate"] > narrow["rate"] > 0
+    # Mixed prefill computes each request's useful FLOPs once whatever the slots: the same
+    # prefill share in both runs, and it is the trace's (prompts once, outputs once).
+    assert wide["prefill_share"] == pytest.approx(narrow["prefill_share"], rel=1e-9)
+    model = H100_8B.model
+    p, n = w.prompt_lens.astype(float), w.output_lens.astype(float)
+    decode = model.flops_arrays(0.0, 0.0, (n - 1).sum(), ((n - 1) * p + n * (n - 1) / 2).sum())
+    total = common.useful_flops(w.fresh(), model)
+    assert narrow["prefill_share"] == pytest.approx(1 - decode / total, rel=1e-9)
+    assert narrow["decode_compute"] == pytest.approx((1 - narrow["prefill_share"]) * narrow["hw_compute"])
+
+
+def test_a_70b_on_two_h100s_holds_too_few_requests_for_the_claim():
+    """Vidur's measured TP-2 profile of Llama-2-70B: two 80 GB H100s keep 18,453 KV tokens
+    beside the weights, 13 requests of 1,400 tokens. With fewer than 32 fitting, 32 and 256
+    slots run the same steps, and no more than 13 of 32 slots can be busy: under 60%."""
+    from batching.book import gpu
+
+    tp2 = get_cost_model(
+        "llama-2-70b", "h100", tp=2, profile=str(gpu.GPU_PROFILE_DIR / "h100-llama-2-70b-tp2.json")
+    )
+    w = Workload.from_arrays(np.arange(40) * 0.5, [1000] * 40, [400] * 40)
+    cfg = {"scheduler": "continuous", "prefill_mode": "mixed", "kv_policy": "exact"}
+    case = continuous.utilization_case(w, tp2, {**cfg, "slots": 32}, {**cfg, "slots": 256}, iters=2)
+    assert case["kv_exact"] == 18453 // 1400 == 13 and case["kv_limited"]
+    assert case["relaxed_ms"] == pytest.approx(
+        25 * tp2.step_time(common.step_work(decodes=32, ctx=4096)) * 1e3
+    )
+    n, wd = case["narrow"], case["wide"]
+    # The same steps: the same rate and FLOPs; only slot utilization's denominator differs.
+    assert {k: v for k, v in n.items() if k != "slot_util"} == {
+        k: v for k, v in wd.items() if k != "slot_util"
+    }
+    assert wd["slot_util"] == pytest.approx(n["slot_util"] * 32 / 256)
+    assert 0 < case["narrow"]["slot_util"] <= 13 / 32 and case["claim"] is Claim.DOES_NOT_HOLD
 
 
 # ----------------------------------------------------------------- glue and workloads

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..plan import StepWork
 from ..workloads import Workload
 from .common import metrics, offered_rate, simulate
 
@@ -64,8 +65,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 def slos(cost: Any, batch: int = SLO_BATCH, ctx: int = SLO_CONTEXT) -> dict[str, float]:
     """The strict and relaxed p99 ITL SLOs (ms) for ``cost``'s model and device, and the decode
-    step (ms) they are multiples of."""
-    d = float(cost.decode_step(batch, ctx)) * 1e3
+    step (ms) they are multiples of: ``batch`` rows of ``ctx`` KV tokens each, timed by the cost
+    model's own ``step_time`` (a roofline's formula, or a measured profile's decode grid)."""
+    d = float(cost.step_time(StepWork(decode_rows=batch, decode_ctx=batch * ctx))) * 1e3
     return {"decode_ms": d, "strict_ms": STRICT_X * d, "relaxed_ms": RELAXED_X * d}
 
 

@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 
 from ..engine import RunResult
-from ..plan import StepWork
 from ..workloads import Workload
-from .capacity import CONFIGS, SLO_BATCH, SLO_CONTEXT, STRICT_X, capacity_table
+from .capacity import CONFIGS, SLO_BATCH, SLO_CONTEXT, capacity_table, slos
 from .common import at, columns, flat, metrics, simulate, step_work, versus
 
 
@@ -459,10 +458,10 @@ RATIO_CONFIGS: tuple[str, str] = ("chunked, budget 512", "continuous, separate p
 
 
 def strict_slo_ms(cost: Any, batch: int = SLO_BATCH, ctx: int = SLO_CONTEXT) -> float:
-    """The strict p99 ITL SLO (ms) of :mod:`~batching.book.capacity` for any cost model with a
-    ``step_time`` (a roofline or a measured profile): :data:`STRICT_X` x a decode step of
-    ``batch`` rows at ``ctx`` KV tokens each."""
-    return STRICT_X * float(cost.step_time(StepWork(decode_rows=batch, decode_ctx=batch * ctx))) * 1e3
+    """The strict p99 ITL SLO (ms) of :func:`~batching.book.capacity.slos` for any cost model
+    with a ``step_time`` (a roofline or a measured profile): 5 x a decode step of ``batch``
+    rows at ``ctx`` KV tokens each."""
+    return slos(cost, batch, ctx)["strict_ms"]
 
 
 def ratio_capacity(workload: Workload, cost: Any, **options: Any) -> dict[str, float]:

@@ -133,11 +133,27 @@ def useful_flops(requests: Iterable[Request], model: Accounting) -> float:
     return float(model.flops_arrays(float(pt), float(pa), float(rows), float(ctx)))
 
 
+class _DecodeOnly:
+    """A model's FLOPs and bytes of a step's decode rows alone (dead rows included): its
+    prefill tokens, padding and attention pairs counted as zero."""
+
+    def __init__(self, model: Accounting) -> None:
+        self.model = model
+
+    def flops_arrays(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
+        return self.model.flops_arrays(0.0 * pt, 0.0 * pa, rows, ctx)
+
+    def bytes_arrays(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
+        return self.model.bytes_arrays(0.0 * pt, 0.0 * pa, rows, ctx)
+
+
 def metrics(result: RunResult) -> dict[str, float]:
     """One run's :func:`~batching.metrics.summarize` as flat floats (times in s; a latency
     statistic with no value is NaN). With a cost model beside the run also ``hw_compute`` and
-    ``hw_bandwidth`` (all FLOPs and bytes performed) and ``useful_compute``
-    (:func:`useful_flops` over busy time at peak)."""
+    ``hw_bandwidth`` (all FLOPs and bytes performed), ``decode_compute`` (the FLOPs of its
+    decode rows alone, dead rows included: ``hw_compute`` less prefill's, padding's and
+    their attention's) and ``useful_compute`` (:func:`useful_flops`), each over busy time at
+    peak."""
     s = summarize(result)
     out: dict[str, float] = {
         "slot_util": s["slot_utilization"],
@@ -162,6 +178,8 @@ def metrics(result: RunResult) -> dict[str, float]:
     if hw is not None and hw.model is not None:
         out["hw_compute"] = s["hw_compute_utilization"]
         out["hw_bandwidth"] = s["hw_bandwidth_utilization"]
+        decode = result.log.hardware(_DecodeOnly(hw.model))[0].sum()
+        out["decode_compute"] = decode / (s["busy_s"] * hw.peak_flops)
         out["useful_compute"] = useful_flops(result.requests, hw.model) / (s["busy_s"] * hw.peak_flops)
     return {k: float(v) for k, v in out.items()}
 

@@ -13,7 +13,7 @@ import numpy as np
 from ..engine import RunResult
 from ..metrics import request_record
 from ..workloads import Workload, preset
-from .capacity import capacity, run_point
+from .capacity import capacity, run_point, slos
 from .common import Claim, columns, metrics, simulate
 
 
@@ -142,27 +142,107 @@ def iterations_claim(summary: Mapping[str, float], probe: int) -> Claim:
 def utilization_at_capacity(
     workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], itl_slo_ms: float, **options: Any
 ) -> dict[str, dict[str, float]]:
-    """``slot_util`` and ``hw_compute`` of each configuration's run at its own capacity under
-    ``itl_slo_ms`` (:func:`~batching.book.capacity.capacity`, which gets ``options``; NaN
-    where no rate met the SLO)."""
+    """Each configuration's run at its own capacity under ``itl_slo_ms``
+    (:func:`~batching.book.capacity.capacity`, which gets ``options``): its ``rate`` (req/s
+    offered), ``slot_util``, ``hw_compute`` (all FLOPs), ``decode_compute`` (its decode
+    rows' FLOPs alone) and ``prefill_share``, the share of its FLOPs that is not decode's
+    (prefill, with its attention); NaN where no rate met the SLO (``rate`` 0)."""
     out = {}
+    keys = ("slot_util", "hw_compute", "decode_compute")
     for name, cfg in configs.items():
-        p = capacity(workload, cost, cfg, itl_slo_ms, **options)["point"]
-        out[name] = {k: float(p[k]) if p else math.nan for k in ("slot_util", "hw_compute")}
+        c = capacity(workload, cost, cfg, itl_slo_ms, **options)
+        p = c["point"]
+        u = {k: float(p[k]) if p else math.nan for k in keys}
+        hw = u["hw_compute"]
+        u["prefill_share"] = 1.0 - u["decode_compute"] / hw if hw > 0 else math.nan
+        out[name] = {"rate": float(c["rate"]), **u}
     return out
+
+
+#: The claim's bound on utilization ("rises to 60-80%"): its lower end.
+UTIL_CLAIM = 0.60
 
 
 def utilization_claim(slot_capped: float, hw_capped: float, hw_wide: float) -> Claim:
     """The claim "utilization rises to 60-80% with continuous batching", at capacity:
     ``slot_capped`` and ``hw_capped`` (all-FLOP hardware compute utilization) with the usual
-    slot cap, ``hw_wide`` with the slots the KV allows. HOLDS if the capped run reaches 60% in both; NEEDS_WIDE_BATCH
-    if only the wide run reaches it in FLOPs; SLOT_LEVEL_ONLY if neither does; DOES_NOT_HOLD
-    if not even the slots reach it."""
-    if slot_capped < 0.60:
+    slot cap, ``hw_wide`` with the slots the KV allows. HOLDS if the capped run reaches 60% in
+    both; NEEDS_WIDE_BATCH if only the wide run reaches it in FLOPs; SLOT_LEVEL_ONLY if neither
+    does; DOES_NOT_HOLD if not even the slots reach it. NaN (no rate met the SLO) never
+    reaches it."""
+    if not slot_capped >= UTIL_CLAIM:
         return Claim.DOES_NOT_HOLD
-    if hw_capped >= 0.60:
+    if hw_capped >= UTIL_CLAIM:
         return Claim.HOLDS
-    return Claim.NEEDS_WIDE_BATCH if hw_wide >= 0.60 else Claim.SLOT_LEVEL_ONLY
+    return Claim.NEEDS_WIDE_BATCH if hw_wide >= UTIL_CLAIM else Claim.SLOT_LEVEL_ONLY
+
+
+def utilization_case(
+    workload: Workload, cost: Any, narrow: Mapping[str, Any], wide: Mapping[str, Any], **options: Any
+) -> dict[str, Any]:
+    """The utilization claim on one setup (a roofline or a measured profile): the relaxed
+    SLO (ms, :func:`~batching.book.capacity.slos` of ``cost``), :func:`kv_rows` at the
+    workload's mean request length (``kv_slabs``, ``kv_exact``), ``kv_limited`` (fewer
+    requests fit exactly than ``narrow``'s slots: memory, not the slot cap, bounds the batch),
+    :func:`utilization_at_capacity` of the ``narrow`` (slot-capped) and ``wide`` configurations
+    (``options`` go there) and the ``claim`` (:func:`utilization_claim`)."""
+    slo = slos(cost)["relaxed_ms"]
+    u = utilization_at_capacity(workload, cost, {"narrow": narrow, "wide": wide}, slo, **options)
+    kv = kv_rows(cost, float((workload.prompt_lens + workload.output_lens).mean()))
+    n, w = u["narrow"], u["wide"]
+    return {
+        "relaxed_ms": slo,
+        "kv_slabs": kv["slabs"],
+        "kv_exact": kv["exact"],
+        "kv_limited": kv["exact"] < int(narrow["slots"]),
+        "narrow": n,
+        "wide": w,
+        "claim": utilization_claim(n["slot_util"], n["hw_compute"], w["hw_compute"]),
+    }
+
+
+def utilization_marks(case: Mapping[str, Any], narrow: str, wide: str) -> list[tuple[str, str, float, float]]:
+    """The three numbers :func:`utilization_claim` reads, as points to mark on the utilization
+    figure: ``(configuration, metric, rate, value)``, the ``narrow`` configuration's slot and
+    hardware compute utilization and the ``wide`` one's hardware compute, each at its
+    capacity (a configuration with no capacity is left out)."""
+    n, w = case["narrow"], case["wide"]
+    pts = [
+        (narrow, "slot_util", n["rate"], n["slot_util"]),
+        (narrow, "hw_compute", n["rate"], n["hw_compute"]),
+        (wide, "hw_compute", w["rate"], w["hw_compute"]),
+    ]
+    return [p for p in pts if p[2] > 0]
+
+
+def token_ratio(workload: Workload) -> float:
+    """Prompt tokens over output tokens of a workload (what prefill computes against decode)."""
+    out = float(workload.output_lens.sum())
+    if out <= 0:
+        raise ValueError("token_ratio(): the workload has no output tokens")
+    return float(workload.prompt_lens.sum()) / out
+
+
+#: "Several times the traffic": continuous batching's capacity at least this many times
+#: dynamic batching's.
+SEVERAL_X = 3.0
+
+
+def capacity_gain(cap: Mapping[str, Mapping[str, float]], cont: str, dense: str, slo: str) -> dict[str, Any]:
+    """The claim "continuous batching serves several times the traffic within the same latency
+    target" on :func:`~batching.book.capacity.capacity_by_config`: ``gain``, ``cont``'s
+    capacity over ``dense``'s at ``slo`` (``math.inf`` where ``dense`` met no rate), and
+    ``claim``: HOLDS at :data:`SEVERAL_X` or more, PARTLY above 1 (more, not several times),
+    else DOES_NOT_HOLD."""
+    c, d = float(cap[cont][slo]), float(cap[dense][slo])
+    gain = c / d if d > 0 else (math.inf if c > 0 else math.nan)
+    if gain >= SEVERAL_X:
+        claim = Claim.HOLDS
+    elif gain > 1.0:
+        claim = Claim.PARTLY
+    else:
+        claim = Claim.DOES_NOT_HOLD
+    return {"gain": gain, "claim": claim}
 
 
 def kv_rows(cost: Any, mean_tokens: float) -> dict[str, int]:

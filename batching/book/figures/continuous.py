@@ -21,22 +21,48 @@ def _config_color(name: str) -> str:
     return SCHEDULER_COLORS.get(name.split()[0].rstrip(","), "#999999")
 
 
-def utilization_load_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], trace_rate: float) -> Figure:
+def utilization_load_figure(
+    sweep: Mapping[str, Mapping[str, np.ndarray]],
+    trace_rate: float,
+    marks: Sequence[tuple[str, str, float, float]] = (),
+) -> Figure:
     """Slot utilization (left) and all-FLOP hardware compute utilization (right) against
     offered rate, one line per configuration of a :func:`~batching.book.continuous.rate_sweep`
-    (hollow markers where the queue grows), the trace's own rate dotted."""
+    (hollow markers where the queue grows), the trace's own rate dotted. ``marks``
+    (:func:`~batching.book.continuous.utilization_marks`: configuration, ``slot_util`` or
+    ``hw_compute``, rate, value) are drawn as stars in the configuration's colour, each with
+    its value written beside it."""
+    keys = ("slot_util", "hw_compute")
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.0), sharex=True)
     for name, d in sweep.items():
         c = _config_color(name)
         x = np.asarray(d["offered_rate"], dtype=float)
         ok = np.asarray(d["stable"], dtype=bool)
-        for ax, key in zip(axes, ("slot_util", "hw_compute")):
+        for ax, key in zip(axes, keys):
             y = np.asarray(d[key], dtype=float)
             ls = "--" if "32" in name else "-"
             ax.plot(x, y, ls, color=c, lw=1.2, label=name)
             ax.plot(x[ok], y[ok], "o", color=c, ms=4)
             ax.plot(x[~ok], y[~ok], "o", color=c, ms=4, mfc="white")
-    xs = np.concatenate([np.asarray(d["offered_rate"], dtype=float) for d in sweep.values()])
+    for name, key, rate, value in marks:
+        ax = axes[keys.index(key)]
+        ax.plot([rate], [value], "*", color=_config_color(name), ms=13, mec="black", mew=0.8, zorder=5)
+        note(
+            ax,
+            f"{value:.0%}",
+            (rate, value),
+            (-7, 0),
+            ha="right",
+            va="center",
+            fontsize=8.5,
+            fontweight="bold",
+            bbox=box(0.15, 0.9),
+            zorder=6,
+        )
+    xs = np.concatenate(
+        [np.asarray(d["offered_rate"], dtype=float) for d in sweep.values()]
+        + [np.array([m[2] for m in marks])]
+    )
     for ax, t in zip(axes, ("slot utilization", "hardware compute utilization (all FLOPs)")):
         ax.set_title(t, fontsize=9)
         ax.set_xscale("log")
@@ -45,13 +71,31 @@ def utilization_load_figure(sweep: Mapping[str, Mapping[str, np.ndarray]], trace
         percent_axis(ax)
         ax.set_xlabel("offered rate (req/s)")
         ax.axvline(trace_rate, color="#999999", lw=1, ls=":")
-    marks = [
+    extra = [
         Line2D([], [], marker="o", color="#666666", ls="none", label="stable"),
         Line2D([], [], marker="o", color="#666666", mfc="white", ls="none", label="queue grows"),
     ]
+    if marks:
+        extra.append(
+            Line2D(
+                [],
+                [],
+                marker="*",
+                color="#666666",
+                mec="black",
+                mew=0.8,
+                ms=10,
+                ls="none",
+                label="at capacity",
+            )
+        )
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(
-        handles + marks, names + ["stable", "queue grows"], loc="outside lower center", ncol=3, fontsize=8
+        handles + extra,
+        names + [h.get_label() for h in extra],
+        loc="outside lower center",
+        ncol=3,
+        fontsize=8,
     )
     return fig
 

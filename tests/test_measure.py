@@ -40,8 +40,9 @@ def test_measured_profile_loads_and_interpolates_its_own_points():
     )
     bw = doc["device"]["bandwidth"]
     # The efficiency reference is the best of the layouts a linear layer can store, the
-    # thread-split product of one-token steps included.
-    layouts = ("matvec_wx", "matvec_xwt", "matvec_split")
+    # thread-split product of one-token steps and oneDNN's prepacked one (where it runs) included.
+    layouts = tuple(k for k in ("matvec_wx", "matvec_xwt", "matvec_split", "matvec_dnnl") if k in bw)
+    assert {"matvec_wx", "matvec_xwt", "matvec_split"} <= set(layouts)
     assert bw["matvec"]["GBps_best"] == max(bw[k]["GBps_best"] for k in layouts)
     assert bw["matvec"]["layout"] in layouts
     cost = ProfileCost.from_dict(json.loads(json.dumps(doc)))
@@ -204,6 +205,7 @@ def test_scattered_decode_rows_really_make_the_runner_gather_their_slabs():
 def test_every_matvec_reference_computes_the_same_product(threads: int) -> None:
     """The efficiency reference's layouts are one product over the same bytes: the split
     one (one-token steps' kernel) sums its pieces back to the plain result."""
+    from batching.real import kernels as K
     from batching.real.measure import _matvecs
 
     before = torch.get_num_threads()
@@ -216,6 +218,11 @@ def test_every_matvec_reference_computes_the_same_product(threads: int) -> None:
         assert split.shape == xwt.shape == (1, 6)
         torch.testing.assert_close(split, xwt, rtol=1e-12, atol=1e-12)
         assert fns["matvec_split"][1] == fns["matvec_xwt"][1] == fns["matvec_wx"][1] == w.nbytes
+        assert "matvec_dnnl" not in fns  # oneDNN runs no float64
+        if K.dnnl_available(torch.float32):  # oneDNN's prepacked product: the same numbers in fp32
+            f32 = _matvecs(src.float())
+            torch.testing.assert_close(f32["matvec_dnnl"][0](), f32["matvec_xwt"][0](), rtol=1e-4, atol=1e-4)
+            assert f32["matvec_dnnl"][1] == w.nbytes // 2
     finally:
         torch.set_num_threads(before)
 

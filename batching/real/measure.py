@@ -32,7 +32,7 @@ from .hardware import (
     resolve_device,
     synchronize,
 )
-from .kernels import split_ways
+from .kernels import apply, dnnl_available, prepare, split_ways
 from .runner import SPAN_PER_ROW, ModelRunner
 
 PROFILE_SCHEMA = 1
@@ -71,8 +71,8 @@ MATVEC_COLS = 4096
 
 def _matvecs(src: Tensor) -> dict[str, tuple[Callable[[], Any], int]]:
     """Matrix-vector products over ``src``'s bytes, each with the bytes it reads: ``W @ x``,
-    ``x @ W.T`` (``W.T`` row-major) and, on CPU, that split one input piece per thread
-    (``Llama.linear``'s one-token form)."""
+    ``x @ W.T`` (``W.T`` row-major) and, on CPU, that split one input piece per thread (the
+    kernels' ``split`` path) and oneDNN's prepacked product (``dnnl``, where it runs)."""
     n, cols = src.numel(), MATVEC_COLS
     w = src[: (n // cols) * cols].view(-1, cols)  # [rows, 4096]
     wt = w.view(cols, -1)  # the same bytes as [4096, rows]
@@ -83,6 +83,12 @@ def _matvecs(src: Tensor) -> dict[str, tuple[Callable[[], Any], int]]:
         s = split_ways(cols, torch.get_num_threads())
         xs, ws = xr.view(s, 1, cols // s), wt.view(s, cols // s, -1)  # [s, 1, 4096/s], [s, 4096/s, rows]
         out["matvec_split"] = (lambda: torch.bmm(xs, ws).sum(0), w.nbytes)
+        if dnnl_available(src.dtype):
+            # oneDNN's prepacked product, the kernels' `dnnl` path: in bf16 the fastest weight
+            # stream here (aten's bf16 matrix-vector product reaches half of it), so a decode
+            # step's bytes are not measured against a slower reference than its own kernel.
+            packed = prepare("dnnl", wt.T)  # [rows, 4096], reordered once
+            out["matvec_dnnl"] = (lambda: apply("dnnl", xr, wt.T, packed), w.nbytes)
     return out
 
 

@@ -69,7 +69,7 @@ def utilization_load_figure(
         log_ticks(ax, xs.min(), xs.max())
         ax.set_ylim(0, 1.02)
         percent_axis(ax)
-        ax.set_xlabel("offered rate (req/s)")
+        ax.set_xlabel("offered rate (req/s, log scale)")
         ax.axvline(trace_rate, color="#999999", lw=1, ls=":")
     extra = [
         Line2D([], [], marker="o", color="#666666", ls="none", label="stable"),

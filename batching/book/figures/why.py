@@ -405,6 +405,7 @@ def dtype_figure(chosen: Mapping[str, Any], other: Mapping[str, Any]) -> Figure:
     log); right, the step over each dtype's own batch 1."""
     fig, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.0))
     lo, hi = math.inf, 0.0
+    steps = [np.asarray(sw["uniform_ms"], dtype=float) for sw in (chosen, other)]
     for sw in (chosen, other):
         dt = str(sw["meta"]["dtype"])
         b = np.asarray(sw["batch"], dtype=float)
@@ -417,7 +418,7 @@ def dtype_figure(chosen: Mapping[str, Any], other: Mapping[str, Any]) -> Figure:
     for ax in axes:
         _pow2_axis(ax, lo, hi)
         ax.grid(True, which="major", alpha=0.3)
-    axes[0].set_yscale("log")
+    log_y(axes[0], steps, 1.3)
     axes[0].set_ylabel("decode step (ms, log scale)")
     axes[1].set_ylabel("step / batch 1's step")
     axes[1].axhline(KNEE_FACTOR, color="#bbbbbb", lw=0.8)

@@ -43,6 +43,17 @@ def load_average() -> float | None:
         return None
 
 
+def busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine has spent busy (user, nice, system, irq, softirq, steal),
+    from /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+
+
 def machine_load(*loads: float | None) -> dict[str, Any]:
     """What a live run records about its machine: ``load``, the highest of the 1-minute load
     averages taken around it (nan if none is known), ``cpus`` and ``busy``

@@ -450,16 +450,6 @@ def first_difference(a: dict[str, list[int]], b: dict[str, list[int]]) -> dict[s
     return out
 
 
-def busy_cpu_s() -> float | None:
-    """CPU seconds the whole machine has spent busy (user, nice, system, irq, softirq, steal), from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
-
-
 def children_cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -498,6 +488,8 @@ def run_worker(variant: str, spec_path: Path, round_: int, threads: int, omp_wai
     """One ``mode@dtype`` in a fresh process; also how many cores other processes kept busy
     meanwhile (``others_cores``: the machine's busy CPU time minus the worker's own, over its
     lifetime)."""
+    from batching.results import busy_cpu_s
+
     mode = engine(variant)
     out = CACHE / f"worker-{variant}-r{round_}.json"
     log = CACHE / f"worker-{variant}-r{round_}.log"

@@ -153,6 +153,13 @@ def test_real_chunk_numbers_read_the_run_against_this_builds_probed_bstar():
     assert not small["above_bstar"]
     xeon = {"kind": "cpu", "name": "Intel Xeon", "threads": 2}
     assert not chunked_real.real_chunk_numbers(sweep, {**rs, "executor": {"machine": xeon}})["same_machine"]
+    # B* depends on the dtype: the sweep in the run's dtype is the one to read (torch's name or
+    # the registry's), the first where none matches.
+    bf16 = {**sweep, "meta": {**sweep["meta"], "dtype": "bf16"}}
+    run32 = {**rs, "executor": {**rs["executor"], "dtype": "float32"}}
+    assert chunked_real.sweep_in_run_dtype([bf16, sweep], run32) is sweep
+    assert chunked_real.sweep_in_run_dtype([sweep, bf16], {**rs, "executor": {"dtype": "bfloat16"}}) is bf16
+    assert chunked_real.sweep_in_run_dtype([bf16], run32) is bf16
     # 80% first at 256 tokens = 20 x B*, 8x the decode-only step; nothing reaches 95%.
     assert chunked_real.chunk_efficiency(curve) == {
         "chunk": 256.0,

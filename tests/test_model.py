@@ -29,6 +29,20 @@ def commit(plan: StepPlan, out: StepOutput, t: float) -> None:
         r.on_token(t, out.token_ids[r.rid])
 
 
+def decodes_equal_the_reference(
+    runner: ModelRunner, model: Llama, reqs: list[Request], steps: int = 2
+) -> None:
+    """``steps`` decode steps of ``reqs``: every row's logits equal its own cache-free pass."""
+    for _ in range(steps):
+        plan = StepPlan(decodes=reqs)
+        out = runner.forward(plan)
+        commit(plan, out, 2.0)
+        for r in reqs:
+            ids = runner.tokens(r)
+            ref = model.forward_full(torch.tensor(ids))
+            torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
+
+
 def admitted(rid: int, prompt: int, output: int, slot: int) -> Request:
     r = Request(rid, 0.0, prompt, output)
     r.on_admit(slot, 0.0)
@@ -110,14 +124,7 @@ def test_decode_rows_in_scattered_slots_read_only_their_own_slabs(
         "gather": isinstance(idx.sel, torch.Tensor),
         "range": isinstance(idx.sel, slice) and idx.place is None,
     }[how]
-    for _ in range(2):
-        plan = StepPlan(decodes=reqs)
-        out = runner.forward(plan)
-        commit(plan, out, 2.0)
-        for r in reqs:
-            ids = runner.tokens(r)
-            ref = model64.forward_full(torch.tensor(ids))
-            torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
+    decodes_equal_the_reference(runner, model64, reqs)
 
 
 def test_short_and_long_decode_rows_split_into_two_groups_give_the_reference_logits(monkeypatch) -> None:
@@ -136,14 +143,7 @@ def test_short_and_long_decode_rows_split_into_two_groups_give_the_reference_log
     first = StepPlan(prefills=[PrefillChunk(r, r.prompt_len) for r in reqs])
     commit(first, runner.forward(first), 1.0)
     assert isinstance(runner._decode_groups(list(lens), [r.num_computed for r in reqs]), list)
-    for _ in range(2):
-        plan = StepPlan(decodes=reqs)
-        out = runner.forward(plan)
-        commit(plan, out, 2.0)
-        for r in reqs:
-            ids = runner.tokens(r)
-            ref = model.forward_full(torch.tensor(ids))
-            torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
+    decodes_equal_the_reference(runner, model, reqs)
 
 
 def test_padded_plan_equals_the_unpadded_product() -> None:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..costs.devices import machine_of, same_machine
+from ..costs.models import canonical_dtype
 from ..engine import RunResult, SimExecutor, run
 from ..plan import StepWork
 from ..results import load_average, machine_load
@@ -235,6 +236,13 @@ def newcomer_ttft(numbers: Mapping[str, float], tol: float = NEWCOMER_TOL) -> di
         "change": chunked / whole - 1.0,
         "verdict": versus(chunked / whole, tol),
     }
+
+
+def sweep_in_run_dtype(sweeps: Sequence[Mapping[str, Any]], rs: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Of this build's live sweeps (one per dtype), the one in the real run's dtype: B* depends
+    on the dtype (bytes per weight, peak), not on the model; the first where none matches."""
+    dt = canonical_dtype(str(rs["executor"]["dtype"]))
+    return next((s for s in sweeps if canonical_dtype(str(s["meta"]["dtype"])) == dt), sweeps[0])
 
 
 def real_chunk_numbers(sweep: Mapping[str, Any], rs: Mapping[str, Any]) -> dict[str, Any]:

@@ -139,13 +139,14 @@ def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
 def kernel_numbers(sweep: Mapping[str, Any]) -> dict[str, Any]:
     """How the sweep's linear layers ran (``meta.kernels``): ``dtype``, ``probed`` (the dtype
     was chosen by this machine's probe rather than asked for or fixed, as on a GPU), the
-    chosen and the other dtype's probe cost (``gm_ms``, ``other``, ``other_gm_ms``: ms per
-    pass over the linear layers, geometric mean over the probe's row counts), and the paths
+    chosen and the other dtype's probe cost (``gm_ms``, ``other``: fp32 for bf16 and the
+    reverse, ``other_gm_ms``: ms per pass over the linear layers, geometric mean over the
+    probe's row counts; None where not probed), and the paths
     of batch 1 and batch 2 (``path1``, ``path2``; ``rows1``: the rows batch 1 runs as)."""
     k = sweep["meta"].get("kernels") or {}
     gms = dict(k.get("geomean_ms") or {})
     dt = str(k.get("dtype") or sweep["meta"]["dtype"])
-    other = next((d for d in gms if d != dt), None)
+    other = {"fp32": "bf16", "bf16": "fp32"}.get(dt, "fp32")
     buckets = [tuple(b) for b in k.get("buckets") or []]
 
     def lookup(rows: int) -> tuple[str, int]:
@@ -156,10 +157,10 @@ def kernel_numbers(sweep: Mapping[str, Any]) -> dict[str, Any]:
 
     return {
         "dtype": dt,
-        "probed": k.get("dtype_reason", "asked for") != "asked for" and other is not None,
+        "probed": k.get("dtype_reason", "asked for") != "asked for" and other in gms,
         "gm_ms": gms.get(dt),
         "other": other,
-        "other_gm_ms": gms.get(other) if other else None,
+        "other_gm_ms": gms.get(other),
         "path1": lookup(1)[0],
         "rows1": lookup(1)[1],
         "path2": lookup(2)[0],

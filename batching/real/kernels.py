@@ -40,9 +40,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..costs.models import ModelShape
+from ..results import busy_cpu_s
 
 #: Every path, in the order a tie goes (the plainest first).
 PATHS = ("aten", "wx", "split", "dnnl")
+#: The paths that multiply by a form of the weights made once (:func:`prepare`), not the weights.
+FORM_PATHS = ("split", "dnnl")
 #: Row counts the probe times. A step of T rows is in the bucket of the smallest probe row count
 #: >= T and, up to :data:`PAD_MAX`, runs padded to it (MKL's fp32 product is slow at odd row
 #: counts: cpu-m steps of 3 rows 55.6 ms against 38.9 for 4); above, unpadded.
@@ -172,6 +175,11 @@ class LinearPlan:
             if rows <= b.rows:
                 return b.path, max(rows, b.run_rows)
         return self.buckets[-1].path, rows
+
+    @property
+    def form_paths(self) -> tuple[str, ...]:
+        """The paths some bucket runs that multiply by a form of the weights (:func:`prepare`)."""
+        return tuple(p for p in self.paths if p in FORM_PATHS)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -309,17 +317,6 @@ def probe(
     return {dtype_name(dt): _probe_dtype(shape, dt, rows, rounds, clock) for dt in dtypes}
 
 
-def busy_cpu_s() -> float | None:
-    """CPU seconds the whole machine has spent busy (user, nice, system, irq, softirq, steal),
-    from /proc/stat; None where there is none."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
-
-
 def own_cpu_s() -> float:
     """CPU seconds this process has spent (all its threads)."""
     return time.process_time()
@@ -331,7 +328,7 @@ def _probe_dtype(
 ) -> dict[str, dict[int, float]]:
     ws = probe_weights(shape, dt)
     paths = paths_for(dt)
-    forms = {p: [prepare(p, w) for w in ws] for p in paths if p in ("split", "dnnl")}
+    forms = {p: [prepare(p, w) for w in ws] for p in paths if p in FORM_PATHS}
     g = torch.Generator().manual_seed(1)
     widths = sorted({w.shape[1] for w in ws})
     xs = {r: {n: torch.randn(r, n, generator=g).to(dt) for n in widths} for r in rows}

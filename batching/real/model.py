@@ -242,7 +242,7 @@ class Llama(nn.Module):
         """(Re)build what the plan's paths multiply by besides the weights themselves (a
         transposed copy for ``split``, oneDNN's reordered one for ``dnnl``); ``forward`` does
         on a change of the weights."""
-        need = [p for p in self.kernels.paths if p in ("split", "dnnl")]
+        need = self.kernels.form_paths
         self._forms = {(id(w), p): prepare(p, w) for w in self.linear_weights() for p in need}
         self._forms_state = self._weights_state()
 
@@ -307,10 +307,7 @@ class Llama(nn.Module):
     def forward(self, ids: Tensor, pos: Tensor, attend: AttendFn, rows: Tensor | None = None) -> Tensor:
         """ids, pos [T] (int64) -> logits [R, V] of the tokens ``rows`` [R] selects (None: all T);
         ``attend(layer, q, k, v)`` does attention and caching."""
-        if (
-            any(p in ("split", "dnnl") for p in self.kernels.paths)
-            and self._weights_state() != self._forms_state
-        ):
+        if self.kernels.form_paths and self._weights_state() != self._forms_state:
             self.refresh_forms()
         x = self.embed[ids]  # [T, d]
         cos, sin = self.cos[pos, None], self.sin_signed[pos, None]  # [T, 1, D]: broadcast over heads

@@ -159,6 +159,7 @@ def worker_ours(mode: str, spec: dict[str, Any]) -> dict[str, Any]:
     from batching.real.checkpoint import load_hf_checkpoint, read_config
     from batching.real.executor import RealExecutor, kernel_plan
     from batching.real.kernels import DTYPES as TORCH_DTYPES
+    from batching.real.measure import linear_replay
     from batching.real.runner import ModelRunner
     from batching.request import Request
     from batching.schedulers import ChunkedPrefillScheduler, ContinuousScheduler
@@ -183,8 +184,17 @@ def worker_ours(mode: str, spec: dict[str, Any]) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     tokens = {r.rid: r.token_ids for r in res.requests}
     prompts = {r.rid: runner.prompt(r) for r in res.requests}
+    # The floor the matrix products set: the run's steps again, their linear layers alone
+    # (rows: every token computed; the head: the rows whose logits a step reads).
+    c = res.log.cols
+    steps = [
+        (p + pad + d + x, e + x)
+        for p, pad, d, x, e in zip(c["prefill"], c["pad"], c["decode"], c["dead"], c["emitted"])
+    ]
+    replay = linear_replay(model, steps, rounds=2)
     return {
         "wall_s": wall,
+        "linear_floor_s": sum(replay),
         "tokens": tokens,
         "prompt_digest": ids_digest(prompts),
         "load_s": load_s,
@@ -692,6 +702,12 @@ def main() -> None:
         }
         if "executor" in rounds[0]["modes"][m]:  # this engine: the kernels it ran
             per_mode[m]["kernels"] = rounds[0]["modes"][m]["executor"].get("kernels")
+        if "linear_floor_s" in rounds[0]["modes"][m]:
+            # The most this engine's steps could reach were everything but their matrix
+            # products free: output tokens / (the products alone, replayed; median of rounds).
+            floor = statistics.median(row["modes"][m]["linear_floor_s"] for row in rounds)
+            per_mode[m]["linear_floor_s"] = floor
+            per_mode[m]["tok_s_ceiling"] = sum(o for _, _, o in reqs) / floor
     best = best_variants(per_mode)
     # Each engine at its best dtype against every peer at theirs, and dtype by dtype.
     ratios = {}
@@ -738,6 +754,10 @@ def main() -> None:
                     "ratio_median": ratios[key]["median"],
                     "met": ratios[key]["median"] >= target,
                 }
+                ceiling = per_mode[best[ours]].get("tok_s_ceiling")
+                if ceiling is not None:
+                    # Whether the goal is reachable with these matrix-product kernels at all.
+                    goal[f"{ours}/{peer}"]["ceiling_ratio"] = ceiling / per_mode[best[peer]]["tok_s_median"]
     prompts = [p for _, p, _ in reqs]
     outputs = [o for _, _, o in reqs]
     doc = {
@@ -860,8 +880,19 @@ def main() -> None:
             f"  {m:21} best {per_mode[m]['tok_s_best']:8.1f}  median {per_mode[m]['tok_s_median']:8.1f} tok/s"
             + ("  (best dtype)" if best.get(engine(m)) == m else "")
         )
+    for m in runs:
+        if "tok_s_ceiling" in per_mode[m]:
+            print(
+                f"  {m:21} matrix products alone {per_mode[m]['linear_floor_s']:6.2f} s: at most "
+                f"{per_mode[m]['tok_s_ceiling']:8.1f} tok/s"
+            )
     for k, v in ratios.items():
         print(f"  {k:44} best {v['best']:5.2f}x  median {v['median']:5.2f}x")
+    for k, v in goal.items():
+        if "ceiling_ratio" in v:
+            print(
+                f"  {k:44} at most {v['ceiling_ratio']:5.2f}x with these matrix products (goal {v['target']})"
+            )
     for k, v in equality.items():
         fm = v["first_mismatch"]
         print(

@@ -277,3 +277,33 @@ def test_the_live_decode_sweep_measures_every_path_on_the_cpu():
     assert k["dtype_reason"] != "asked for" and set(k["geomean_ms"]) == {"fp32", "bf16"}
     with pytest.raises(ValueError, match="only="):
         sweep.decode_sweep(model="tiny", device="cpu", batches=[1, 2], ctx=16, only=["nope"])
+
+
+def test_linear_replay_runs_each_steps_products_on_its_rows_and_head_rows(monkeypatch):
+    """The floor of a run's matrix products: every layer's linear layers on the step's rows,
+    the head on its logit rows only, one time per step."""
+    from batching.costs.models import get_model
+    from batching.real.kernels import LinearPlan
+    from batching.real.measure import linear_replay
+    from batching.real.model import Llama, ModelConfig
+
+    model = Llama(ModelConfig.from_shape(get_model("tiny")), kernels=LinearPlan.fixed("aten"))
+    seen: list[tuple[int, bool]] = []
+    real = Llama.linear
+
+    def spy(self, x, w):
+        seen.append((x.shape[0], w is self.lm_head))
+        return real(self, x, w)
+
+    monkeypatch.setattr(Llama, "linear", spy)
+    times = linear_replay(model, [(6, 2), (1, 1), (3, 0)])
+    assert len(times) == 3 and all(t > 0 for t in times)
+    per_layer = 4 * model.cfg.layers
+    assert (
+        seen
+        == [(6, False)] * per_layer
+        + [(2, True)]
+        + [(1, False)] * per_layer
+        + [(1, True)]
+        + [(3, False)] * per_layer
+    )

@@ -33,6 +33,7 @@ from .hardware import (
     synchronize,
 )
 from .kernels import apply, dnnl_available, prepare, split_ways
+from .model import Llama
 from .runner import SPAN_PER_ROW, ModelRunner
 
 PROFILE_SCHEMA = 1
@@ -130,6 +131,39 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, reps: int = 5)
         "TFLOPs_best": 2 * n**3 / min(ts) / 1e12,
         "TFLOPs_median": 2 * n**3 / statistics.median(ts) / 1e12,
     }
+
+
+@torch.inference_mode()
+def linear_replay(model: Llama, steps: Sequence[tuple[int, int]], rounds: int = 1) -> list[float]:
+    """Seconds of each step's matrix products alone: for ``(rows, logit_rows)`` per step, every
+    layer's linear layers on ``rows`` rows and the head on ``logit_rows``, by the model's own
+    kernels (its plan, padding included), on random activations. Attention, norms and the
+    rest cost nothing here, so a run takes at least their sum: the floor the matrix products
+    set (the fastest of ``rounds`` replays per step)."""
+    dev, dt = model.device, model.dtype
+    g = torch.Generator(device=dev).manual_seed(0)
+    acts: dict[tuple[int, int], Tensor] = {}
+
+    def act(rows: int, width: int) -> Tensor:  # [rows, width], one per shape
+        if (rows, width) not in acts:
+            acts[(rows, width)] = torch.randn(rows, width, generator=g, device=dev).to(dt)
+        return acts[(rows, width)]
+
+    weights = model.linear_weights()  # the head last
+    model.ensure_forms()
+    out = []
+    for rows, logit_rows in steps:
+        best = float("inf")
+        for _ in range(max(1, rounds)):
+            t0 = time.perf_counter()
+            for w in weights[:-1] if rows else []:
+                model.linear(act(rows, w.shape[1]), w)
+            if logit_rows:
+                model.linear(act(logit_rows, weights[-1].shape[1]), weights[-1])
+            synchronize(dev)
+            best = min(best, time.perf_counter() - t0)
+        out.append(best)
+    return out
 
 
 class StepTimer:

@@ -53,13 +53,12 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm: x [T, d] -> [T, d], in at least fp32 as Llama does for bf16.
+    """RMSNorm: x [T, d] -> [T, d], one call (CPU one-token norm: ~14 us against ~18 for the
+    six ops written out).
 
-    ``F.rms_norm`` is one call for six (CPU one-token norm: ~25 vs ~39 us); on CUDA (torch >=
-    2.8) one fused kernel that multiplies by the weight before rounding (Llama rounds first)."""
-    if x.dtype in (torch.bfloat16, torch.float16) and x.device.type != "cuda":
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+    In bf16 it computes in fp32, as Llama does, and rounds once at the end (Llama rounds
+    before multiplying by the weight; the two differ only where the weight is not 1): on
+    this CPU (torch 2.13) its largest error against float64 is half the written-out form's."""
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
@@ -246,6 +245,11 @@ class Llama(nn.Module):
         self._forms = {(id(w), p): prepare(p, w) for w in self.linear_weights() for p in need}
         self._forms_state = self._weights_state()
 
+    def ensure_forms(self) -> None:
+        """:meth:`refresh_forms` where the weights changed since (or none were built)."""
+        if self.kernels.form_paths and self._weights_state() != self._forms_state:
+            self.refresh_forms()
+
     def use_kernels(self, plan: LinearPlan) -> None:
         """Run the linear layers by ``plan`` from now on."""
         self._kernels = plan
@@ -307,8 +311,7 @@ class Llama(nn.Module):
     def forward(self, ids: Tensor, pos: Tensor, attend: AttendFn, rows: Tensor | None = None) -> Tensor:
         """ids, pos [T] (int64) -> logits [R, V] of the tokens ``rows`` [R] selects (None: all T);
         ``attend(layer, q, k, v)`` does attention and caching."""
-        if self.kernels.form_paths and self._weights_state() != self._forms_state:
-            self.refresh_forms()
+        self.ensure_forms()
         x = self.embed[ids]  # [T, d]
         cos, sin = self.cos[pos, None], self.sin_signed[pos, None]  # [T, 1, D]: broadcast over heads
         for i, block in enumerate(self.blocks):

@@ -268,7 +268,9 @@ class ModelRunner:
             logits = self.graphs.run(ids, pos, slot)  # [R, V]; None where its bucket failed to capture
         if logits is None:
             logits = self._forward_packed(ids, pos, slot, len(rows), chunks, logit_rows)  # [R, V]
-        tokens = logits.argmax(dim=-1).tolist()
+        # In fp32: CPU argmax over bf16 is not vectorized (64 x 8,192 logits: 933 us, 250 in
+        # fp32); ties go to the first index either way.
+        tokens = logits.float().argmax(dim=-1).tolist()
         out = StepOutput()
         for i, rid in enumerate(emit):
             if rid is not None:

@@ -462,6 +462,33 @@ def test_chunk_profile_figure_reads_the_itl_multiplier_as_1x_2x_5x():
     matplotlib.pyplot.close(fig)
 
 
+def test_chunk_profile_figure_keeps_its_legend_off_the_panels():
+    # A label as wide as a panel (a long machine name) and a B* near the left of the chunk axis:
+    # the legend, under the panels, covers neither a B* label nor a panel.
+    plots.style()
+    chunk = np.array([2.0, 16, 128, 512])
+    curves = [
+        {
+            "short": f"llama-8b bf16 on a machine with a very long name, number {i}",
+            "decodes": 8,
+            "chunk": chunk,
+            "over_decode": np.array([1.1, 1.5, 4.0, 12.0]),
+            "share": np.array([0.02, 0.2, 0.8, 1.0]),
+            "bstar": bstar,
+        }
+        for i, bstar in enumerate((3.0, 14.0))
+    ]
+    fig = figures.chunked.chunk_profile_figure(curves)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    (legend,) = fig.legends
+    box = legend.get_window_extent(r)
+    bstars = [t for a in fig.axes for t in a.texts if t.get_text() == "B*"]
+    assert len(bstars) == 2 and not any(box.overlaps(t.get_window_extent(r)) for t in bstars)
+    assert not any(box.overlaps(a.get_window_extent(r)) for a in fig.axes)
+    matplotlib.pyplot.close(fig)
+
+
 def test_slo_steps_by_hand():
     # llama-8b on an H100: a prompt token is 13.96 GFLOP in the matrices, 14.11 us at 989 TFLOP/s.
     # Beside 32 decodes of 4,096 tokens (15.0 GB of weights + 17.2 GB of KV: 9.9 ms, memory-bound)

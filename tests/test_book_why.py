@@ -253,6 +253,22 @@ def test_why_figures_keep_their_labels_clear_of_legend_and_reference_lines():
     matplotlib.pyplot.close(fig)
 
 
+@pytest.mark.parametrize("peak_tflops", [0.02, 0.07, 0.1])
+def test_live_decode_figure_keeps_the_band_label_clear_of_b_star(peak_tflops):
+    # A flat curve puts the 2x band near the top, where B*'s label sits: B* = 2 (left half of the
+    # batch axis), 7 (under its right end) and 10 (past it); the band's label takes the other half.
+    plots.style()
+    sw = {**_synthetic_sweep(), "peak_tflops": peak_tflops}
+    n = decode.live_numbers(sw)
+    fig = figures.why.live_decode_figure(sw, n, decode.live_roofline(sw, points=20), paths=["uniform"])
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    texts = _texts(fig.axes[0])
+    (bstar,) = (t for s, t in texts.items() if s.startswith("B* ="))
+    assert not texts["2x batch 1"].get_window_extent(r).overlaps(bstar.get_window_extent(r))
+    matplotlib.pyplot.close(fig)
+
+
 def test_profiles_figure_tells_the_coinciding_gpu_predictions_apart():
     plots.style()
     sw = _synthetic_sweep()

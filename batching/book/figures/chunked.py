@@ -161,7 +161,10 @@ def chunk_profile_figure(curves: Sequence[Mapping[str, Any]]) -> Figure:
     for a in axes:
         _chunk_x(a, sorted(ticks) or None)
     if curves:
-        axes[0].legend(loc="upper left", fontsize=7)
+        # Below the panels, not in one: a profile's label names its machine and can run as wide
+        # as a panel, over the B* lines and their labels (and over the curves' largest chunks).
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=1, fontsize=7)
     return fig
 
 

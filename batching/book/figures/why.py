@@ -180,18 +180,6 @@ def live_decode_figure(
     base = numbers["base_batch"] if own1 else float(b[0])
     band = KNEE_FACTOR * float(u[list(b).index(base)])
     ax.axhline(band, color="#bbbbbb", lw=0.8, zorder=1)
-    note(
-        ax,
-        f"{KNEE_FACTOR:g}x batch {base:.0f}",
-        (1.0, band),
-        (-2, 1),
-        "y",
-        ha="right",
-        va="bottom",
-        fontsize=7,
-        color="#888888",
-        bbox=box(0.1),
-    )
     k = numbers["knee_base"] if own1 else numbers["knee"]
     ky = float(u[list(b).index(k)])
     ax.plot([k], [ky], "o", ms=11, mfc="none", mec="black", mew=1.2, zorder=5)
@@ -257,6 +245,24 @@ def live_decode_figure(
     ax.set_title("throughput", fontsize=9)
     for a in axes:
         _pow2_axis(a, b.min(), b.max())
+    # The band's label goes to the half of the panel away from B* (once the batch axis is
+    # final): B*'s label, at the top right of its line, covers it where the band runs near the
+    # top and B* lies in the band label's half.
+    ax = axes[0]
+    lo, hi = ax.get_xlim()
+    right = math.log(numbers["bstar"] / lo) / math.log(hi / lo) < 0.5
+    note(
+        ax,
+        f"{KNEE_FACTOR:g}x batch {base:.0f}",
+        (1.0 if right else 0.02, band),
+        (-2 if right else 0, 1),
+        "y",
+        ha="right" if right else "left",
+        va="bottom",
+        fontsize=7,
+        color="#888888",
+        bbox=box(0.1),
+    )
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=7.5)
     return fig

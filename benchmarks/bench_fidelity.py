@@ -31,7 +31,7 @@ from batching.costs.models import get_model
 from batching.costs.profile import ProfileCost
 from batching.engine import SimExecutor, run
 from batching.metrics import request_records, summarize
-from batching.real.executor import resolve_device, run_real
+from batching.real.executor import resolve_device, resolve_dtype, run_real
 from batching.real.hardware import device_entry, machine
 from batching.real.measure import StepTimer
 from batching.real.runner import ModelRunner
@@ -219,7 +219,10 @@ def main() -> None:
         + [args[0] + args[2] + 1 for kind, args in points if kind == "mixed"]
         + [args[1] * 3 // 2 + 2 for kind, args in points if kind == "decode"]
     )
-    runner = ModelRunner.from_shape(get_model(a.model), slots, device=dev, max_len=max_len)
+    # In the profile's dtype (its kernels too: the same machine's probe, cached), since the
+    # profile predicts that engine; a profile without one was measured in fp32.
+    dtype = resolve_dtype(str(built.get("dtype") or "fp32"), dev)
+    runner = ModelRunner.from_shape(get_model(a.model), slots, device=dev, dtype=dtype, max_len=max_len)
     runner.warmup()
     timer = StepTimer(runner, reps=5)
     w = load_trace("azure-conv", limit=a.requests).scale(lengths=a.scale_lengths, time=a.time_scale)
@@ -240,7 +243,13 @@ def main() -> None:
         "slots": a.slots,
         "max_len": a.max_len,
         "token_budget": a.token_budget,
-        "runner": {"slots": runner.slots, "max_len": runner.max_len, "as_profile": "slots" in built},
+        "runner": {
+            "slots": runner.slots,
+            "max_len": runner.max_len,
+            "as_profile": "slots" in built,
+            "dtype": str(runner.dtype).removeprefix("torch."),
+            "kernels": runner.model.linear_form,
+        },
         "decode_graphs": runner.graphs is not None and runner.graphs.capture,
         "partial": True,  # until every scheduler has run (a GPU stage may be cut by its limit)
         "loadavg_before": load_average(),

@@ -46,15 +46,20 @@ def real_runner(
     threads: int | None = None,
 ) -> Any:
     """7.1, 7.3: one model (``None``: :func:`real_model`) with its slab KV cache on ``device``,
-    built once and served by several real runs in turn."""
+    built once and served by several real runs in turn, in the dtype and kernels the
+    machine's probe chose (``auto``: bf16 on a GPU; on a CPU the faster here)."""
     from ..costs.models import get_model
+    from ..real.executor import resolve_dtype
     from ..real.hardware import resolve_device, set_threads
     from ..real.runner import ModelRunner
 
     dev = resolve_device(device)
     name = real_model(model, device)
     set_threads(threads)
-    return ModelRunner.from_shape(get_model(name), slots, device=dev, max_len=max_len)
+    shape = get_model(name)
+    return ModelRunner.from_shape(
+        shape, slots, device=dev, dtype=resolve_dtype("auto", dev, shape), max_len=max_len
+    )
 
 
 def serve_real(
@@ -140,6 +145,7 @@ def real_crosscheck(
                 sched,
                 model,
                 device="cpu",
+                dtype="auto",
                 threads=threads,
                 max_len=min(cost.model.max_context, max_len),
             )

@@ -89,5 +89,6 @@ def test_fresh_copy_simulates_every_named_trace_and_runs_a_notebook(tmp_path: Pa
     assert list((clone / "_build" / "figures" / "smoke").glob("*.png"))
     assert "Splitwise" in executed.read_text()  # the trace's attribution, glued under the figures
     assert not (home / ".cache" / "batching" / "traces").exists()  # found in data/traces, never downloaded
-    # The only cache it writes is its own: this machine's kernel probe (batching.real.kernels).
-    assert {p.name for p in (home / ".cache" / "batching").iterdir()} <= {"kernels"}
+    # The only caches it writes are its own: this machine's kernel probe (batching.real.kernels)
+    # and its build of the decode-attention kernel (batching.real.attention).
+    assert {p.name for p in (home / ".cache" / "batching").iterdir()} <= {"kernels", "ext"}

@@ -93,9 +93,12 @@ def test_attention_backends_are_recorded(model64: Llama) -> None:
     """Which SDPA kernel each path selects on this device (a GPU check fails bf16 on math)."""
     from torch.nn.attention import SDPBackend
 
-    got = ModelRunner(model64, slots=2, max_len=16).attention_backends()
+    got = ModelRunner(model64, slots=2, max_len=16, decode_attention="sdpa").attention_backends()
     names = {b.lower() for b in SDPBackend.__members__}
     assert set(got) == {"decode", "prefill", "chunk"} and set(got.values()) <= names
+    runner = ModelRunner(model64, slots=2, max_len=16)
+    if runner.decode_kernel is not None:  # the CPU's decode kernel is named instead of SDPA's
+        assert runner.attention_backends()["decode"].startswith("rows at their own length")
 
 
 def test_a_decode_graph_reads_the_same_slabs_whatever_the_slot_count(model64: Llama) -> None:

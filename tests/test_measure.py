@@ -186,7 +186,9 @@ def test_scattered_decode_rows_really_make_the_runner_gather_their_slabs():
     from batching.real.measure import StepTimer
     from batching.real.runner import SPAN_PER_ROW, ModelRunner
 
-    runner = ModelRunner.from_shape(get_model("tiny"), SPAN_PER_ROW * 4 + 1, max_len=32)
+    runner = ModelRunner.from_shape(
+        get_model("tiny"), SPAN_PER_ROW * 4 + 1, max_len=32, decode_attention="sdpa"
+    )
     seen = []
     index = runner._decode_index
     runner._decode_index = lambda slots, pos: seen.append(index(slots, pos)) or seen[-1]  # type: ignore[method-assign]
@@ -247,7 +249,11 @@ def test_the_live_decode_sweep_measures_every_path_on_the_cpu():
         bandwidth_bytes=1 << 20,
         dtype="fp32",
     )
-    assert sw["paths"] == ["uniform", "mixed", "gathered"] == list(sweep.decode_paths())
+    # The gathered path only where the runner gathers: SDPA's, not the CPU decode kernel's.
+    gathers = sw["meta"]["decode_attention"] == "sdpa"
+    assert sw["paths"] == ["uniform", "mixed"] + ["gathered"] * gathers
+    assert list(sweep.decode_paths()) == ["uniform", "mixed", "gathered"]
+    assert list(sweep.decode_paths(gathers=False)) == ["uniform", "mixed"]
     assert list(sweep.decode_paths(graphs=True)) == ["uniform", "mixed"]  # CUDA graphs: no gathered path
     assert sw["meta"]["device"] == "cpu-here" and sw["meta"]["device_type"] == "cpu"
     assert sw["meta"]["model"] == "tiny" and sw["meta"]["dtype"] == "fp32"

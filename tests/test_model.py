@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 
 from batching.costs.models import MODELS, get_model
 from batching.plan import PrefillChunk, StepPlan
+from batching.real.attention import decode_kernel, decode_kernel_status
 from batching.real.hardware import DeviceMemoryError
 from batching.real.model import Llama, ModelConfig
 from batching.real.runner import ModelRunner, StepOutput, kv_cache_bytes, prompt_ids
@@ -16,6 +17,12 @@ from batching.request import Request
 pytestmark = pytest.mark.model
 F64 = torch.float64
 TINY = ModelConfig.from_shape(get_model("tiny"))
+
+
+#: Tests of the CPU decode kernel run where it builds (a compiler and ninja).
+needs_decode_kernel = pytest.mark.skipif(
+    decode_kernel() is None, reason=f"decode kernel: {decode_kernel_status()}"
+)
 
 
 def commit(plan: StepPlan, out: StepOutput, t: float) -> None:
@@ -106,14 +113,16 @@ def test_mixed_step_packs_decodes_chunks_and_padding_without_crosstalk(model64: 
         torch.testing.assert_close(out.logits[r.rid], ref[len(ids) - 2], rtol=0, atol=1e-11)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", pytest.param("kernel", marks=needs_decode_kernel)])
 @pytest.mark.parametrize("slots, how", [((0, 2, 3), "holes"), ((0, 5), "gather"), ((1, 2, 3), "range")])
 def test_decode_rows_in_scattered_slots_read_only_their_own_slabs(
-    model64: Llama, slots: tuple[int, ...], how: str
+    model64: Llama, slots: tuple[int, ...], how: str, attention: str
 ) -> None:
-    """7.2: decode rows whose slots leave holes (read as one view, holes included), lie wide
-    apart (gathered) or form a range: each row's logits equal its own cache-free pass, and
-    the hole slabs' contents (another request's stale K/V) change nothing."""
-    runner = ModelRunner(model64, slots=6, max_len=32)
+    """7.2: decode rows whose slots leave holes (SDPA: read as one view, holes included), lie
+    wide apart (gathered) or form a range: each row's logits equal its own cache-free pass,
+    and the hole slabs' contents (another request's stale K/V) change nothing, through SDPA
+    and through the decode kernel (every slot in place)."""
+    runner = ModelRunner(model64, slots=6, max_len=32, decode_attention=attention)
     reqs = [admitted(i, 4 + 3 * i, 4, slot=s) for i, s in enumerate(slots)]
     stale = admitted(99, 11, 1, slot={"holes": 1, "gather": 3, "range": 0}[how])  # a slab the batch skips
     first = StepPlan(prefills=[PrefillChunk(r, r.prompt_len) for r in reqs + [stale]])
@@ -138,7 +147,7 @@ def test_short_and_long_decode_rows_split_into_two_groups_give_the_reference_log
     lens = {0: 3, 1: 40, 2: 4, 3: 5, 4: 3, 5: 44}  # slot: prompt length
     assert R.split_by_length(list(lens), [n - 1 for n in lens.values()]) == ([0, 2, 3, 4], [1, 5])
     assert R.split_by_length([0, 1, 2, 3], [10, 10, 11, 10]) is None  # alike: one group
-    runner = ModelRunner(model, slots=6, max_len=64)
+    runner = ModelRunner(model, slots=6, max_len=64, decode_attention="sdpa")
     reqs = [admitted(s, n, 3, slot=s) for s, n in lens.items()]
     first = StepPlan(prefills=[PrefillChunk(r, r.prompt_len) for r in reqs])
     commit(first, runner.forward(first), 1.0)

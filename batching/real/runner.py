@@ -18,6 +18,7 @@ from torch import Tensor
 from ..costs.models import ModelShape
 from ..plan import StepPlan
 from ..request import Request
+from .attention import DecodeKernel, decode_kernel, decode_kernel_status
 from .cache import SlabCache, kv_cache_bytes
 from .graphs import DecodeGraphs
 from .hardware import available_bytes, check_fits
@@ -144,9 +145,13 @@ class ModelRunner:
         seed: int = 0,
         mem_available: int | None = None,
         graphs: bool | None = None,
+        decode_attention: str | None = None,
     ) -> None:
         """``mem_available``: the free memory to check against (tests). ``graphs``: decode-only
-        steps as CUDA graphs, default on CUDA; on a CPU True runs the fixed-shape step eagerly."""
+        steps as CUDA graphs, default on CUDA; on a CPU True runs the fixed-shape step eagerly.
+        ``decode_attention``: ``kernel`` (each row read to its own length in its own slot,
+        :mod:`~batching.real.attention`) or ``sdpa`` (rows grouped, padded and masked);
+        default: the kernel on a CPU where it builds, else SDPA."""
         cfg = model.cfg
         max_len = cfg.max_context if max_len is None else max_len
         if not (isinstance(slots, int) and slots >= 1):
@@ -164,6 +169,7 @@ class ModelRunner:
         self.cache = SlabCache(cfg, slots, max_len, self.device, self.dtype, graphs, mem_available)
         self.graphs = DecodeGraphs(model, self.cache, capture=self.device.type == "cuda") if graphs else None
         self._backends: dict[str, str] | None = None
+        self.decode_kernel = self._pick_decode_kernel(decode_attention)
 
     @classmethod
     def from_shape(
@@ -178,6 +184,7 @@ class ModelRunner:
         mem_available: int | None = None,
         graphs: bool | None = None,
         kernels: LinearPlan | None = None,
+        decode_attention: str | None = None,
     ) -> ModelRunner:
         """Build a registry shape's model and cache, checking first that both fit; ``kernels``:
         the linear layers' plan (default: this machine's for the dtype, probed once)."""
@@ -186,8 +193,29 @@ class ModelRunner:
         weights = check_model_fits(shape, slots, device, dtype, max_len, mem_available, graphs)
         model = Llama(ModelConfig.from_shape(shape), device, dtype, seed=seed, kernels=kernels)
         return cls(
-            model, slots, max_len, seed, None if mem_available is None else mem_available - weights, graphs
+            model,
+            slots,
+            max_len,
+            seed,
+            None if mem_available is None else mem_available - weights,
+            graphs,
+            decode_attention,
         )
+
+    def _pick_decode_kernel(self, choice: str | None) -> DecodeKernel | None:
+        if choice not in (None, "kernel", "sdpa"):
+            raise ValueError(f"decode_attention={choice!r}: must be 'kernel', 'sdpa' or None")
+        if choice == "sdpa" or (choice is None and self.device.type != "cpu"):
+            return None
+        kern = decode_kernel() if self.device.type == "cpu" else None
+        if kern is None and choice == "kernel":
+            raise RuntimeError(f"decode_attention='kernel' on {self.device}: {decode_kernel_status()}")
+        return kern
+
+    @property
+    def decode_attention(self) -> str:
+        """``kernel`` or ``sdpa``: how decode rows attend (:class:`ModelRunner`)."""
+        return "sdpa" if self.decode_kernel is None else "kernel"
 
     def tokens(self, req: Request) -> list[int]:
         """Request ``req``'s prompt and generated ids."""
@@ -293,7 +321,11 @@ class ModelRunner:
         pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
         slot_t = torch.tensor(slot, dtype=torch.long, device=dev)
         row_slots, row_pos = slot[:n_rows], pos[:n_rows]
-        dec = self._decode_groups(row_slots, row_pos) if n_rows else None
+        kern = self.decode_kernel if n_rows else None
+        dec = self._decode_groups(row_slots, row_pos) if n_rows and kern is None else None
+        if kern is not None:  # each row to its own length: positions 0 .. pos, its own included
+            lens_t = pos_t[:n_rows] + 1
+            rslot_t = slot_t[:n_rows]
 
         def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             kc, vc = self.cache.layers[layer]  # [S, K, L, D]
@@ -302,6 +334,10 @@ class ModelRunner:
             kc[slot_t, :, pos_t] = k  # k [T, K, D]
             vc[slot_t, :, pos_t] = v
             outs = []
+            if kern is not None:
+                outs.append(
+                    kern((q if n_rows == q.shape[0] else q[:n_rows]).contiguous(), kc, vc, rslot_t, lens_t)
+                )
             if dec is not None:
                 qd = q if n_rows == q.shape[0] else q[:n_rows]
                 if isinstance(dec, DecodeIndex):
@@ -386,8 +422,9 @@ class ModelRunner:
         return gqa_chunk(q, k, v, mask)  # [m, H, D]
 
     def attention_backends(self) -> dict[str, str]:
-        """The SDPA kernel of each attention path here: ``decode`` (masked, packed), ``prefill``
-        (a first chunk, causal), ``chunk`` (after cached context, masked)."""
+        """The kernel of each attention path here: ``decode`` (SDPA's, masked and packed, or
+        ``rows at their own length`` where :attr:`decode_kernel` runs), ``prefill`` (a first
+        chunk, causal), ``chunk`` (after cached context, masked)."""
         if self._backends is None:
             cfg, dev, dt = self.cfg, self.device, self.dtype
             H, K, D, L, m = cfg.heads, cfg.kv_heads, cfg.head_dim, min(self.max_len, 128), 8
@@ -397,7 +434,11 @@ class ModelRunner:
             dmask = torch.ones(4, 1, 1, L, dtype=torch.bool, device=dev)
             cmask = torch.ones(G * m, L, dtype=torch.bool, device=dev)
             self._backends = {
-                "decode": _backend(torch.zeros(4, K, G, D, dtype=dt, device=dev), kv, kv, dmask),
+                "decode": (
+                    _backend(torch.zeros(4, K, G, D, dtype=dt, device=dev), kv, kv, dmask)
+                    if self.decode_kernel is None
+                    else "rows at their own length (batching.real.attention)"
+                ),
                 # A first chunk attends to itself alone: as many keys as queries.
                 "prefill": _backend(torch.zeros(1, H, L, D, dtype=dt, device=dev), one, one, causal=True),
                 "chunk": _backend(torch.zeros(1, K, G * m, D, dtype=dt, device=dev), one, one, cmask),

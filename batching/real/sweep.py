@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..costs.models import get_model
+from .attention import decode_kernel
 from .executor import REGISTRY_DTYPE
 from .hardware import available_bytes, resolve_device
 from .measure import StepTimer, rig, stats, target
@@ -40,13 +41,15 @@ def live_defaults(
     return (name if model is None else model), out
 
 
-def decode_paths(graphs: bool = False) -> dict[str, dict[str, bool]]:
+def decode_paths(graphs: bool = False, gathers: bool = True) -> dict[str, dict[str, bool]]:
     """The decode paths the sweep times, as ``StepTimer.decode`` options: ``uniform`` (equal
-    contexts), ``mixed`` (contexts over ctx/2 .. 3ctx/2, masked to the longest) and, except
-    with CUDA ``graphs`` (whose replay reads slabs by its own rule), ``gathered`` (the mixed
-    rows scattered, so the runner copies their slabs in every layer)."""
+    contexts), ``mixed`` (contexts over ctx/2 .. 3ctx/2; SDPA reads them to the longest) and,
+    except with CUDA ``graphs`` (whose replay reads slabs by its own rule) or where the
+    runner never ``gathers`` (a CPU's decode kernel reads every slot in place),
+    ``gathered`` (the mixed rows scattered, so SDPA's runner copies their slabs in every
+    layer)."""
     paths: dict[str, dict[str, bool]] = {"uniform": {"uniform": True}, "mixed": {}}
-    return paths if graphs else {**paths, "gathered": {"scattered": True}}
+    return paths if graphs or not gathers else {**paths, "gathered": {"scattered": True}}
 
 
 def decode_sweep(
@@ -77,7 +80,7 @@ def decode_sweep(
     shape = base.with_dtype(REGISTRY_DTYPE[tdt])
     if not (isinstance(ctx, int) and ctx >= 2 and ctx * 3 // 2 + 2 <= shape.max_context):
         raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
-    paths = decode_paths(graphs=dev.type == "cuda")
+    paths = decode_paths(graphs=dev.type == "cuda", gathers=dev.type != "cpu" or decode_kernel() is None)
     if only is not None:
         if not set(only) <= set(paths) or not only:
             raise ValueError(f"only={list(only)!r}: must name some of {', '.join(paths)}")
@@ -123,6 +126,7 @@ def decode_sweep(
         "bandwidth_bytes": float(nbytes),
         "peak_n": r.peak["n"],
         "linear": r.runner.model.linear_form,
+        "decode_attention": r.runner.decode_attention,
         "kernels": plan.to_dict(),
         # Batch 1 runs another kernel than batch 2 (the CPU's one-row product, say): the
         # claim is then read from batch 2 (batching.book.decode.base_batch).

@@ -483,3 +483,12 @@ def test_dtype_figure_draws_both_dtypes(tmp_path):
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["bf16 (this build's pages)", "fp32"]
     assert "log" in fig.axes[0].get_xlabel() and fig.axes[1].lines[1].get_ydata()[-1] == pytest.approx(2.5)
+
+
+def test_decode_reading_names_how_the_sweeps_rows_read_their_kv():
+    from batching.book import decode
+
+    assert decode.decode_reading({"meta": {"device_type": "cuda", "decode_attention": "sdpa"}}) == "graphs"
+    assert decode.decode_reading({"meta": {"device_type": "cpu", "decode_attention": "kernel"}}) == "kernel"
+    assert decode.decode_reading({"meta": {"device_type": "cpu", "decode_attention": "sdpa"}}) == "sdpa"
+    assert decode.decode_reading({"meta": {"device_type": "cpu"}}) == "sdpa"  # recorded before the kernel

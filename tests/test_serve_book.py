@@ -10,6 +10,7 @@ import pytest
 
 from batching.book import serve
 from batching.book.common import Versus
+from batching.costs.models import canonical_dtype
 
 COLS = serve.COLUMNS
 
@@ -51,6 +52,20 @@ def bench_doc() -> dict:
     }
 
 
+def test_the_profile_engine_says_what_the_simulator_prices_against_the_benchmark():
+    from batching.book.serve import _profile_engine
+
+    fp32_1 = {"threads": 1, "model": {"dtype": "fp32"}}
+    assert _profile_engine(fp32_1, {"threads": 1, "dtype": "fp32"}) == "same"
+    assert _profile_engine(fp32_1, {"threads": 2, "dtype": "float32"}) == "faster"
+    assert (
+        _profile_engine({"threads": 4, "model": {"dtype": "fp32"}}, {"threads": 2, "dtype": "fp32"})
+        == "slower"
+    )
+    assert _profile_engine(fp32_1, {"threads": 1, "dtype": "bf16"}) == "other"
+    assert _profile_engine({}, {}) == "same"  # neither recorded: fp32, one thread
+
+
 def test_numbers_by_hand():
     n = serve.numbers(bench_doc())
     r = n["server_over_ours"]
@@ -62,6 +77,13 @@ def test_numbers_by_hand():
     assert n["cpus"] == 1.0 and n["busy"]  # no cpu_count in the file: one core, under a load of 4
     # No threads in the file: one per process; the committed cpu-s profile says its own.
     assert n["threads"] == 1 and n["profile_threads"] == serve.committed(serve.PROFILE)["meta"]["threads"]
+    # No dtype in the file: fp32, as bench_serve runs; the profile's own, and what it prices.
+    assert n["dtype"] == "fp32" and n["profile_dtype"] == canonical_dtype(
+        serve.committed(serve.PROFILE)["meta"]["dtype"]
+    )
+    assert n["profile_engine"] == (
+        "other" if n["profile_dtype"] != "fp32" else "faster" if n["profile_threads"] > 1 else "same"
+    )
     sim = n["rows"]["simulated"]
     assert all(sim[c] is not None and sim[c] > 0 for c in COLS)
     assert sim["ttft_p50"] <= sim["e2e_p50"] and sim["ttft_p99"] >= sim["ttft_p50"]

@@ -190,11 +190,23 @@ def gather_bytes(shape: ModelShape, rows: int, longest_ctx: int) -> float:
     )
 
 
+def decode_reading(sweep: Mapping[str, Any]) -> str:
+    """How the sweep's decode rows read their keys and values: ``graphs`` (CUDA graphs, every
+    slab by their own rule), ``kernel`` (the CPU decode kernel: each row to its own length in
+    its own slot, nothing masked or copied) or ``sdpa`` (SDPA: rows read to the longest
+    context and masked, scattered slots gathered first). Sweeps from before the kernel
+    recorded no ``decode_attention``: SDPA."""
+    meta = sweep["meta"]
+    if meta.get("device_type") == "cuda":
+        return "graphs"
+    return "kernel" if meta.get("decode_attention") == "kernel" else "sdpa"
+
+
 def gather_numbers(sweep: Mapping[str, Any], numbers: Mapping[str, float]) -> dict[str, float]:
     """At the largest batch: the MB the gathered path copies (``copy_mb``), that copy's ms at
     the run's copy bandwidth, a read and a write per byte (``copy_ms``), and the gathered
     step's ms over the mixed one's (``extra_ms``). Empty where no gathered path was timed
-    (CUDA graphs)."""
+    (CUDA graphs, the CPU decode kernel: :func:`decode_reading`)."""
     if "gathered_tmax_ms" not in numbers:
         return {}
     longest = round(sweep["ctx"] * 1.5)  # StepTimer.decode spreads contexts over ctx/2 .. 3ctx/2

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..costs.devices import machine_of
+from ..costs.models import canonical_dtype
 from ..costs.profile import ProfileCost
 from ..engine import RunResult
 from ..metrics import request_records, summarize
@@ -160,12 +161,27 @@ def numbers(
         # the benchmark's processes ran with doc["threads"] each (the page says when they differ).
         "threads": int(doc.get("threads") or 1),
         "profile_threads": int(cost.meta.get("threads") or 1),
+        # ... and in its own dtype (bench_serve's engines all run fp32).
+        "dtype": canonical_dtype(str((doc.get("model") or {}).get("dtype") or "fp32")),
+        "profile_dtype": canonical_dtype(str(cost.meta.get("dtype") or "fp32")),
+        "profile_engine": _profile_engine(doc, cost.meta),
         "machine": None if ran_on is None else ran_on.label,
         "same_machine": same_machine_as(doc, here),
         "profile_machine": None if profiled_on is None else profiled_on.label,
         "profile_same_machine": same_machine_as(cost.meta, here),
         "live": live_info,
     }
+
+
+def _profile_engine(doc: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
+    """What the profile prices against the benchmark's engine: ``same`` (its threads and
+    dtype), ``faster`` or ``slower`` (more or fewer threads, the same dtype), ``other`` (another
+    dtype: which is faster depends on the CPU)."""
+    threads, pthreads = int(doc.get("threads") or 1), int(meta.get("threads") or 1)
+    dt = canonical_dtype(str((doc.get("model") or {}).get("dtype") or "fp32"))
+    if canonical_dtype(str(meta.get("dtype") or "fp32")) != dt:
+        return "other"
+    return "same" if pthreads == threads else ("faster" if pthreads > threads else "slower")
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

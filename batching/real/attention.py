@@ -8,7 +8,7 @@ of their time there. ``csrc/decode_attention.cpp`` computes each (row, kv head) 
 from its slot, only to its own length: no gather, no padding, no mask.
 
 The kernel is C++ compiled on first use (``torch.utils.cpp_extension``: a compiler and
-ninja; about a minute) into ``~/.cache/batching/ext`` and loaded from there afterwards,
+ninja; about 25 s on a 2-core machine) into ``~/.cache/batching/ext`` and loaded from there afterwards,
 keyed by its source, torch's version and the CPU's flags (it is built for this CPU,
 ``-march=native``). Where it cannot be built, :func:`decode_kernel` says why and the runner
 keeps SDPA. ``BATCHING_DECODE_ATTENTION=sdpa`` keeps SDPA regardless.
@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .kernels import cpu_flags, user_cache
+
 SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_attention.cpp"
 #: Floating-point reassociation lets the compiler vectorize the dot products and the
 #: softmax's exp (glibc's vector math); the kernel never produces an infinity or a NaN.
@@ -35,25 +37,18 @@ DecodeKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def ext_dir() -> Path:
-    """Where compiled kernels are kept: ``$BATCHING_EXT_CACHE``, else
-    ``~/.cache/batching/ext`` (``$XDG_CACHE_HOME``)."""
-    env = os.environ.get("BATCHING_EXT_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "batching" / "ext"
+    """Where compiled kernels are kept: ``$BATCHING_EXT_CACHE``, else ``~/.cache/batching/ext``."""
+    return user_cache("ext", "BATCHING_EXT_CACHE")
 
 
 def build_key() -> str:
     """What a build is valid for: the source, the flags, torch and the CPU's instructions."""
-    from .kernels import _cpu_flags
-
     h = hashlib.sha256()
     for part in (
         SOURCE.read_bytes(),
         " ".join(CFLAGS).encode(),
         torch.__version__.encode(),
-        _cpu_flags().encode(),
+        cpu_flags().encode(),
     ):
         h.update(part + b"\0")
     return h.hexdigest()[:16]

@@ -353,7 +353,7 @@ def _probe_dtype(
 
 
 # ------------------------------------------------------------------------------ the cache
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     """The CPU flags that change which kernel wins (sorted), from /proc/cpuinfo."""
     want = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni")
     try:
@@ -373,7 +373,7 @@ def machine_key(shape: ModelShape) -> dict[str, Any]:
     return {
         "probe_version": PROBE_VERSION,
         "cpu": device_name(torch.device("cpu")),
-        "flags": _cpu_flags(),
+        "flags": cpu_flags(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "shapes": [list(s) for s in linear_shapes(shape)] + [[shape.vocab, shape.hidden]],
@@ -381,13 +381,18 @@ def machine_key(shape: ModelShape) -> dict[str, Any]:
     }
 
 
-def cache_dir() -> Path:
-    """``$BATCHING_KERNEL_CACHE``, else ``~/.cache/batching/kernels`` (``$XDG_CACHE_HOME``)."""
-    env = os.environ.get("BATCHING_KERNEL_CACHE")
-    if env:
-        return Path(env)
+def user_cache(name: str, env: str) -> Path:
+    """``$env``, else ``~/.cache/batching/<name>`` (``$XDG_CACHE_HOME``): where this machine's
+    measured or built kernels are kept."""
+    if os.environ.get(env):
+        return Path(os.environ[env])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "batching" / "kernels"
+    return Path(base) / "batching" / name
+
+
+def cache_dir() -> Path:
+    """The probes' cache: ``$BATCHING_KERNEL_CACHE``, else ``~/.cache/batching/kernels``."""
+    return user_cache("kernels", "BATCHING_KERNEL_CACHE")
 
 
 _MEMO: dict[str, dict[str, dict[str, dict[int, float]]]] = {}

@@ -207,7 +207,9 @@ class ModelRunner:
             raise ValueError(f"decode_attention={choice!r}: must be 'kernel', 'sdpa' or None")
         if choice == "sdpa" or (choice is None and self.device.type != "cpu"):
             return None
-        kern = decode_kernel() if self.device.type == "cpu" else None
+        if self.device.type != "cpu":
+            raise RuntimeError(f"decode_attention='kernel' on {self.device}: the kernel runs on a CPU only")
+        kern = decode_kernel()
         if kern is None and choice == "kernel":
             raise RuntimeError(f"decode_attention='kernel' on {self.device}: {decode_kernel_status()}")
         return kern
@@ -334,12 +336,10 @@ class ModelRunner:
             kc[slot_t, :, pos_t] = k  # k [T, K, D]
             vc[slot_t, :, pos_t] = v
             outs = []
+            qd = q if n_rows == q.shape[0] else q[:n_rows]  # the decode rows' queries
             if kern is not None:
-                outs.append(
-                    kern((q if n_rows == q.shape[0] else q[:n_rows]).contiguous(), kc, vc, rslot_t, lens_t)
-                )
+                outs.append(kern(qd.contiguous(), kc, vc, rslot_t, lens_t))
             if dec is not None:
-                qd = q if n_rows == q.shape[0] else q[:n_rows]
                 if isinstance(dec, DecodeIndex):
                     outs.append(self._decode_attention(qd, kc, vc, dec))
                 else:  # a short and a long group, each its own call; outputs back in row order

@@ -23,14 +23,16 @@ chromium:
 # OpenMP threads spin for a while, then sleep (see README, "Threads"): neither PASSIVE
 # (a wake-up per parallel region, +30-50% per decode step here) nor libgomp's implicit
 # default (8 ms stalls of some small attention calls). Large CPU tensors on transparent
-# huge pages (THP_MEM_ALLOC_ENABLE). batching/__init__.py sets the same defaults.
+# huge pages (THP_MEM_ALLOC_ENABLE). batching/real/__init__.py sets the same defaults before
+# torch loads.
 RUN     := env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=100000 THP_MEM_ALLOC_ENABLE=1
 
-# The code is kept honest before the suite runs: ruff (lint and format) over the package,
-# tests, benchmarks and tools, and mypy over the package (both configured in pyproject.toml).
+# The code is kept honest before the suite runs: ruff (lint and format, the package's rules)
+# over the package, the notebooks' code cells, tests, benchmarks and tools, and mypy over the
+# package (both configured in pyproject.toml).
 lint: venv
-	$(PY) -m ruff check batching tests benchmarks tools
-	$(PY) -m ruff format --check batching tests benchmarks tools
+	$(PY) -m ruff check batching tests benchmarks tools chapters
+	$(PY) -m ruff format --check batching tests benchmarks tools chapters
 	$(PY) -m mypy
 
 test: venv chromium lint

@@ -45,11 +45,12 @@ class Hardware(Protocol):
 
 
 class Executor(Protocol):
-    """What the engine loop reads from an executor, simulated or real; ``hardware`` is what
-    the run's hardware utilization is reported against (None: not reported)."""
+    """What the engine loop reads from an executor, simulated or real; ``utilization_basis``
+    is what the run's hardware utilization is reported against: a simulated run's own cost
+    model, a real run's registry roofline of its device (None: not reported)."""
 
     @property
-    def hardware(self) -> Hardware | None: ...
+    def utilization_basis(self) -> Hardware | None: ...
 
     def execute(self, plan: StepPlan) -> StepResult: ...
 
@@ -79,7 +80,7 @@ class SimExecutor:
         self.cost = cost
 
     @property
-    def hardware(self) -> StepCost:
+    def utilization_basis(self) -> StepCost:
         return self.cost
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -102,7 +103,7 @@ class RunResult:
     preemptions: int
     wall_s: float
     fast_steps: int = 0
-    hardware: Hardware | None = None  # the executor's (Executor.hardware)
+    utilization_basis: Hardware | None = None  # the executor's (Executor.utilization_basis)
 
     @property
     def num_steps(self) -> int:
@@ -173,7 +174,7 @@ def run(
         preemptions=scheduler.preemptions,
         wall_s=time.perf_counter() - wall0,
         fast_steps=fast_steps,
-        hardware=executor.hardware,
+        utilization_basis=executor.utilization_basis,
     )
 
 
@@ -206,7 +207,6 @@ def _loop(
                 )
             t = nxt
             continue
-        plan.work()  # the cost inputs, fixed before the step is committed
         state = scheduler.snapshot(plan)  # during the step (for a run: its first step)
         occ = occupancy(plan) if log.record_slots else None
         t0 = t

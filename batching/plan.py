@@ -3,6 +3,7 @@ forward pass; :class:`StepWork` is the plan reduced to what a cost model needs."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .request import Request
@@ -25,12 +26,16 @@ class PrefillChunk:
         object.__setattr__(self, "completes", self.n == self.req.remaining_prefill)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepPlan:
     """One forward pass. ``decodes`` each emit one token; ``dead`` are a static batch's
     finished rows, still computed, tokens discarded; ``steady`` how many identical
     decode-only steps could run before the scheduler's state changes; ``arrival_sensitive``:
     an arrival could change it.
+
+    The plan carries its cost inputs (:meth:`work`), taken from its requests when it is
+    made: committing the step moves those requests' counters, so reading them later would
+    give the next step's. A plan is built whole and not changed afterwards.
     """
 
     prefills: list[PrefillChunk] = field(default_factory=list)
@@ -38,7 +43,10 @@ class StepPlan:
     dead: list[Request] = field(default_factory=list)
     steady: int = 1
     arrival_sensitive: bool = True
-    _work: StepWork | None = field(default=None, init=False, repr=False, compare=False)
+    _work: StepWork = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_work", StepWork.of(self))
 
     @property
     def is_decode_only(self) -> bool:
@@ -55,9 +63,8 @@ class StepPlan:
         return [c.req for c in self.prefills if c.completes] + list(self.decodes)
 
     def work(self) -> StepWork:
-        """The step's cost inputs, computed once (before the step is committed)."""
-        if self._work is None:
-            self._work = StepWork.of(self)
+        """The step's cost inputs, as they were when the plan was made (the same before and
+        after the step is committed)."""
         return self._work
 
 
@@ -82,6 +89,18 @@ class StepWork:
             p_attn += n * start + n * (n + 1) // 2
         rows = plan.decodes + plan.dead
         return StepWork(p_tok, p_attn, len(rows), sum(r.kv_tokens + 1 for r in rows))
+
+    @staticmethod
+    def fresh(prompts: Sequence[int] = (), decodes: int = 0, ctx: int = 0) -> StepWork:
+        """A step that prefills each of ``prompts`` from scratch (causal attention over
+        itself) beside ``decodes`` decode rows holding ``ctx`` KV tokens each: the steps the
+        pages price without a scheduler (a padded prefill, a decode batch at one context)."""
+        return StepWork(
+            prefill_tokens=sum(prompts),
+            prefill_attn=sum(p * (p + 1) // 2 for p in prompts),
+            decode_rows=decodes,
+            decode_ctx=decodes * ctx,
+        )
 
     @property
     def tokens(self) -> int:

@@ -1,7 +1,10 @@
-"""Results files: one JSON per run and a per-request CSV (shape in ``shared/notes/conventions.md``).
+"""Results files: one JSON per run and a per-request CSV (README, "Semantics").
 
-``meta`` holds what varies between identical runs (date, host, versions, wall time) and is
-left out of determinism checks; ``config`` holds everything needed to rerun.
+The JSON is ``{"schema", "meta", "config", "summary", "requests", "steps"}``: ``meta`` holds
+what varies between identical runs (date, host, versions, wall time) and is left out of
+determinism checks (:func:`comparable`); ``config`` holds everything needed to rerun;
+``summary`` the run's metrics (:func:`batching.metrics.summarize`); ``requests`` one record
+per request (the CSV's rows); ``steps``, optional, the per-step log.
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ read it column by column over millions of steps."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from .plan import StepPlan
+from .plan import StepPlan, StepWork
 from .request import Request
 
 
@@ -46,8 +47,8 @@ class StepRow(NamedTuple):
 
     @classmethod
     def of(cls, plan: StepPlan, state: SchedulerState, slots: int, t: float, dur: float, n: int) -> StepRow:
-        """The row of ``plan`` (its cost inputs taken before it was committed) run ``n`` times
-        from ``t`` for ``dur`` seconds, with the scheduler's ``state`` during it."""
+        """The row of ``plan`` (its cost inputs, which the plan took when it was made) run
+        ``n`` times from ``t`` for ``dur`` seconds, with the scheduler's ``state`` during it."""
         work = plan.work()
         pre = plan.prefills
         return cls(
@@ -79,6 +80,28 @@ class Accounting(Protocol):
 
 
 Occupant = tuple[int, int, str, int, int]
+
+#: What a batch row does during a step (:meth:`StepLog.timeline`), in drawing order.
+KINDS = ("prefill", "padding", "decode", "dead", "idle")
+#: An :func:`occupancy` code as the timeline's kind of row.
+_OCC_KIND = {"P": "prefill", "D": "decode", "X": "dead"}
+
+
+class Segment(NamedTuple):
+    """One stretch of one batch row doing one thing: ``kind`` is one of :data:`KINDS`,
+    ``rid`` None for idle rows, ``steps`` the engine steps spanned (a prefill split into
+    prefill and padding counts its step in both)."""
+
+    slot: int
+    rid: int | None
+    kind: str
+    t0: float
+    t1: float
+    steps: int
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
 
 
 class StepLog:
@@ -126,6 +149,55 @@ class StepLog:
         for f in (model.flops_arrays, model.bytes_arrays):
             out.append(L["n"] * (f(pt, pa, rows, first) + f(pt, pa, rows, last)) / 2)
         return out[0], out[1]
+
+    def works(self) -> list[StepWork]:
+        """Each row's first step as a cost model prices it: the prefill tokens with their
+        padding, the attention pairs, the decode and dead rows and the context they read."""
+        C = self.cols
+        return [
+            StepWork(int(p + pd), int(a), int(d + x), int(c))
+            for p, pd, a, d, x, c in zip(C["prefill"], C["pad"], C["attn"], C["decode"], C["dead"], C["ctx"])
+        ]
+
+    def timeline(self) -> list[Segment]:
+        """Per-slot timeline of a run recorded with ``record_slots=True``, sorted by slot, then
+        time. A padded prefill's step is split between its tokens and its padding in
+        proportion to their counts; a static batch's finished but computed row is ``dead``;
+        an empty slot, or any slot while the engine waits for arrivals, is ``idle``.
+        Consecutive pieces of one slot, request and kind are merged."""
+        if not self.record_slots or len(self.occupancy) != len(self):
+            raise ValueError("timeline() needs a run recorded with record_slots=True")
+        C = self.cols
+        rows: dict[int, list[Segment]] = {s: [] for s in range(int(max(C["slots"])))}
+
+        def add(slot: int, rid: int | None, kind: str, t0: float, t1: float, steps: int) -> None:
+            segs = rows.setdefault(slot, [])
+            if segs and (segs[-1].rid, segs[-1].kind) == (rid, kind) and _close(segs[-1].t1, t0):
+                segs[-1] = segs[-1]._replace(t1=t1, steps=segs[-1].steps + steps)
+            else:
+                segs.append(Segment(slot, rid, kind, t0, t1, steps))
+
+        prev_end = C["t"][0] if len(self) else 0.0
+        for i, occupants in enumerate(self.occupancy):
+            t0, n = C["t"][i], int(C["n"][i])
+            t1 = t0 + C["dur"][i]
+            if t0 > prev_end and not _close(t0, prev_end):
+                for s in rows:  # the engine waited for an arrival: every slot idle
+                    add(s, None, "idle", prev_end, t0, 0)
+            busy = set()
+            for slot, rid, k, tokens, pad in occupants:
+                busy.add(slot)
+                if k == "P" and pad:
+                    tm = t0 + C["dur"][i] * tokens / (tokens + pad)
+                    add(slot, rid, "prefill", t0, tm, n)
+                    add(slot, rid, "padding", tm, t1, n)
+                else:
+                    add(slot, rid, _OCC_KIND[k], t0, t1, n)
+            for s in range(int(C["slots"][i])):
+                if s not in busy:
+                    add(s, None, "idle", t0, t1, n)
+            prev_end = t1
+        return [seg for s in sorted(rows) for seg in rows[s]]
 
     def records(self) -> list[dict[str, Any]]:
         rows = [dict(zip(self.COLUMNS, vals)) for vals in zip(*self.cols.values())]

@@ -20,11 +20,15 @@ import os
 import statistics
 from pathlib import Path
 
+import batching.real  # noqa: F401  # before torch loads: the engine's thread and huge-page defaults
+
+# isort: split
 import torch
 
 from batching.costs.models import get_model
-from batching.real.executor import REGISTRY_DTYPE, resolve_dtype
+from batching.real.executor import resolve_dtype
 from batching.real.hardware import device_entry, machine, resolve_device
+from batching.real.kernels import dtype_name
 from batching.real.measure import StepTimer, bandwidth, matmul_peak, time_fn
 from batching.real.measure import matvec as matvec_op
 from batching.real.runner import ModelRunner
@@ -126,7 +130,7 @@ def main() -> None:
     a = p.parse_args()
     dev = resolve_device(a.device)
     dtype = resolve_dtype(None, dev)
-    shape = get_model(a.model).with_dtype(REGISTRY_DTYPE[dtype])
+    shape = get_model(a.model).with_dtype(dtype_name(dtype))
     batches = [int(x) for x in a.batches.split(",")]
     load0 = load_average()
     runner = ModelRunner.from_shape(

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from batching.book.checks import predicted_steps
 from batching.costs.devices import machine_of, same_machine
 from batching.costs.models import get_model
 from batching.costs.profile import ProfileCost
@@ -47,7 +46,7 @@ def per_step(real, cost: ProfileCost) -> dict:
     duration: the cost model's own error, free of the schedule divergence that E2E
     comparisons add (a slower step lets more arrivals join the next one)."""
     L = real.log.arrays()
-    pred = predicted_steps(real, cost)
+    pred = np.array([cost.step_time(w) for w in real.log.works()])
     err = (pred - L["dur"]) / L["dur"]
     dec = L["prefill"] == 0
     return {

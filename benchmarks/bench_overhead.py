@@ -27,6 +27,9 @@ import statistics
 import time
 from pathlib import Path
 
+import batching.real  # noqa: F401  # before torch loads: the engine's thread and huge-page defaults
+
+# isort: split
 import torch
 
 from batching.costs.models import get_model

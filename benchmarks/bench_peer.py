@@ -280,9 +280,9 @@ def worker_hf_static(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def worker_hf_continuous(spec: dict[str, Any]) -> dict[str, Any]:
-    """transformers' continuous batching with the explicit CPU configuration of the notes
-    (its defaults are ~4x slower here), one request per workload request, each with its
-    own ``max_new_tokens``."""
+    """transformers' continuous batching with an explicit CPU configuration (``--hf-*``:
+    pages of 64 tokens, 256 blocks, 512 tokens and 64 requests per batch; its defaults are
+    ~4x slower here), one request per workload request, each with its own ``max_new_tokens``."""
     torch, transformers, model, load_s = _hf_model(spec)
     from transformers import ContinuousBatchingConfig
 
@@ -487,10 +487,11 @@ def worker_env(mode: str, threads: int, omp_wait: str) -> dict[str, str]:
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
         )
-    # Every engine gets the spin count and the huge pages that `import batching` sets for
+    # Every engine gets the spin count and the huge pages that `import batching.real` sets for
     # this one, so that neither is measured under a setting the other does not have.
-    env["GOMP_SPINCOUNT"] = os.environ.get("GOMP_SPINCOUNT") or "100000"
-    env["THP_MEM_ALLOC_ENABLE"] = os.environ.get("THP_MEM_ALLOC_ENABLE") or "1"
+    from batching.real import ENV_DEFAULTS
+
+    env.update({k: os.environ.get(k) or v for k, v in ENV_DEFAULTS.items()})
     return env
 
 
@@ -612,6 +613,7 @@ def main() -> None:
 
     from batching.costs.devices import Machine
     from batching.costs.models import get_model
+    from batching.real import ENV_DEFAULTS
     from batching.real.checkpoint import save_hf_checkpoint, save_hf_tokenizer
     from batching.real.executor import device_name
     from batching.real.model import Llama, ModelConfig
@@ -785,8 +787,8 @@ def main() -> None:
         "dtypes": dtypes,
         "best_variant": best,
         "omp_wait_policy": a.omp_wait_policy,
-        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT") or "100000",
-        "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE") or "1",
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT") or ENV_DEFAULTS["GOMP_SPINCOUNT"],
+        "thp_mem_alloc": os.environ.get("THP_MEM_ALLOC_ENABLE") or ENV_DEFAULTS["THP_MEM_ALLOC_ENABLE"],
         "loadavg_before": load0,
         "loadavg_after": load_average(),
         "total_s": total_s,

@@ -5,7 +5,7 @@ divided by ``--scale-lengths``, replayed ``--time-scale`` times faster) goes thr
 
 * ``ours-continuous`` and ``ours-chunked``: ``python -m batching run`` on the seeded
   checkpoint (this engine's real torch executor; its clock is the sum of measured step
-  durations and jumps idle gaps, see ``shared/notes/conventions.md``), and
+  durations and jumps idle gaps, see README, "Semantics"), and
 * ``hf-serve``: ``transformers serve --continuous-batching --device cpu`` on the same
   checkpoint (``batching.servers.transformers_serve``), driven by ``python -m batching replay`` at the trace's
   arrival times over HTTP (wall clock; the client shares the CPU with the server), and
@@ -170,14 +170,13 @@ def prepare_vllm_checkpoint(folder: Path, model: str, seed: int) -> Path:
     """The same seeded weights as ``transformers_serve.prepare_checkpoint``'s, with the
     tokenizer whose EOS is a logit (:func:`batching.real.checkpoint.save_hf_tokenizer`)."""
     if not (folder / "model.safetensors").exists() or not (folder / "tokenizer.json").exists():
-        import torch
-
         from batching.costs.models import get_model
         from batching.real.checkpoint import save_hf_checkpoint, save_hf_tokenizer
+        from batching.real.kernels import DTYPES
         from batching.real.model import Llama, ModelConfig
 
         shape = get_model(model)
-        save_hf_checkpoint(Llama(ModelConfig.from_shape(shape), "cpu", torch.float32, seed=seed), folder)
+        save_hf_checkpoint(Llama(ModelConfig.from_shape(shape), "cpu", DTYPES["fp32"], seed=seed), folder)
         save_hf_tokenizer(folder, shape.vocab)
     return folder
 

@@ -4,10 +4,10 @@ The notebooks measure both live on the machine that builds the book (a CPU in CI
 script records them on any device so that a page can also quote a committed measurement
 from hardware the build machine does not have (an H200 lent for a few minutes):
 
-* padding (``batching.book.real_padding``): a 50-token prompt padded to a long one
+* padding (``batching.book.static.real_padding``): a 50-token prompt padded to a long one
   (2,000 tokens on a CPU, 4,000 on a GPU) under static batching against the same two packed
   under continuous batching, and each alone, one token each, medians of ``--reps`` rounds;
-* stall (``batching.book.real_stall``): a long prompt arriving among running
+* stall (``batching.book.chunked.real_stall``): a long prompt arriving among running
   decodes (8 running and 1,536 tokens on a CPU, 30 and 4,000 on a GPU), served whole in
   the decode step, in a separate step, and in chunks (128 tokens on a CPU, 512 on a GPU).
 
@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from batching.book import chunked_real, static  # noqa: E402
+from batching.book import chunked, static  # noqa: E402
 from batching.real.hardware import device_entry, resolve_device  # noqa: E402
 from batching.results import load_average, write_json  # noqa: E402
 
@@ -79,7 +79,7 @@ def main() -> int:
         a.out,
         allow_nan=True,
     )
-    st = chunked_real.real_stall(
+    st = chunked.real_stall(
         model=a.model, device=a.device, running=a.running, prompt=a.prompt, chunk=a.chunk, threads=a.threads
     )
     ex = st["executor"]

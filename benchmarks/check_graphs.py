@@ -30,6 +30,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+import batching.real  # noqa: F401  # before torch loads: the engine's thread and huge-page defaults
+
+# isort: split
 import torch
 
 from batching.costs.models import get_model

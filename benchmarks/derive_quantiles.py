@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         "--traces",
         type=Path,
         default=ROOT.parent / "shared" / "traces",
-        help="directory laid out like shared/traces, plain or .gz files, e.g. data/traces "
+        help="directory laid out like data/traces, plain or .gz files, e.g. data/traces "
         "(default: %(default)s)",
     )
     ap.add_argument("--out", type=Path, default=ROOT / "data" / "length_quantiles")

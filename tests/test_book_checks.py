@@ -8,6 +8,8 @@ import pytest
 from batching.book import (
     checks,
 )
+from batching.costs.profile import profile_measured_here
+from batching.real.session import compare_schedulers
 from batching.workloads import Workload
 
 
@@ -146,7 +148,7 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
         "static": dict(scheduler="static", slots=2),
         "continuous": dict(scheduler="continuous", slots=2),
     }
-    rs = checks.real_schedulers(w, configs, model="tiny", device="cpu", threads=1, profile=None)
+    rs = compare_schedulers(w, configs, model="tiny", device="cpu", threads=1, profile=None)
     assert "sim" not in rs and rs["model"] == "tiny"
     assert rs["cpus"] >= 1 and rs["busy"] == (rs["load"] > rs["cpus"])  # the machine, recorded
     assert (rs["real"]["static"]["steps"], rs["real"]["continuous"]["steps"]) == (40, 30)
@@ -175,12 +177,12 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
         "prefill": {"tokens": [1, 64], "ms": [10.0, 10.0]},
     }
     (tmp_path / "cpu-here-tiny.json").write_text(json.dumps(prof))
-    assert checks.profile_measured_here("tiny", here, str(tmp_path)) == str(tmp_path / "cpu-here-tiny.json")
+    assert profile_measured_here("tiny", here, str(tmp_path)) == str(tmp_path / "cpu-here-tiny.json")
     # Another CPU, or this one at other threads, is another machine: its profile is not this one's.
-    assert checks.profile_measured_here("tiny", Machine("cpu", "another CPU", 1), str(tmp_path)) is None
-    assert checks.profile_measured_here("tiny", Machine("cpu", here.name, 8), str(tmp_path)) is None
-    assert checks.profile_measured_here("cpu-s", here, str(tmp_path)) is None
-    rs = checks.real_schedulers(
+    assert profile_measured_here("tiny", Machine("cpu", "another CPU", 1), str(tmp_path)) is None
+    assert profile_measured_here("tiny", Machine("cpu", here.name, 8), str(tmp_path)) is None
+    assert profile_measured_here("cpu-s", here, str(tmp_path)) is None
+    rs = compare_schedulers(
         w, configs, model="tiny", device="cpu", threads=1, profile=str(tmp_path / "cpu-here-tiny.json")
     )
     assert {n: m["steps"] for n, m in rs["sim"].items()} == {"static": 40, "continuous": 30}

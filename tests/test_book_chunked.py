@@ -10,19 +10,20 @@ import numpy as np
 import pytest
 from helpers import H100_8B, LinearCost, _gpu_profile, _texts, reqs
 
+from batching import capacity
 from batching.book import (
     checks,
     chunked,
-    chunked_real,
     decode,
     figures,
     plots,
     profiles,
 )
 from batching.book.common import Versus
+from batching.costs.profile import GPU_PROFILE_DIR
 from batching.engine import SimExecutor, run
 from batching.schedulers import ContinuousScheduler, make_scheduler
-from batching.workloads import Workload, synthetic
+from batching.workloads import Workload, synthetic, trace_workload
 from batching.workloads.lengths import LogNormal
 
 
@@ -56,20 +57,6 @@ def test_stall_numbers_derive_the_long_step_from_the_cost_models_flops():
     assert rf["long_ms"] == pytest.approx(rf["long_tflop"] / 989.0 * 1e3 + rf["overhead_ms"], rel=1e-3)
 
 
-def test_chunk_for_itl_is_the_largest_chunk_within_the_itl_target():
-    # llama-8b on an H100, 30 decodes at 300 tokens: the decode-only step is memory-bound,
-    # 15.0 GB of weights + 1.18 GB of KV over 3.35 TB/s + 0.3 ms = 5.13 ms. Twice that leaves
-    # 10.27 - 0.3 ms of compute: at 13.96 GFLOP a token (+ the 30 rows' LM head and a little
-    # attention) about 700 tokens with the decodes, so a chunk of about 665.
-    ex = chunked.chunk_for_itl(H100_8B, 2.0, decodes=30, ctx=300, reference=[256, 4096])
-    d = chunked.chunk_step_times(H100_8B, [int(ex["chunk"]), int(ex["chunk"]) + 1], decodes=30, ctx=300)
-    assert d["decode_s"] * 1e3 == pytest.approx(5.134, abs=1e-3) and 655 <= ex["chunk"] <= 675
-    assert d["step_s"][0] <= 2 * d["decode_s"] < d["step_s"][1]
-    assert 0.9 < ex["share"] < 1
-    with pytest.raises(ValueError):
-        chunked.chunk_for_itl(H100_8B, 1.0)
-
-
 def test_spike_summary_splits_the_slow_steps_around_the_long_prompt():
     # A step costs 1 s + 1 s per token it carries; budget 8, chunks of 8. Steps 1-2 prefill
     # r0's then r1's 8-token prompt: r0, decoding from t = 9, waits 9 s for its next token
@@ -88,11 +75,11 @@ def test_spike_summary_splits_the_slow_steps_around_the_long_prompt():
     assert s["prefill_itl_p50_ms"] == 9000  # r0's ITLs over those steps: 9, 9 and 7 s
     # The measured page's row of such a run: the slow steps split 1 / 3 / 0 around the prompt.
     st = chunked.stall_summary({"chk": ("chunked", res)}, [0, 1], 2)
-    rows = chunked_real.live_stall_rows({**st, "labels": {"chk": "chunked"}})
+    rows = chunked.live_stall_rows({**st, "labels": {"chk": "chunked"}})
     assert rows == [["chunked", "9000", "3000.0", "9000", "25,000", "1 / 3 / 0"]]
     # No step inside the prefill (a short prompt on a fast device): a dash, not "nan".
     st["numbers"]["chk_prefill_itl_p50_ms"] = float("nan")
-    assert chunked_real.live_stall_rows({**st, "labels": {"chk": "chunked"}})[0][3] == "-"
+    assert chunked.live_stall_rows({**st, "labels": {"chk": "chunked"}})[0][3] == "-"
 
 
 def test_stall_verdict_removed_spread_or_not_cut():
@@ -107,14 +94,14 @@ def test_stall_verdict_removed_spread_or_not_cut():
         "chk_prefill_itl_p50_ms": 120.0,
         "chk_ttft_ms": 1463.0,
     }
-    assert chunked_real.stall_verdict(n) == "spread"
+    assert chunked.stall_verdict(n) == "spread"
     # The chunk steps are exactly 5.0x the median: removed at a factor of 5, not of 4.9.
-    assert chunked_real.stall_verdict(n, factor=5.0) == "removed"
-    assert chunked_real.stall_verdict(n, factor=4.9) == "spread"
+    assert chunked.stall_verdict(n, factor=5.0) == "removed"
+    assert chunked.stall_verdict(n, factor=4.9) == "spread"
     # Chunk steps at 1.5x the median: removed.
-    assert chunked_real.stall_verdict({**n, "chk_prefill_itl_p50_ms": 36.0}) == "removed"
+    assert chunked.stall_verdict({**n, "chk_prefill_itl_p50_ms": 36.0}) == "removed"
     # A chunked worst step no better than the whole prompt's: not cut.
-    assert chunked_real.stall_verdict({**n, "chk_itl_max_ms": 804.0}) == "not cut"
+    assert chunked.stall_verdict({**n, "chk_itl_max_ms": 804.0}) == "not cut"
 
 
 def test_real_chunk_numbers_read_the_run_against_this_builds_probed_bstar():
@@ -140,33 +127,34 @@ def test_real_chunk_numbers_read_the_run_against_this_builds_probed_bstar():
         "read_gbs": 33.0,
         "peak_tflops": 0.1,
     }
-    assert decode.live_numbers(sweep)["bstar"] == pytest.approx(10.0)
+    bstar = decode.live_numbers(sweep)["bstar"]
+    assert bstar == pytest.approx(10.0)
     rs = {"executor": {"hardware": "cpu-here", "machine": epyc}, "chunk": 128}
-    r = chunked_real.real_chunk_numbers(sweep, rs)
+    r = chunked.real_chunk_numbers(sweep, rs, bstar)
     assert r == {
         "bstar": pytest.approx(10.0),
         "chunk_over_bstar": pytest.approx(12.8),
         "above_bstar": True,
         "same_machine": True,
     }
-    small = chunked_real.real_chunk_numbers(sweep, {**rs, "chunk": 8})
+    small = chunked.real_chunk_numbers(sweep, {**rs, "chunk": 8}, bstar)
     assert not small["above_bstar"]
     xeon = {"kind": "cpu", "name": "Intel Xeon", "threads": 2}
-    assert not chunked_real.real_chunk_numbers(sweep, {**rs, "executor": {"machine": xeon}})["same_machine"]
+    assert not chunked.real_chunk_numbers(sweep, {**rs, "executor": {"machine": xeon}}, bstar)["same_machine"]
     # B* depends on the dtype: the sweep in the run's dtype is the one to read (torch's name or
     # the registry's), the first where none matches.
     bf16 = {**sweep, "meta": {**sweep["meta"], "dtype": "bf16"}}
     run32 = {**rs, "executor": {**rs["executor"], "dtype": "float32"}}
-    assert chunked_real.sweep_in_run_dtype([bf16, sweep], run32) is sweep
-    assert chunked_real.sweep_in_run_dtype([sweep, bf16], {**rs, "executor": {"dtype": "bfloat16"}}) is bf16
-    assert chunked_real.sweep_in_run_dtype([bf16], run32) is bf16
+    assert chunked.sweep_in_run_dtype([bf16, sweep], run32) is sweep
+    assert chunked.sweep_in_run_dtype([sweep, bf16], {**rs, "executor": {"dtype": "bfloat16"}}) is bf16
+    assert chunked.sweep_in_run_dtype([bf16], run32) is bf16
     # 80% first at 256 tokens = 20 x B*, 8x the decode-only step; nothing reaches 95%.
-    assert chunked_real.chunk_efficiency(curve) == {
+    assert chunked.chunk_efficiency(curve) == {
         "chunk": 256.0,
         "times_bstar": 20.0,
         "over_decode": 8.0,
     }
-    assert chunked_real.chunk_efficiency(curve, share=0.95) is None
+    assert chunked.chunk_efficiency(curve, share=0.95) is None
 
 
 def test_stall_rows_by_hand():
@@ -264,7 +252,7 @@ def test_chunk_tradeoff_figure_separates_loads_and_keeps_labels_apart():
 def test_real_stall_serves_the_long_prompt_whole_or_in_chunks_on_the_model():
     pytest.importorskip("torch")
     # The newcomer is placed by step count: the same steps on any machine, busy or not.
-    st = chunked_real.real_stall(
+    st = chunked.real_stall(
         model="tiny",
         device="cpu",
         running=3,
@@ -289,7 +277,7 @@ def test_real_stall_serves_the_long_prompt_whole_or_in_chunks_on_the_model():
         assert L["t"][1:] == pytest.approx(list(np.cumsum(L["dur"])[:-1])) and min(L["dur"]) > 0
         newcomer = next(r for r in res.requests if r.rid == 3)
         assert newcomer.arrival == pytest.approx(sum(L["dur"][:17])), tag  # after the 17th step
-        assert chunked_real.stall_overlaps(res, range(3), 3), tag
+        assert chunked.stall_overlaps(res, range(3), 3), tag
         # The figure's times count from this run's own arrival, which differs between runs.
         label = st["labels"][tag]
         ts = st["series"][label]["t"]
@@ -326,7 +314,7 @@ def test_real_stall_serves_the_long_prompt_whole_or_in_chunks_on_the_model():
         )
     assert set(st["series"]) == set(st["labels"].values()) and st["executor"]["model"] == "tiny"
     with pytest.raises(ValueError, match="chunk=0"):
-        chunked_real.real_stall(model="tiny", device="cpu", running=3, prompt=100, chunk=0)
+        chunked.real_stall(model="tiny", device="cpu", running=3, prompt=100, chunk=0)
 
 
 def _stall_doc(device: str, device_name: str, model: str, mix_ms: float, chk_ms: float) -> dict:
@@ -369,7 +357,7 @@ def test_committed_real_runs_are_read_cpu_first_and_tabulated(tmp_path):
     res = tmp_path / "benchmarks" / "results"
     res.mkdir(parents=True)
     assert checks.committed_real_runs(str(tmp_path)) == []
-    assert chunked_real.committed_stall_rows([]) == []
+    assert chunked.committed_stall_rows([]) == []
     (res / "stall-h200-llama-1b.json").write_text(
         json.dumps(_stall_doc("H200-SXM", "NVIDIA H200", "llama-1b", 36.0, 6.0))
     )
@@ -389,7 +377,7 @@ def test_committed_real_runs_are_read_cpu_first_and_tabulated(tmp_path):
     on_xeon = checks.committed_real_runs(str(tmp_path), here={"device": "cpu", "device_name": "Intel Xeon"})
     assert not any(d["same_machine"] for d in on_xeon) and not checks.any_gpu(on_xeon[:1])
     # The median ITL is the unchunked run's own: worst 36 ms at a stall of 36 / 5 = 7.2x.
-    assert chunked_real.committed_stall_rows(docs)[1] == [
+    assert chunked.committed_stall_rows(docs)[1] == [
         "llama-1b bf16, NVIDIA H200",
         "2026-12-01",
         "30 x 4,000, 512",
@@ -397,8 +385,8 @@ def test_committed_real_runs_are_read_cpu_first_and_tabulated(tmp_path):
         "36 / 6",
         "36 / 41",
     ]
-    rows = chunked_real.committed_stall_rows(docs)
-    assert len(rows) == 2 and all(len(r) == len(chunked_real.COMMITTED_STALL_HEADER) for r in rows)
+    rows = chunked.committed_stall_rows(docs)
+    assert len(rows) == 2 and all(len(r) == len(chunked.COMMITTED_STALL_HEADER) for r in rows)
     bad = _stall_doc("cpu-here", "AMD EPYC", "cpu-s", 1.0, 1.0)
     del bad["stall"]
     (res / "stall-cpu-here-bad.json").write_text(json.dumps(bad))
@@ -421,7 +409,7 @@ def test_profile_chunk_steps_reads_the_measured_mixed_steps_as_they_are(tmp_path
     no_mixed = _gpu_profile()
     no_mixed["meta"]["model"] = "llama-1b"
     (tmp_path / "h200-llama-1b.json").write_text(json.dumps(no_mixed))
-    curves = chunked_real.profile_chunk_steps(profiles.load_profiles(tmp_path), decodes=8)
+    curves = chunked.profile_chunk_steps(profiles.load_profiles(tmp_path), decodes=8)
     assert len(curves) == 1  # the profile without mixed steps is left out
     c = curves[0]
     assert c["chunk"].tolist() == [64, 256, 1024] and c["decodes"] == 8
@@ -432,13 +420,13 @@ def test_profile_chunk_steps_reads_the_measured_mixed_steps_as_they_are(tmp_path
     assert c["bstar"] == pytest.approx(700e12 * 2 / (2 * 4200e9))
     assert c["short"] == "llama-8b bf16 on NVIDIA H200"
     # 256 tokens reach 0.5 of the best: 80% first at 1024 = 6.1 x B* (1024 / 166.7), 3.9x decode-only.
-    e = chunked_real.chunk_efficiency(c)
+    e = chunked.chunk_efficiency(c)
     assert (
         e["chunk"] == 1024
         and e["times_bstar"] == pytest.approx(6.144)
         and e["over_decode"] == pytest.approx(16 / 4.1)
     )
-    assert chunked_real.profile_chunk_steps(profiles.load_profiles(tmp_path), decodes=16) == []
+    assert chunked.profile_chunk_steps(profiles.load_profiles(tmp_path), decodes=16) == []
     for cs in (curves, []):
         fig = figures.chunked.chunk_profile_figure(cs)
         png, _ = plots.save(fig, "chunk-profile", tmp_path)
@@ -516,22 +504,6 @@ def _load(ttft: list[float], itl: list[float], none_ttft: float, none_itl: float
     }
 
 
-def test_no_chunks_at_the_far_end_of_the_curve():
-    # Worst ITL (0.15 s against at most 0.04) and the best TTFT (0.7 s against at least 0.8).
-    p = chunked.nochunk_place({1.0: _load([3.0, 1.0, 0.8], [0.01, 0.02, 0.04], 0.7, 0.15)})
-    assert p["off_curve_loads"] == []
-
-
-def test_no_chunks_off_the_curve_where_chunks_beat_its_ttft_too():
-    sweep = {
-        1.0: _load([3.0, 1.0, 0.8], [0.01, 0.02, 0.04], 0.9, 0.15),  # only 2,048 beats 0.9 s
-        2.0: _load([6.0, 3.5, 3.6], [0.01, 0.02, 0.04], 3.9, 0.03),  # not the worst ITL here
-        4.0: _load([9.0, 7.4, 7.2], [0.01, 0.02, 0.04], 7.8, 0.20),
-    }
-    p = chunked.nochunk_place(sweep)
-    assert p["off_curve_loads"] == [1.0, 2.0, 4.0]
-
-
 def test_tradeoff_rows_by_hand():
     sweep = {
         1.0: {
@@ -596,13 +568,13 @@ def test_capacity_ratio_is_chunked_at_budget_512_over_separate_prefill():
 
 
 def test_strict_slo_of_a_roofline_and_of_vidurs_measured_a100():
-    from batching.book import capacity, gpu
+    from batching.book import gpu
     from batching.costs import get_cost_model
 
     assert chunked.strict_slo_ms(H100_8B) == pytest.approx(capacity.slos(H100_8B)["strict_ms"], rel=1e-12)
     # The A100 profile: 32 decodes at 4,096 tokens take 23.9 ms (linear layers measured, KV
     # at the measured batch-1 bandwidth), so the strict SLO is 5 x that = 119 ms.
-    a100 = get_cost_model("llama-8b", "a100", profile=str(gpu.GPU_PROFILE_DIR / gpu.BOOK_PROFILES["a100"]))
+    a100 = get_cost_model("llama-8b", "a100", profile=str(GPU_PROFILE_DIR / gpu.BOOK_PROFILES["a100"]))
     assert chunked.strict_slo_ms(a100) == pytest.approx(119.4, abs=0.1)
 
 
@@ -640,11 +612,11 @@ def test_chunked_prefill_more_than_doubles_separate_prefills_capacity_on_the_mea
     """7.3's measured-GPU capacity, on the smoke slice (300 conversations): chunked prefill at
     budget 512 sustains over twice separate prefill's rate at the A100's strict SLO (the full
     page: 2.2x measured, 3.0x on the H100 roofline, 2.6x published)."""
-    from batching.book import common, gpu
+    from batching.book import gpu
     from batching.costs import get_cost_model
 
-    a100 = get_cost_model("llama-8b", "a100", profile=str(gpu.GPU_PROFILE_DIR / gpu.BOOK_PROFILES["a100"]))
-    conv = common.trace_workload("azure-conv", limit=300, max_context=a100.model.max_context)
+    a100 = get_cost_model("llama-8b", "a100", profile=str(GPU_PROFILE_DIR / gpu.BOOK_PROFILES["a100"]))
+    conv = trace_workload("azure-conv", limit=300, max_context=a100.model.max_context)
     r = chunked.ratio_capacity(conv, a100, iters=3)
     assert r["strict_ms"] == pytest.approx(119.4, abs=0.1)
     assert r["sep_strict_itl_ms"] <= r["strict_ms"] and r["b512_strict_itl_ms"] <= r["strict_ms"]
@@ -654,20 +626,20 @@ def test_chunked_prefill_more_than_doubles_separate_prefills_capacity_on_the_mea
 # ------------------------------------------------ the newcomer's TTFT, matching, and past the chunk
 def test_newcomer_ttft_rises_stays_or_falls_within_the_tolerance():
     # The committed cpu-s run: 808 ms whole, 1,463 ms chunked, 81% later.
-    t = chunked_real.newcomer_ttft({"mix_ttft_ms": 808.0, "chk_ttft_ms": 1463.0})
+    t = chunked.newcomer_ttft({"mix_ttft_ms": 808.0, "chk_ttft_ms": 1463.0})
     assert (t["whole_ms"], t["chunked_ms"]) == (808.0, 1463.0)
     assert t["change"] == pytest.approx(655 / 808) and t["verdict"] is Versus.MORE
     # 436 -> 650 ms (+49%): later; under 10% is noise, 11% is not.
-    assert chunked_real.newcomer_ttft({"mix_ttft_ms": 436.0, "chk_ttft_ms": 650.0})["verdict"] is Versus.MORE
-    assert chunked_real.newcomer_ttft({"mix_ttft_ms": 400.0, "chk_ttft_ms": 439.0})["verdict"] is Versus.SAME
-    assert chunked_real.newcomer_ttft({"mix_ttft_ms": 400.0, "chk_ttft_ms": 444.0})["verdict"] is Versus.MORE
-    assert chunked_real.newcomer_ttft({"mix_ttft_ms": 400.0, "chk_ttft_ms": 300.0})["verdict"] is Versus.LESS
+    assert chunked.newcomer_ttft({"mix_ttft_ms": 436.0, "chk_ttft_ms": 650.0})["verdict"] is Versus.MORE
+    assert chunked.newcomer_ttft({"mix_ttft_ms": 400.0, "chk_ttft_ms": 439.0})["verdict"] is Versus.SAME
+    assert chunked.newcomer_ttft({"mix_ttft_ms": 400.0, "chk_ttft_ms": 444.0})["verdict"] is Versus.MORE
+    assert chunked.newcomer_ttft({"mix_ttft_ms": 400.0, "chk_ttft_ms": 300.0})["verdict"] is Versus.LESS
     # The roofline's 65 -> 67 ms is the same within the measured tolerance, not within 1%.
     n = {"mix_ttft_ms": 65.0, "chk_ttft_ms": 67.0}
-    assert chunked_real.newcomer_ttft(n)["verdict"] is Versus.SAME
-    assert chunked_real.newcomer_ttft(n, tol=0.01)["verdict"] is Versus.MORE
+    assert chunked.newcomer_ttft(n)["verdict"] is Versus.SAME
+    assert chunked.newcomer_ttft(n, tol=0.01)["verdict"] is Versus.MORE
     with pytest.raises(ValueError):
-        chunked_real.newcomer_ttft({"mix_ttft_ms": 0.0, "chk_ttft_ms": 1.0})
+        chunked.newcomer_ttft({"mix_ttft_ms": 0.0, "chk_ttft_ms": 1.0})
 
 
 def test_nochunk_verdict_matches_within_5_percent_and_beats_beyond():

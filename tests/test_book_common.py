@@ -17,6 +17,8 @@ from batching.book import (
     static,
 )
 from batching.book import kv as kvbook
+from batching.simulate import offered_rate, simulate
+from batching.steplog import KINDS
 from batching.workloads import preset
 
 
@@ -57,19 +59,17 @@ def test_a_file_is_this_machines_only_when_its_machine_matches_the_live_runs():
 
 
 def test_phase_colours_are_distinct_and_cover_every_kind():
-    assert set(plots.PHASE_COLORS) == set(common.KINDS)
-    assert len(set(plots.PHASE_COLORS.values())) == len(common.KINDS)
+    assert set(plots.PHASE_COLORS) == set(KINDS)
+    assert len(set(plots.PHASE_COLORS.values())) == len(KINDS)
 
 
 # ---------------------------------------------------------------------------- plots
 def test_every_figure_draws_and_saves(tmp_path):
     plots.style()
     w = small_trace(60, rate=4.0)
-    ff = common.simulate(
-        preset("first-finisher"), H100_8B, "static", slots=32, kv_tokens=None, record_slots=True
-    )
+    ff = simulate(preset("first-finisher"), H100_8B, "static", slots=32, kv_tokens=None, record_slots=True)
     cfg = {
-        "static": {"scheduler": "static", "slots": 8, "timeout": 1.0},
+        "static": {"scheduler": "static", "slots": 8, "max_wait": 1.0},
         "continuous": {"scheduler": "continuous", "slots": 8},
     }
     sw = continuous.rate_sweep(w, H100_8B, cfg, [0.5, 2.0])
@@ -82,12 +82,10 @@ def test_every_figure_draws_and_saves(tmp_path):
     rt = chunked.chunk_step_times(H100_8B, [64, 512])
     figs = {
         "padding": figures.static.padding_figure(static.padding_cost(H100_8B)),
-        "timeline": figures.static.timeline_figure(
-            [("static", static.timeline(ff))], marks=[[(0.1, "mark")]]
-        ),
+        "timeline": figures.static.timeline_figure([("static", ff.log.timeline())], marks=[[(0.1, "mark")]]),
         "batch": figures.static.batch_sweep_figure(static.static_batch_sweep(w, H100_8B, [1, 4])),
         "wait": figures.static.wait_figure(static.wait_sweep(w, H100_8B, [0, 1], slots=4), ceiling=0.4),
-        "utilization": figures.continuous.utilization_load_figure(sw, trace_rate=common.offered_rate(w)),
+        "utilization": figures.continuous.utilization_load_figure(sw, trace_rate=offered_rate(w)),
         "real": figures.continuous.real_schedulers_figure(
             {
                 "real": {n: {"slot_util": 0.5, "e2e_p99": 2.0, "throughput_tok": 90.0} for n in cfg},

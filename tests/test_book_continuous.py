@@ -14,8 +14,12 @@ from batching.book import (
 )
 from batching.book.common import Claim
 from batching.costs import get_cost_model
+from batching.costs.profile import GPU_PROFILE_DIR
 from batching.engine import run
+from batching.metrics import iterations, run_metrics, useful_flops
+from batching.plan import StepWork
 from batching.schedulers import ContinuousScheduler
+from batching.simulate import offered_rate, simulate
 from batching.workloads import Workload
 
 
@@ -23,12 +27,12 @@ from batching.workloads import Workload
 def test_rate_sweep_continuous_utilization_grows_with_load_and_computes_nothing_twice():
     w = small_trace(150, rate=2.0)
     cfg = {
-        "static": {"scheduler": "static", "slots": 16, "timeout": 1.0},
+        "static": {"scheduler": "static", "slots": 16, "max_wait": 1.0},
         "continuous": {"scheduler": "continuous", "slots": 16},
     }
     sw = continuous.rate_sweep(w, H100_8B, cfg, [0.25, 1.0, 4.0, 16.0])
     c, s = sw["continuous"], sw["static"]
-    np.testing.assert_allclose(c["offered_rate"], common.offered_rate(w) * np.array([0.25, 1.0, 4.0, 16.0]))
+    np.testing.assert_allclose(c["offered_rate"], offered_rate(w) * np.array([0.25, 1.0, 4.0, 16.0]))
     assert c["stable"].dtype == bool and c["stable"][0]
     assert np.all(np.diff(c["slot_util"]) > -0.01) and c["slot_util"][-1] > 3 * c["slot_util"][0]
     # Continuous batching (mixed prefill, no preemption) performs exactly the useful FLOPs.
@@ -41,14 +45,14 @@ def test_rate_sweep_continuous_utilization_grows_with_load_and_computes_nothing_
 def test_iterations_equal_output_length_from_admission():
     w, probes = continuous.with_probes(small_trace(100, rate=3.0), every=5, output=20)
     assert len(probes) == 20 and all(w.output_lens[i] == 20 for i in range(0, 100, 5))
-    for sched, opts in (("continuous", {}), ("static", {"timeout": 0.5})):
-        res = common.simulate(w, H100_8B, sched, slots=16, **opts)
-        it = continuous.iterations(res)
+    for sched, opts in (("continuous", {}), ("static", {"max_wait": 0.5})):
+        res = simulate(w, H100_8B, sched, slots=16, **opts)
+        it = iterations(res)
         np.testing.assert_array_equal(it["from_admission"], it["output_len"])
         assert np.all(it["from_arrival"] >= it["from_admission"])
     # Chunked prefill spends ceil(prompt / chunk) steps on the prompt, the last emitting token 1.
-    res = common.simulate(w, H100_8B, "chunked", slots=16, token_budget=64 + 16, chunk_size=64)
-    it = continuous.iterations(res)
+    res = simulate(w, H100_8B, "chunked", slots=16, token_budget=64 + 16, chunk_size=64)
+    it = iterations(res)
     assert np.all(it["from_admission"] >= it["output_len"])
 
 
@@ -56,7 +60,7 @@ def test_iterations_from_arrival_by_hand():
     # Unit steps. A (arrives 0) runs alone; B arrives at 0.5 during step 1 and gets the free
     # slot at t=1: it lives through steps 2..3 plus the one in progress when it arrived.
     res = run(reqs((0, 4, 3), (0.5, 4, 2)), ContinuousScheduler(2, 64), UNIT)
-    it = continuous.iterations(res)
+    it = iterations(res)
     assert it["from_admission"].tolist() == [3, 2]
     assert it["from_arrival"].tolist() == [3, 3]  # step 1 was running when B arrived
     assert it["service"].tolist() == [3.0, 2.0]
@@ -66,8 +70,8 @@ def test_first_finisher_queue_static_makes_the_queue_wait_for_the_long_request()
     ffq = continuous.first_finisher_queue(extra=8, gap=0.05)
     assert len(ffq) == 40 and ffq.output_lens[0] == 2000
     extra = list(range(32, 40))
-    st = continuous.subset_latency(common.simulate(ffq, H100_8B, "static", slots=32, timeout=1.0), extra)
-    co = continuous.subset_latency(common.simulate(ffq, H100_8B, "continuous", slots=32), extra)
+    st = continuous.subset_latency(simulate(ffq, H100_8B, "static", slots=32, max_wait=1.0), extra)
+    co = continuous.subset_latency(simulate(ffq, H100_8B, "continuous", slots=32), extra)
     step = H100_8B.decode_step(1, 128)  # the cheapest decode step
     assert st["e2e_mean"] > 1900 * step  # waited for the 2,000-token request
     # ...while continuous batching admits each one within the step in progress (at worst the
@@ -107,16 +111,14 @@ def test_decode_compute_counts_the_decode_rows_flops_alone_by_hand():
     # One request, a 4-token prompt and 3 output tokens, under continuous batching: one prefill
     # step (4 tokens, 4 x 5 / 2 = 10 attention pairs) then 2 decode steps at 5 and 6 tokens of
     # context (11 in all). decode_compute is the decode part's FLOPs over busy time at peak.
-    res = common.simulate(reqs((0.0, 4, 3)), H100_8B, "continuous", slots=1)
-    m = common.metrics(res)
+    res = simulate(reqs((0.0, 4, 3)), H100_8B, "continuous", slots=1)
+    m = run_metrics(res)
     model, per_s = H100_8B.model, m["busy_s"] * H100_8B.peak_flops
     assert m["decode_compute"] * per_s == pytest.approx(model.flops_arrays(0.0, 0.0, 2.0, 11.0), rel=1e-12)
     assert m["hw_compute"] * per_s == pytest.approx(model.flops_arrays(4.0, 10.0, 2.0, 11.0), rel=1e-12)
     # Static batching's dead row is decode work too: a 1-token request beside the same one
     # sits dead for both decode steps (its context, 4 + 1 tokens, read each time).
-    st = common.metrics(
-        common.simulate(reqs((0.0, 4, 3), (0.0, 4, 1)), H100_8B, "static", slots=2, timeout=0.0)
-    )
+    st = run_metrics(simulate(reqs((0.0, 4, 3), (0.0, 4, 1)), H100_8B, "static", slots=2, max_wait=0.0))
     per_s = st["busy_s"] * H100_8B.peak_flops
     assert st["decode_compute"] * per_s == pytest.approx(
         model.flops_arrays(0.0, 0.0, 4.0, 11.0 + 2 * 5.0), rel=1e-12
@@ -203,7 +205,7 @@ def test_p99_at_never_quotes_an_unstable_runs_percentiles():
     w = small_trace(200, rate=50.0)
     big = get_cost_model("llama-70b", "h200", tp=2)
     cfg = {
-        "static": {"scheduler": "static", "slots": 32, "timeout": 2.0},
+        "static": {"scheduler": "static", "slots": 32, "max_wait": 2.0},
         "continuous": {"scheduler": "continuous", "slots": 256, "kv_policy": "exact"},
     }
     p = continuous.p99_at(w, big, cfg, 1.0)
@@ -211,7 +213,7 @@ def test_p99_at_never_quotes_an_unstable_runs_percentiles():
         not p["static"]["stable"] and np.isnan(p["static"]["e2e_p99"]) and p["static"]["throughput_req"] > 0
     )
     assert p["continuous"]["stable"] and np.isfinite(p["continuous"]["e2e_p99"])
-    assert p["static"]["offered_rate"] == pytest.approx(common.offered_rate(w))
+    assert p["static"]["offered_rate"] == pytest.approx(offered_rate(w))
 
 
 def test_utilization_at_capacity_wider_batches_use_more_of_the_device():
@@ -230,7 +232,7 @@ def test_utilization_at_capacity_wider_batches_use_more_of_the_device():
     model = H100_8B.model
     p, n = w.prompt_lens.astype(float), w.output_lens.astype(float)
     decode = model.flops_arrays(0.0, 0.0, (n - 1).sum(), ((n - 1) * p + n * (n - 1) / 2).sum())
-    total = common.useful_flops(w.fresh(), model)
+    total = useful_flops(w.fresh(), model)
     assert narrow["prefill_share"] == pytest.approx(1 - decode / total, rel=1e-9)
     assert narrow["decode_compute"] == pytest.approx((1 - narrow["prefill_share"]) * narrow["hw_compute"])
 
@@ -239,18 +241,15 @@ def test_a_70b_on_two_h100s_holds_too_few_requests_for_the_claim():
     """Vidur's measured TP-2 profile of Llama-2-70B: two 80 GB H100s keep 18,453 KV tokens
     beside the weights, 13 requests of 1,400 tokens. With fewer than 32 fitting, 32 and 256
     slots run the same steps, and no more than 13 of 32 slots can be busy: under 60%."""
-    from batching.book import gpu
 
     tp2 = get_cost_model(
-        "llama-2-70b", "h100", tp=2, profile=str(gpu.GPU_PROFILE_DIR / "h100-llama-2-70b-tp2.json")
+        "llama-2-70b", "h100", tp=2, profile=str(GPU_PROFILE_DIR / "h100-llama-2-70b-tp2.json")
     )
     w = Workload.from_arrays(np.arange(40) * 0.5, [1000] * 40, [400] * 40)
     cfg = {"scheduler": "continuous", "prefill_mode": "mixed", "kv_policy": "exact"}
     case = continuous.utilization_case(w, tp2, {**cfg, "slots": 32}, {**cfg, "slots": 256}, iters=2)
     assert case["kv_exact"] == 18453 // 1400 == 13 and case["kv_limited"]
-    assert case["relaxed_ms"] == pytest.approx(
-        25 * tp2.step_time(common.step_work(decodes=32, ctx=4096)) * 1e3
-    )
+    assert case["relaxed_ms"] == pytest.approx(25 * tp2.step_time(StepWork.fresh(decodes=32, ctx=4096)) * 1e3)
     n, wd = case["narrow"], case["wide"]
     # The same steps: the same rate and FLOPs; only slot utilization's denominator differs.
     assert {k: v for k, v in n.items() if k != "slot_util"} == {
@@ -267,7 +266,7 @@ def test_trace_slices_need_no_dense_capping():
     w = Workload.from_arrays([0, 0], [50, 8000], [1000, 100])
     capped, n = w.cap_to_context(8192, mode="cap")  # what common.trace_workload does
     assert n == 0 and capped.info["capped"]["n_capped"] == 0
-    res = common.simulate(capped, H100_8B, "static", slots=2, kv_tokens=None)
+    res = simulate(capped, H100_8B, "static", slots=2, kv_tokens=None)
     assert all(r.done for r in res.requests)
     assert res.requests[1].admit_time > res.requests[0].admit_time
 
@@ -329,13 +328,13 @@ def test_a_static_run_that_falls_behind_is_marked_unstable_and_not_compared():
     """The same stability rule as the capacity search (capacity.queue_growth), applied to the
     runs the live check compares: a static batcher offered four times what it serves falls
     behind for the whole replay; continuous batching keeps up; no p99 ratio is taken."""
-    from batching.book.capacity import queue_growth
+    from batching.capacity import queue_growth
 
     w = small_trace(200, rate=50.0)
     big = get_cost_model("llama-70b", "h200", tp=2)
-    st = common.simulate(w, big, "static", slots=32, timeout=2.0)
-    co = common.simulate(w, big, "continuous", slots=256, kv_policy="exact")
-    ms, mc = ({**common.metrics(r), "stable": 1.0 - queue_growth(r)["growing"]} for r in (st, co))
+    st = simulate(w, big, "static", slots=32, max_wait=2.0)
+    co = simulate(w, big, "continuous", slots=256, kv_policy="exact")
+    ms, mc = ({**run_metrics(r), "stable": 1.0 - queue_growth(r)["growing"]} for r in (st, co))
     assert ms["stable"] == 0.0 and mc["stable"] == 1.0
     t = continuous.real_tail(ms, mc, w)
     assert t["tail"] is continuous.Tail.STATIC_UNSTABLE and t["claim"] is Claim.HOLDS
@@ -357,7 +356,7 @@ def test_the_first_finisher_queue_waits_at_least_the_bound_from_arrival():
     is at least the bound counted from the same origin, and below the bound from t = 0."""
     ffq = continuous.first_finisher_queue(extra=16, gap=0.05)
     extra = list(range(32, 48))
-    st = continuous.subset_latency(common.simulate(ffq, H100_8B, "static", slots=32, timeout=2.0), extra)
+    st = continuous.subset_latency(simulate(ffq, H100_8B, "static", slots=32, max_wait=2.0), extra)
     b = continuous.queue_wait_bound(ffq, extra, 2000 * H100_8B.decode_step(1, 1128))
     assert b["from_arrival"] <= st["e2e_mean"]
     assert b["from_arrival"] == pytest.approx(b["from_start"] - b["mean_arrival"])
@@ -370,8 +369,8 @@ def test_step_gap_explains_the_first_finishers_small_saving():
     from batching.workloads import preset
 
     ff = preset("first-finisher")
-    st = common.simulate(ff, H100_8B, "static", slots=32, timeout=2.0)
-    co = common.simulate(ff, H100_8B, "continuous", slots=32)
+    st = simulate(ff, H100_8B, "static", slots=32, max_wait=2.0)
+    co = simulate(ff, H100_8B, "continuous", slots=32)
     g = continuous.step_gap(st, co)
     assert 0 < g["gap"] < 0.10 and g["cont_step_ms"] < g["static_step_ms"]
     assert g["gap"] == pytest.approx(1 - g["cont_step_ms"] / g["static_step_ms"], rel=1e-6)

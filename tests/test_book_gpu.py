@@ -9,18 +9,19 @@ import pytest
 
 from batching.book import gpu
 from batching.book.common import Claim
+from batching.costs.knee import first_reaching
 
 
 def test_first_reaching_is_the_first_batch_at_or_above_the_factor():
     b = [1, 2, 4, 8, 16]
     t = [10.0, 11.0, 12.5, 12.0, 30.0]
-    assert gpu.first_reaching(b, t, 1.25) == 4  # 12.5 reaches it; the dip after does not count
-    assert gpu.first_reaching(b, t, 2.0) == 16
-    assert gpu.first_reaching(b, t, 5.0) is None
+    assert first_reaching(b, t, 1.25) == 4  # 12.5 reaches it; the dip after does not count
+    assert first_reaching(b, t, 2.0) == 16
+    assert first_reaching(b, t, 5.0) is None
     with pytest.raises(ValueError):
-        gpu.first_reaching(b, t, 0.5)
+        first_reaching(b, t, 0.5)
     with pytest.raises(ValueError):
-        gpu.first_reaching(b, t[:3], 2.0)
+        first_reaching(b, t[:3], 2.0)
 
 
 def test_h100_llama_2_7b_linear_layers_against_batch():

@@ -13,7 +13,8 @@ from helpers import H100_8B, small_trace
 
 from batching.book import checks, common
 from batching.book import kv as kvbook
-from batching.workloads import Workload, synthetic
+from batching.real.session import DEFAULT_MODELS, default_model
+from batching.workloads import Workload, synthetic, trace_workload
 from batching.workloads.lengths import LogNormal
 
 
@@ -102,7 +103,7 @@ def test_reserved_verdict_by_hand():
 
 def test_both_verdicts_hold_on_the_pages_setup():
     # The KV page's roofline H100 and the first 300 requests of its trace at 4x their rate.
-    w = common.trace_workload("azure-conv", limit=300, max_context=H100_8B.model.max_context)
+    w = trace_workload("azure-conv", limit=300, max_context=H100_8B.model.max_context)
     fit = kvbook.kv_fit(H100_8B, w)
     assert fit["slab"] == 52 and fit["slab_over_bstar"] < 0.2 and fit["exact_over_bstar"] > 1
     assert kvbook.fit_verdict(fit) == common.Claim.HOLDS
@@ -184,7 +185,7 @@ def test_kv_runs_peak_share_is_the_reserved_peak_over_the_capacity():
 
 def test_real_kv_configs_spend_one_budget_three_ways():
     c = kvbook.real_kv_configs(8192, 2048, slots=32)
-    assert c["static"] == {"scheduler": "static", "slots": 4, "timeout": 1.0, "kv_capacity": 8192}
+    assert c["static"] == {"scheduler": "static", "slots": 4, "max_wait": 1.0, "kv_capacity": 8192}
     assert c["continuous, slab"] == {
         "scheduler": "continuous",
         "slots": 32,
@@ -198,8 +199,8 @@ def test_real_kv_configs_spend_one_budget_three_ways():
 
 
 def test_real_model_is_the_named_one_or_the_devices_default():
-    assert checks.real_model("tiny", "cpu") == "tiny"
-    assert checks.real_model(None, "cpu") == checks.REAL_MODELS["cpu"] == "cpu-s"
+    assert default_model("tiny", "cpu") == "tiny"
+    assert default_model(None, "cpu") == DEFAULT_MODELS["cpu"] == "cpu-s"
 
 
 def test_real_kv_on_the_tiny_model_by_hand():

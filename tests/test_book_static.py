@@ -13,9 +13,11 @@ from helpers import H100_8B, UNIT, _texts, reqs, small_trace
 from batching.book import common, figures, plots, static
 from batching.engine import run
 from batching.schedulers import ContinuousScheduler, StaticScheduler
+from batching.simulate import simulate
+from batching.steplog import Segment
 from batching.workloads import Workload, preset
 
-Seg = static.Segment
+Seg = Segment
 
 
 # ------------------------------------------------------------------------- timelines
@@ -24,7 +26,7 @@ def test_timeline_of_a_hand_made_static_run_has_exactly_the_expected_cells():
     # costs 1 s. Step 1 prefills both (A padded by 2) and finishes B; steps 2-3 decode A
     # while B's row is dead. The fast path logs steps 2-3 as one row.
     res = run(reqs((0, 2, 3), (0, 4, 1)), StaticScheduler(2, 64), UNIT, record_slots=True)
-    assert static.timeline(res) == [
+    assert res.log.timeline() == [
         Seg(0, 0, "prefill", 0.0, 0.5, 1),
         Seg(0, 0, "padding", 0.5, 1.0, 1),
         Seg(0, 0, "decode", 1.0, 3.0, 2),
@@ -36,7 +38,7 @@ def test_timeline_of_a_hand_made_static_run_has_exactly_the_expected_cells():
 def test_timeline_shows_idle_rows_and_idle_gaps_under_continuous_batching():
     # One slot free from t=2 until B arrives at t=4: slot 1 idle after A, both idle in the gap.
     res = run(reqs((0, 4, 2), (0, 4, 1), (4, 4, 1)), ContinuousScheduler(2, 64), UNIT, record_slots=True)
-    tl = static.timeline(res)
+    tl = res.log.timeline()
     assert Seg(1, 1, "prefill", 0.0, 1.0, 1) in tl
     assert Seg(0, 0, "decode", 1.0, 2.0, 1) in tl and Seg(1, None, "idle", 1.0, 5.0, 2) in tl
     assert Seg(0, None, "idle", 2.0, 4.0, 0) in tl  # the engine waited for an arrival
@@ -49,18 +51,16 @@ def test_timeline_shows_idle_rows_and_idle_gaps_under_continuous_batching():
 
 
 def test_first_finisher_static_wastes_31_rows_for_1980_steps():
-    res = common.simulate(
-        preset("first-finisher"), H100_8B, "static", slots=32, kv_tokens=None, record_slots=True
-    )
+    res = simulate(preset("first-finisher"), H100_8B, "static", slots=32, kv_tokens=None, record_slots=True)
     s = static.first_finisher_summary(res)
     assert s["after_first_fraction"] > 0.98
-    dead = [seg for seg in static.timeline(res) if seg.kind == "dead"]
+    dead = [seg for seg in res.log.timeline() if seg.kind == "dead"]
     assert len(dead) == 31 and all(seg.steps == 1980 for seg in dead)
     assert all(seg.t0 == pytest.approx(s["first_finish_s"]) for seg in dead)  # the short ones end together
     # Under continuous batching the same rows are idle, not dead.
-    cont = static.timeline(
-        common.simulate(preset("first-finisher"), H100_8B, "continuous", slots=32, record_slots=True)
-    )
+    cont = simulate(
+        preset("first-finisher"), H100_8B, "continuous", slots=32, record_slots=True
+    ).log.timeline()
     assert not [seg for seg in cont if seg.kind == "dead"]
     assert sum(seg.steps for seg in cont if seg.kind == "idle") == 31 * 1980
 
@@ -68,7 +68,7 @@ def test_first_finisher_static_wastes_31_rows_for_1980_steps():
 def test_timeline_needs_a_recorded_run():
     res = run(reqs((0, 2, 2)), StaticScheduler(1, 64), UNIT)
     with pytest.raises(ValueError, match="record_slots=True"):
-        static.timeline(res)
+        res.log.timeline()
 
 
 # ------------------------------------------------------------------------------ 7.1

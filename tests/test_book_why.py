@@ -11,45 +11,48 @@ from helpers import H100_8B, _gpu_profile, _texts
 
 from batching.book import common, decode, figures, plots, profiles, why
 from batching.book.common import Claim
-from batching.costs import get_cost_model
+from batching.costs import get_cost_model, roofline
+from batching.costs.knee import KNEE_FACTOR, knee
+from batching.costs.profile import GPU_PROFILE_DIR, PROFILE_DIR
+from batching.costs.roofline import decode_curve
 
 
 # ---------------------------------------------------------------------- why batching
 def test_knee_is_the_last_batch_before_the_curve_first_leaves_the_band():
     b = [1, 2, 4, 8, 16, 32]
     t = [10.0, 11.0, 12.4, 13.0, 25.0, 50.0]
-    assert why.knee(b, t, 1.25) == 4  # 12.4 <= 12.5 < 13
-    assert why.knee(b, t, 2.0) == 8  # 13 <= 20 < 25
-    assert why.knee(b, t, 100.0) == 32
+    assert knee(b, t, 1.25) == 4  # 12.4 <= 12.5 < 13
+    assert knee(b, t, 2.0) == 8  # 13 <= 20 < 25
+    assert knee(b, t, 100.0) == 32
     # A later dip back under the band does not count: the run ended at the first exit.
-    assert why.knee([1, 2, 4, 8, 16], [10.0, 13.0, 12.0, 30.0, 15.0], 1.25) == 1
-    assert why.knee([1, 2, 4, 8, 16], [10.0, 13.0, 12.0, 30.0, 15.0], 2.0) == 4
+    assert knee([1, 2, 4, 8, 16], [10.0, 13.0, 12.0, 30.0, 15.0], 1.25) == 1
+    assert knee([1, 2, 4, 8, 16], [10.0, 13.0, 12.0, 30.0, 15.0], 2.0) == 4
     with pytest.raises(ValueError):
-        why.knee(b, t, 0.9)
+        knee(b, t, 0.9)
     with pytest.raises(ValueError):
-        why.knee([1, 4, 2], [1.0, 1.0, 1.0], 2.0)
+        knee([1, 4, 2], [1.0, 1.0, 1.0], 2.0)
     with pytest.raises(ValueError):
-        why.knee([1, 2], [1.0, float("nan")], 2.0)
+        knee([1, 2], [1.0, float("nan")], 2.0)
 
 
 def test_bstar_matches_the_conventions_and_the_cost_model():
-    assert why.bstar_of(989e12, 3.35e12, 2) == pytest.approx(295.22, abs=0.01)
-    assert why.bstar_of(989e12, 4.8e12, 2) == pytest.approx(206.04, abs=0.01)
-    assert why.bstar_of(110e9, 18.5e9, 4) == pytest.approx(2 * 110 / 18.5)  # fp32: twice peak / bandwidth
+    assert roofline.bstar(989e12, 3.35e12, 2) == pytest.approx(295.22, abs=0.01)
+    assert roofline.bstar(989e12, 4.8e12, 2) == pytest.approx(206.04, abs=0.01)
+    assert roofline.bstar(110e9, 18.5e9, 4) == pytest.approx(2 * 110 / 18.5)  # fp32: twice peak / bandwidth
     for model, dev in (("llama-8b", "h100"), ("llama-8b", "h200"), ("cpu-m", "cpu")):
         c = get_cost_model(model, dev)
-        assert why.bstar_of(c.peak_flops, c.bandwidth, c.model.bytes_per_param) == pytest.approx(
+        assert roofline.bstar(c.peak_flops, c.bandwidth, c.model.bytes_per_param) == pytest.approx(
             c.bstar(), rel=1e-12
         )
     with pytest.raises(ValueError):
-        why.bstar_of(0.0, 1.0, 2)
+        roofline.bstar(0.0, 1.0, 2)
 
 
 def test_roofline_curve_values_and_crossing():
     m = H100_8B.model
     d = H100_8B.device
     b = [1, 2, 64, 256, 512, 1024]
-    cur = why.roofline_curve(m, b, 128, d.bandwidth, H100_8B.peak_flops, d.step_overhead_s)
+    cur = decode_curve(m, b, 128, d.bandwidth, H100_8B.peak_flops, d.step_overhead_s)
     # Same numbers as the simulator's cost model, step by step.
     for bi, t in zip(b, cur["time_s"]):
         assert t == pytest.approx(H100_8B.decode_step(bi, 128), rel=1e-12)
@@ -59,7 +62,7 @@ def test_roofline_curve_values_and_crossing():
     assert list(cur["bound"]) == [0, 0, 0, 0, 1, 1]
     # With no context the memory and compute lines cross at B* (within the non-matmul params).
     dense = np.arange(1, 600)
-    z = why.roofline_curve(m, dense, 0, d.bandwidth, H100_8B.peak_flops)
+    z = decode_curve(m, dense, 0, d.bandwidth, H100_8B.peak_flops)
     cross = dense[np.argmax(z["compute_s"] > z["memory_s"])]
     assert abs(cross - H100_8B.bstar()) / H100_8B.bstar() < 0.02
     assert np.allclose(z["tokens_per_s"], dense / z["time_s"])
@@ -164,7 +167,7 @@ def test_load_profiles_picks_up_every_profile_and_says_which_devices_are_measure
     from pathlib import Path
 
     assert profiles.load_profiles(tmp_path) == []
-    shutil.copy(Path(profiles.PROFILE_DIR) / "cpu-here-cpu-s.json", tmp_path / "cpu-here-cpu-s.json")
+    shutil.copy(Path(PROFILE_DIR) / "cpu-here-cpu-s.json", tmp_path / "cpu-here-cpu-s.json")
     only_cpu = profiles.load_profiles(tmp_path)
     assert [p["device"] for p in only_cpu] == ["cpu-here"]
     (tmp_path / "h200-llama-8b.json").write_text(json.dumps(_gpu_profile()))
@@ -195,7 +198,7 @@ def test_why_batching_figures_draw_and_save(tmp_path):
     gr = why.gpu_rooflines(batches=[1, 4, 16, 64, 256, 1024])
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "h200-llama-8b.json").write_text(json.dumps(_gpu_profile()))
-    profs = profiles.load_profiles(profiles.PROFILE_DIR) + profiles.load_profiles(tmp_path / "p")
+    profs = profiles.load_profiles(PROFILE_DIR) + profiles.load_profiles(tmp_path / "p")
     figs = {
         "roofline": figures.why.gpu_roofline_figure(gr),
         "live": figures.why.live_decode_figure(
@@ -239,7 +242,7 @@ def test_why_figures_keep_their_labels_clear_of_legend_and_reference_lines():
     assert not knee.overlaps(texts["2x batch 1"].get_window_extent(r))
     # The knee's reference line (2x batch 1) does not run through the label.
     to_px = ax.transData.transform
-    for f in (why.KNEE_FACTOR,):
+    for f in (KNEE_FACTOR,):
         y = to_px((1.0, f * 40.0))[1]
         assert not knee.y0 <= y <= knee.y1
     matplotlib.pyplot.close(fig)
@@ -296,19 +299,21 @@ def test_flat_verdict_reads_the_step_at_bstar_against_the_roofline_then_the_knee
     # against the roofline's ~1.02, more than 1.25 times it; every batch stays within 2x.
     sw = _synthetic_sweep()
     n = decode.live_numbers(sw)
-    assert n["ratio_bstar"] > why.FLAT_TOL * n["pred_ratio_bstar"] and n["knee"] == 8
-    assert why.flat_verdict(n) is common.Claim.PARTLY
+    assert n["ratio_bstar"] > common.FLAT_TOL * n["pred_ratio_bstar"] and n["knee"] == 8
+    assert common.flat_verdict(n) is common.Claim.PARTLY
     sw["uniform_ms"] = np.array([40.0, 40.5, 41.0, 42.0])  # 1.05 at batch 8: nearly free
-    assert why.flat_verdict(decode.live_numbers(sw)) is common.Claim.HOLDS
+    assert common.flat_verdict(decode.live_numbers(sw)) is common.Claim.HOLDS
     sw["uniform_ms"] = np.array([40.0, 81.0, 90.0, 120.0])  # no batch above 1 within 2x
-    assert why.flat_verdict(decode.live_numbers(sw)) is common.Claim.DOES_NOT_HOLD
+    assert common.flat_verdict(decode.live_numbers(sw)) is common.Claim.DOES_NOT_HOLD
     # The tolerance is relative to the roofline's own ratio: 1.6 holds where 1.31 is predicted
     # (llama-8b on an H100 at batch 295), not where 1.0 is.
     assert (
-        why.flat_verdict({"ratio_bstar": 1.6, "pred_ratio_bstar": 1.31, "knee": 256.0}) is common.Claim.HOLDS
+        common.flat_verdict({"ratio_bstar": 1.6, "pred_ratio_bstar": 1.31, "knee": 256.0})
+        is common.Claim.HOLDS
     )
     assert (
-        why.flat_verdict({"ratio_bstar": 1.6, "pred_ratio_bstar": 1.0, "knee": 256.0}) is common.Claim.PARTLY
+        common.flat_verdict({"ratio_bstar": 1.6, "pred_ratio_bstar": 1.0, "knee": 256.0})
+        is common.Claim.PARTLY
     )
     assert [common.versus(r) for r in (0.9, 0.96, 1.04, 1.2)] == [
         common.Versus.LESS,
@@ -374,10 +379,10 @@ def test_measured_gpus_judge_the_flat_claim_partly():
 
     curves = gpu.decode_curves()
     assert set(curves) == {"h100", "a100"}
-    for c, (ratio, knee, bstar) in zip(curves.values(), [(1.73, 368, 295), (1.87, 232, 153)]):
+    for c, (ratio, knee_at, bstar) in zip(curves.values(), [(1.73, 368, 295), (1.87, 232, 153)]):
         assert c["pred_ratio_bstar"] == pytest.approx(1.0, abs=0.01)
         assert c["ratio_bstar"] == pytest.approx(ratio, abs=0.01)
-        assert c["knee"] == knee and c["knee"] > c["bstar"] and round(c["bstar"]) == bstar
+        assert c["knee"] == knee_at and c["knee"] > c["bstar"] and round(c["bstar"]) == bstar
         assert c["verdict"] is Claim.PARTLY
         # The roofline of the same layers never lies above the measurement at any batch.
         assert (c["roofline_ms"] <= c["measured_ms"]).all()
@@ -394,7 +399,7 @@ def test_gpu_profile_records_list_every_committed_profile():
     from batching.book import gpu
 
     recs = gpu.profile_records()
-    assert [r["file"] for r in recs] == sorted(p.name for p in gpu.GPU_PROFILE_DIR.glob("*.json"))
+    assert [r["file"] for r in recs] == sorted(p.name for p in GPU_PROFILE_DIR.glob("*.json"))
     assert len(recs) >= 8
     for r in recs:
         assert 0.5 < r["bandwidth_fraction"] < 1.0 and r["kv_tokens"] > 0 and r["tp"] in (1, 2, 4)
@@ -411,17 +416,17 @@ def test_flat_verdict_counts_from_batch_2_where_batch_1_ran_its_own_kernel():
     sw["uniform_ms"] = np.array([20.0, 41.0, 42.0, 43.0])
     plain = decode.live_numbers(sw)
     assert plain["split"] == 0.0 and plain["base_batch"] == 1
-    assert why.flat_verdict(plain) is common.Claim.DOES_NOT_HOLD  # 41 / 20 > 2x from batch 1
+    assert common.flat_verdict(plain) is common.Claim.DOES_NOT_HOLD  # 41 / 20 > 2x from batch 1
     sw["meta"] = {**sw["meta"], "linear_split": True}
     n = decode.live_numbers(sw)
     assert n["split"] == 1.0 and n["base_batch"] == 2 and n["base_ms"] == 41.0
     assert n["test_batch"] == 8 and n["ratio_test"] == pytest.approx(43 / 41)
     assert n["knee_base"] == 8 and n["first_ratio"] == pytest.approx(41 / 20)
     assert n["tps_first_ratio"] == pytest.approx(2 * 20 / 41)  # batch 2 makes fewer tokens/s than batch 1
-    assert why.flat_verdict(n) is common.Claim.HOLDS
+    assert common.flat_verdict(n) is common.Claim.HOLDS
     sw["uniform_ms"] = np.array([20.0, 40.0, 70.0, 95.0])  # within 2x of batch 2's 40 ms up to batch 4
     n = decode.live_numbers(sw)
-    assert n["knee_base"] == 4 and why.flat_verdict(n) is common.Claim.PARTLY
+    assert n["knee_base"] == 4 and common.flat_verdict(n) is common.Claim.PARTLY
     # One swept batch only: nothing to count from but batch 1.
     one = {**sw, "batch": np.array([1.0]), "uniform_ms": np.array([20.0])}
     one.update({k: np.array([20.0]) for k in sw if k.endswith("_ms") and k != "uniform_ms"})

@@ -1,5 +1,5 @@
-"""Model shapes, devices and step-cost models (batching/models.py, devices.py, cost_base.py,
-costs.py, profile.py)."""
+"""Model shapes, devices and step-cost models (batching/costs/: models.py, devices.py, base.py, roofline.py,
+profile.py, knee.py, unit.py)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ H100, H200 = get_device("h100"), get_device("h200")
         ("llama-70b", 70.6e9),  # model cards
         ("cpu-s", 26.4e6),
         ("cpu-m", 117.2e6),
-        ("cpu-l", 392.2e6),  # cpu-decode-measurements.md
+        ("cpu-l", 392.2e6),  # the CPU measurements' configs (batching/costs/models.py)
     ],
 )
 def test_param_counts_match_published(name: str, published: float) -> None:
@@ -486,3 +486,48 @@ def test_the_intro_quotes_the_roofline_assumptions_as_the_code_has_them() -> Non
         "the other 90%",
     ):
         assert quoted in intro, quoted
+
+
+# ------------------------------------------------------------------ one B*, one decode curve
+def test_curve_is_the_roofline_decode_step_bit_for_bit():
+    """RooflineCost.curve and decode_step are one formula: each batch's time equals the
+    step_time of that decode step exactly (a page's curve and the simulator's clock agree)."""
+    from batching.costs import RooflineCost, get_device, get_model
+    from batching.costs.roofline import bstar
+
+    cost = RooflineCost(get_model("llama-8b"), get_device("h100"))
+    batches = [1, 2, 16, 128, 295, 1024]
+    cur = cost.curve(batches, 2048)
+    assert cur["time_s"].tolist() == [cost.decode_step(b, 2048) for b in batches]
+    # At 2,048 tokens a row the KV read keeps even 1,024 rows memory-bound; at 128 it does not.
+    assert cur["bound"].tolist() == [0.0] * 6
+    assert cost.curve(batches, 128)["bound"].tolist() == [0.0] * 5 + [1.0]
+    assert cost.bstar() == bstar(cost.device_peak, cost.device.bandwidth, 2)
+    # B* = 989 TFLOP/s x 2 bytes / (2 x 3.35 TB/s) = 295.2
+    assert cost.bstar() == pytest.approx(989e12 * 2 / (2 * 3.35e12))
+    with pytest.raises(ValueError, match="single-device"):
+        RooflineCost(get_model("llama-70b"), get_device("h100"), tp=4).curve(batches, 128)
+    with pytest.raises(ValueError):
+        bstar(0.0, 1.0, 2)
+
+
+def test_knee_and_first_reaching_read_a_curve_from_its_first_batch():
+    from batching.costs.knee import first_reaching, knee
+
+    b, t = [1, 2, 4, 8, 16], [10.0, 12.0, 19.0, 21.0, 15.0]
+    assert knee(b, t) == 4  # 21 > 20 ends it; the dip back to 15 does not count
+    assert first_reaching(b, t, 2.0) == 8 and first_reaching(b, t, 1.2) == 2
+    assert first_reaching(b, t, 3.0) is None
+    with pytest.raises(ValueError):
+        knee(b, t[:3])
+
+
+def test_the_unit_step_clock_takes_one_second_per_step():
+    from batching.costs.unit import STEP_S, UnitStep
+    from batching.engine import SimExecutor, run
+    from batching.schedulers import make_scheduler
+    from batching.workloads import Workload
+
+    w = Workload.from_arrays([0.0, 0.0], [4, 4], [3, 1])
+    res = run(w.fresh(), make_scheduler("continuous", max_context=64, slots=2), SimExecutor(UnitStep()))
+    assert res.num_steps == 3 and sum(res.log.cols["dur"]) == 3 * STEP_S

@@ -74,7 +74,8 @@ def _script():
 
 def test_the_readme_parser_check_holds_on_the_shipped_table():
     """H100, Llama-2-7B, tp 1: the nine per-layer medians add up to 0.175 ms at 1 token and
-    0.286 ms at 256 (the shared README's check), in the CSV and in the derived profile."""
+    0.286 ms at 256 (sums known beforehand, a check of the parser), in the CSV and in the
+    derived profile."""
     rows = _csv(H100_7B)
     doc = _profile("h100-llama-2-7b-tp1.json")
     for tokens, want in ((1, 0.175), (256, 0.286)):

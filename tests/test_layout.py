@@ -22,10 +22,13 @@ LAYERS = {
     "steplog": 0,
     "engine": 0,
     "validate": 0,
+    "parallel": 1,
     "schedulers": 0,
     "workloads": 1,
     "costs": 1,
     "metrics": 2,
+    "simulate": 2,
+    "capacity": 2,
     "results": 2,
     "real": 3,
     "servers": 4,
@@ -103,6 +106,20 @@ def test_no_import_circle() -> None:
     for m in sorted(GRAPH):
         if m not in state:
             visit(m, [m])
+
+
+#: What every page of the book shares (glue, palette, verdict words, the build's run cache);
+#: every other module of ``batching.book`` is one page's experiments or one page's figures.
+BOOK_SHARED = {"batching.book", "batching.book.common", "batching.book.plots", "batching.book.runs"}
+
+
+def test_no_page_module_imports_another() -> None:
+    """A page's module (its experiments, or its figures) imports the library and the shared
+    book modules, never another page's module: what two pages need is the library's."""
+    book = {m for m in MODULES if m.startswith("batching.book.") and m not in BOOK_SHARED}
+    figures = {"batching.book.figures"}
+    out = [f"{m} -> {t}" for m in sorted(book) for t in sorted(GRAPH[m]) if t in book and m not in figures]
+    assert not out, out
 
 
 def test_the_graph_sees_imports() -> None:

@@ -313,3 +313,18 @@ def test_linear_replay_runs_each_steps_products_on_its_rows_and_head_rows(monkey
         + [(1, True)]
         + [(3, False)] * per_layer
     )
+
+
+def test_matmul_peak_halves_its_size_where_one_product_would_take_too_long(monkeypatch):
+    """bf16 on a CPU without bf16 arithmetic runs ~1 GFLOP/s: a 2,048-cubed product would take
+    minutes, so the probe measures the largest size within its budget (and says which)."""
+    import torch
+
+    from batching.real import measure
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(measure, "PEAK_BUDGET_S", 1e-9)
+    assert measure.matmul_peak(cpu, torch.float32, 1024, reps=1)["n"] == measure.PEAK_MIN_N
+    monkeypatch.setattr(measure, "PEAK_BUDGET_S", 1e9)
+    p = measure.matmul_peak(cpu, torch.float32, 512, reps=1)
+    assert p["n"] == 512 and p["TFLOPs_best"] > 0

@@ -13,7 +13,7 @@ from batching.costs import get_cost_model
 from batching.engine import SimExecutor, run
 from batching.metrics import SLO, request_record, summarize
 from batching.plan import StepWork
-from batching.schedulers import ContinuousScheduler, StaticScheduler
+from batching.schedulers import ContinuousScheduler, StaticScheduler, make_scheduler
 
 
 def test_latencies_by_hand():
@@ -113,3 +113,21 @@ def test_kv_means_cover_whole_runs_of_steps():
     assert (
         s["kv_used_mean"] == pytest.approx(slow["kv_used_mean"]) and s["kv_used_peak"] == slow["kv_used_peak"]
     )
+
+
+def test_step_work_fresh_prices_whole_prompts_and_decodes():
+    # Two prompts of 3 and 5 tokens: 8 tokens, 6 + 15 causal pairs; 4 decode rows of 10 tokens.
+    w = StepWork.fresh([3, 5], decodes=4, ctx=10)
+    assert w == StepWork(prefill_tokens=8, prefill_attn=21, decode_rows=4, decode_ctx=40)
+    assert StepWork.fresh() == StepWork()
+
+
+def test_the_log_gives_each_rows_work_as_the_executor_priced_it():
+    """StepLog.works: what the simulator's cost model was asked for each logged step."""
+    cost = LinearCost(per_token=0.01, base=0.1)
+    sched = make_scheduler("static", max_context=64, slots=2)
+    res = run(reqs((0.0, 4, 3), (0.0, 6, 2)), sched, SimExecutor(cost), fast=False)
+    works = res.log.works()
+    # The padded prefill: 2 x 6 positions; then the decode steps (one live row and one dead).
+    assert works[0] == StepWork(12, 2 * 21, 0, 0)
+    assert [cost.step_time(w) for w in works] == pytest.approx(res.log.cols["dur"], rel=1e-12)

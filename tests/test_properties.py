@@ -68,8 +68,7 @@ def static_like(draw, cls):
         "kv_policy": draw(st.sampled_from(["slab", "exact"])),
         "kv_capacity": draw(st.sampled_from([math.inf, b * MAX_CTX])),
     }
-    key = "timeout" if cls is StaticScheduler else "max_wait"
-    return spec, lambda: cls(b, MAX_CTX, **{key: wait}, **kv)
+    return spec, lambda: cls(b, MAX_CTX, max_wait=wait, **kv)
 
 
 @st.composite

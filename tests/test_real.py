@@ -138,7 +138,7 @@ def test_real_run_durations_and_summary() -> None:
     res = run_real(reqs, ContinuousScheduler(3, 512), "tiny", device="cpu", seed=1, max_len=64)
     dur = np.asarray(res.log.cols["dur"])
     assert len(dur) == res.num_steps and (dur > 0).all() and np.isfinite(dur).all()
-    assert res.hardware is not None and res.hardware.device.name == "cpu-here"
+    assert res.utilization_basis is not None and res.utilization_basis.device.name == "cpu-here"
     s = summarize(res)
     assert s["output_tokens"] == sum(2 + i for i in range(5)) and s["busy_s"] > 0
     assert 0 < s["hw_bandwidth_utilization"] < 1 and 0 < s["hw_compute_utilization"] < 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from helpers import LinearCost
 
-from batching.book import chunked, chunked_real
+from batching.book import chunked
 from batching.engine import SimExecutor, run
 from batching.schedulers import ContinuousScheduler
 from batching.workloads import Workload
@@ -25,8 +25,8 @@ def test_stall_overlaps_only_when_every_running_request_outlives_the_newcomers_f
         )
         return run(w.fresh(), ContinuousScheduler(3, 512), SimExecutor(LinearCost(1.0)))
 
-    assert chunked_real.stall_overlaps(served(10), range(2), 2)  # last tokens at t = 10 > 5
-    assert not chunked_real.stall_overlaps(served(4), range(2), 2)  # last tokens at t = 4 < 5
+    assert chunked.stall_overlaps(served(10), range(2), 2)  # last tokens at t = 10 > 5
+    assert not chunked.stall_overlaps(served(4), range(2), 2)  # last tokens at t = 4 < 5
 
 
 def test_retime_puts_measured_seconds_on_the_step_clock():

@@ -9,6 +9,7 @@ from helpers import UNIT, reqs
 
 from batching.engine import run
 from batching.metrics import summarize
+from batching.plan import StepWork
 from batching.request import RequestError
 from batching.schedulers import (
     ChunkedPrefillScheduler,
@@ -61,7 +62,7 @@ def test_the_log_counts_a_dense_batchers_queue(sched):
 
 def test_static_timeout_seals_the_batch_and_late_arrivals_wait():
     R = reqs((0.0, 4, 2), (0.5, 4, 2), (2.0, 4, 2))
-    go(R, StaticScheduler(4, 64, timeout=1.0))
+    go(R, StaticScheduler(4, 64, max_wait=1.0))
     assert [r.admit_time for r in R] == [1.0, 1.0, 3.0]  # sealed at 1.0; the third times out at 3.0
 
 
@@ -71,7 +72,7 @@ def test_dynamic_lets_late_arrivals_join_but_static_does_not():
     go(R, DynamicScheduler(4, 64, max_wait=0.0))
     assert [r.admit_time for r in R] == [0.0, 3.0, 3.0]  # both joined the batch after the first
     R = reqs(*spec)
-    go(R, StaticScheduler(4, 64, timeout=0.0))
+    go(R, StaticScheduler(4, 64, max_wait=0.0))
     assert [r.admit_time for r in R] == [0.0, 3.0, 5.0]  # each sealed alone at its own timeout
 
 
@@ -151,6 +152,33 @@ def test_chunked_exact_kv_never_deadlocks_on_partial_prefills():
     assert all(r.done for r in R) and res.preemptions >= 1
 
 
+@pytest.mark.parametrize(
+    "sched",
+    [
+        StaticScheduler(2, 64),
+        ContinuousScheduler(2, 64, kv_capacity=40, kv_policy="exact"),
+        ChunkedPrefillScheduler(2, 64, token_budget=8, chunk_size=8),
+    ],
+    ids=lambda s: s.name,
+)
+def test_a_plans_work_is_the_same_after_its_step_is_committed(sched):
+    """Committing a step moves its requests' counters (computed tokens, KV held); the plan's
+    cost inputs are taken when it is made, so ``work()``, first called after the commit,
+    gives what the requests said before it."""
+    for r in reqs((0, 20, 4), (0, 11, 3)):
+        sched.on_arrival(r)
+    t, prefill_attn, decode_ctx = 0.0, 0, 0
+    while (plan := sched.schedule(t)) is not None:
+        before = StepWork.of(plan)  # from the requests as they are now, not the plan's copy
+        t += 1.0
+        sched.commit(plan, t)
+        assert plan.work() == before
+        prefill_attn += before.prefill_attn
+        decode_ctx += before.decode_ctx
+    sched.check_idle()
+    assert prefill_attn > 0 and decode_ctx > 0  # prefills and decodes both checked
+
+
 # ---------------------------------------------------------------- configuration errors
 @pytest.mark.parametrize(
     "make, match",
@@ -164,7 +192,7 @@ def test_chunked_exact_kv_never_deadlocks_on_partial_prefills():
         (lambda: ContinuousScheduler(4, 64, kv_capacity=32), "cannot hold one slab of max_context=64"),
         (lambda: ContinuousScheduler(4, 64, kv_capacity=0, kv_policy="exact"), "kv capacity=0"),
         (lambda: ContinuousScheduler(4, 64, kv_policy="paged"), "kv policy='paged'"),
-        (lambda: StaticScheduler(4, 64, timeout=math.nan), "timeout=nan"),
+        (lambda: StaticScheduler(4, 64, max_wait=math.nan), "max_wait=nan"),
         (lambda: DynamicScheduler(4, 64, max_wait=-1), "max_wait=-1"),
     ],
 )
@@ -207,7 +235,7 @@ def test_dense_batch_never_pads_past_the_context():
     # Prompt 90 + output 10 fit a 100-token context alone, but beside a 20-token prompt
     # with 50 output tokens the batch would need 90 + 50: it is split instead.
     R = reqs((0, 20, 50), (0, 90, 10))
-    go(R, StaticScheduler(4, 100, timeout=1.0))
+    go(R, StaticScheduler(4, 100, max_wait=1.0))
     assert R[1].admit_time > R[0].admit_time
     R = reqs((0, 20, 50), (0, 90, 10), (0, 10, 5))
     go(R, DynamicScheduler(4, 100, max_wait=0.0))

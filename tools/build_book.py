@@ -18,6 +18,7 @@ sources (executed notebooks never go to `data/` or back into `chapters/`).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from batching.book import runs
+from batching.parallel import WORKERS_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -168,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from papermill.exceptions import PapermillExecutionError
 
+    if not args.smoke:
+        # The pages' capacity searches and sweeps run one configuration per core
+        # (batching.parallel): the same numbers, sooner. Smoke runs are too small to gain.
+        os.environ.setdefault(WORKERS_ENV, str(os.cpu_count() or 1))
     t0 = time.perf_counter()
     try:
         html = build_book(args.build_dir.resolve(), {"smoke": True} if args.smoke else None, args.kernel)

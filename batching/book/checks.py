@@ -10,68 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from ..costs.devices import Machine, machine_of, same_machine
-from ..results import load_average, machine_load
+from ..costs import get_cost_model
+from ..costs.devices import machine_of, same_machine
+from ..metrics import iterations, run_metrics
 from ..schedulers import make_scheduler
+from ..simulate import simulate
 from ..workloads import Workload
-from .capacity import queue_growth
-from .common import ROOT, machine_label, metrics, same_machine_as, simulate
-from .continuous import iterations
-from .profiles import PROFILE_DIR
-
-#: The model a real run of 7.1 or 7.3 builds by default on each kind of device: the CPU demo
-#: model whose profile this book measured (cpu-s: prefills of thousands of tokens take about a
-#: second on two cores), and the Llama 3.2 1B shape on a GPU (bf16).
-REAL_MODELS: dict[str, str] = {"cpu": "cpu-s", "cuda": "llama-1b"}
-
-
-def real_kind(device: str = "auto") -> str:
-    """``"cuda"`` or ``"cpu"``: the kind of device a real run on ``device`` uses ("auto": the
-    GPU if there is one)."""
-    from ..real.executor import resolve_device
-
-    return "cuda" if resolve_device(device).type == "cuda" else "cpu"
-
-
-def real_model(model: str | None, device: str = "auto") -> str:
-    """``model``, or :data:`REAL_MODELS`' model for the device's kind when None."""
-    return REAL_MODELS[real_kind(device)] if model is None else model
-
-
-def real_runner(
-    model: str | None,
-    device: str = "auto",
-    slots: int = 1,
-    max_len: int | None = None,
-    threads: int | None = None,
-) -> Any:
-    """7.1, 7.3: one model (``None``: :func:`real_model`) with its slab KV cache on ``device``,
-    built once and served by several real runs in turn, in the dtype and kernels the
-    machine's probe chose (``auto``: bf16 on a GPU; on a CPU the faster here)."""
-    from ..costs.models import get_model
-    from ..real.executor import resolve_dtype
-    from ..real.hardware import resolve_device, set_threads
-    from ..real.runner import ModelRunner
-
-    dev = resolve_device(device)
-    name = real_model(model, device)
-    set_threads(threads)
-    shape = get_model(name)
-    return ModelRunner.from_shape(
-        shape, slots, device=dev, dtype=resolve_dtype("auto", dev, shape), max_len=max_len
-    )
-
-
-def serve_real(
-    runner: Any, workload: Workload, scheduler: str, *, step_clock: bool = False, **options: Any
-) -> Any:
-    """7.1, 7.3: one real run of ``workload`` on ``runner`` under ``scheduler``; the RunResult.
-    ``step_clock``: the workload's arrivals count steps (``run_real``)."""
-    from ..real.executor import run_real
-
-    sched = make_scheduler(scheduler, max_context=runner.max_len, **options)
-    return run_real(workload, sched, None, runner=runner, step_clock=step_clock)
-
+from .common import ROOT, machine_label, same_machine_as
 
 #: Committed runs of ``benchmarks/bench_stall.py`` (7.1's padding, 7.3's stall), relative to the
 #: repository root: ``stall-<device>-<model>.json``.
@@ -123,8 +68,6 @@ def real_crosscheck(
     of requests wanting ``probe_output`` tokens (default: the shortest output) must agree
     exactly; durations differ (measured vs the CPU roofline). ``available`` is False, with
     ``reason``, if the real engine does not import or fails."""
-    from ..costs import get_cost_model
-
     out: dict[str, Any] = {"available": False, "model": model}
     try:
         from ..real.executor import run_real
@@ -149,7 +92,7 @@ def real_crosscheck(
                 threads=threads,
                 max_len=min(cost.model.max_context, max_len),
             )
-            ms, mr = metrics(sim), metrics(real)
+            ms, mr = run_metrics(sim), run_metrics(real)
             its_sim, its_real = iterations(sim, probes), iterations(real, probes)
             per[name] = {
                 "steps_sim": int(ms["steps"]),
@@ -167,81 +110,6 @@ def real_crosscheck(
         return out
     out.update(available=True, per=per)
     return out
-
-
-def predicted_steps(result: Any, cost: Any) -> np.ndarray:
-    """The cost model's time for each logged step of a (real) run, from the step's logged work
-    alone: the cost model's own error, free of any schedule divergence."""
-    from ..plan import StepWork
-
-    L = result.log.arrays()
-    return np.array(
-        [
-            cost.step_time(StepWork(int(p + pd), int(a), int(d + x), int(c)))
-            for p, pd, a, d, x, c in zip(L["prefill"], L["pad"], L["attn"], L["decode"], L["dead"], L["ctx"])
-        ]
-    )
-
-
-def profile_measured_here(model: str, here: Machine, directory: str | None = None) -> str | None:
-    """7.2: the committed profile of ``model`` measured on the machine ``here`` (its CPU model
-    and threads, or its GPU), or None: every CPU's profile is filed as cpu-here, and another
-    CPU's would price steps this one does not take."""
-    for f in sorted(Path(directory or PROFILE_DIR).glob("*.json")):
-        meta = json.loads(f.read_text()).get("meta", {})
-        if meta.get("model") == model and same_machine(machine_of(meta), here):
-            return str(f)
-    return None
-
-
-def real_schedulers(
-    workload: Workload,
-    configs: Mapping[str, Mapping[str, Any]],
-    model: str | None = None,
-    device: str = "auto",
-    threads: int | None = None,
-    profile: str | None = "auto",
-) -> dict[str, Any]:
-    """7.2, measured: ``workload`` on the real model under each ``{name: options}`` (``scheduler``
-    among them), one model for all runs: ``real`` ({name: :func:`metrics` and ``stable``, 1.0
-    unless the queue grew over the replay, :func:`~batching.book.capacity.queue_growth`), ``executor``,
-    ``model``, the machine's load and, with a ``profile`` measured for this model ("auto":
-    :func:`profile_measured_here`), ``sim`` (the same runs simulated on it) and ``profile``.
-    The slabs hold the model's whole context, the limit the simulator's schedulers see too:
-    slabs cut to the longest request left a long prompt batched alone."""
-    from ..costs.profile import ProfileCost
-
-    slots = max(int(o.get("slots", 32)) for o in configs.values())
-    runner = real_runner(model, device, slots=slots, threads=threads)
-    out: dict[str, Any] = {"real": {}, "model": runner.cfg.name}
-    if profile == "auto":
-        from ..real.hardware import machine
-
-        profile = profile_measured_here(runner.cfg.name, machine(runner.device))
-    cost = None
-    if profile is not None:
-        cost = ProfileCost.from_json(profile)
-        if cost.model.name != runner.cfg.name:
-            raise ValueError(f"profile {profile} is of {cost.model.name}, the runs use {runner.cfg.name}")
-        out.update(sim={}, profile=profile)
-    load0 = load_average()
-    for name, opts in configs.items():
-        opts = dict(opts)
-        sched = opts.pop("scheduler")
-        res = serve_real(runner, workload, sched, **opts)
-        out["real"][name], out["executor"] = _with_stability(res), res.executor
-        if cost is not None:
-            # A KV budget is the scheduler's kv_capacity on the real engine, kv_tokens in the simulator.
-            sim_opts = dict(opts)
-            kv = sim_opts.pop("kv_capacity", None)
-            out["sim"][name] = _with_stability(simulate(workload, cost, sched, kv_tokens=kv, **sim_opts))
-    out.update(machine_load(load0, load_average()))
-    return out
-
-
-def _with_stability(result: Any) -> dict[str, float]:
-    """:func:`metrics` and ``stable`` (1.0 unless the run's queue grew over the replay)."""
-    return {**metrics(result), "stable": 1.0 - queue_growth(result)["growing"]}
 
 
 #: The rows of 7.2's measured scheduler comparison: (label, metrics key, format).

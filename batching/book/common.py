@@ -1,36 +1,26 @@
-"""What every page's experiments share: the roofline numbers of a cost model, a trace fitted
-to a model's context, a simulated run and its metrics, verdict enums, and the helpers that
-turn results into glue values."""
+"""What every page shares: the roofline numbers of a cost model, how a machine is named,
+the verdict enums, and the helpers that turn results into glue values. Simulating a run
+(:func:`batching.simulate.simulate`) and reading its metrics
+(:func:`batching.metrics.run_metrics`) are the library's."""
 
 from __future__ import annotations
 
 import enum
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..costs import RooflineCost
 from ..costs.devices import machine_of, same_machine
-from ..engine import RunResult, SimExecutor, run
-from ..metrics import summarize
-from ..plan import StepWork
-from ..request import Request
-from ..schedulers import make_scheduler
-from ..steplog import Accounting
-from ..workloads import Workload
-from ..workloads.traces import load_trace
 
 #: The repository root: committed results (``benchmarks/results``) and profiles
 #: (``data/profiles``) are read relative to it.
 ROOT = Path(__file__).resolve().parents[2]
 
-#: What a batch row does during a step (the timelines), in drawing order.
-KINDS = ("prefill", "padding", "decode", "dead", "idle")
 
-
-def roofline_numbers(cost: Any) -> dict[str, float]:
+def roofline_numbers(cost: RooflineCost) -> dict[str, float]:
     """The device and model numbers the pages derive from (TFLOP/s, TB/s, GB, kB, ms); peak and
     bandwidth count all devices together; ``bstar`` is the batch where decode turns
     compute-bound."""
@@ -64,126 +54,6 @@ def same_machine_as(record: Mapping[str, Any], here: Mapping[str, Any] | None) -
     return here is not None and same_machine(machine_of(record), machine_of(here))
 
 
-def offered_rate(workload: Workload) -> float:
-    """Requests per second of a workload: count / span of its arrivals."""
-    return len(workload) / workload.duration if workload.duration > 0 else math.inf
-
-
-def trace_workload(name: str, limit: int | None = None, max_context: int = 8192) -> Workload:
-    """The first ``limit`` requests of a named trace, each capped to ``max_context``; how many
-    were capped is in ``info["capped"]``."""
-    return load_trace(name, limit=limit).cap_to_context(max_context, mode="cap")[0]
-
-
-def step_work(prompts: Sequence[int] = (), decodes: int = 0, ctx: int = 0) -> StepWork:
-    """One step that prefills each of ``prompts`` from scratch (causal attention over itself)
-    beside ``decodes`` decode rows holding ``ctx`` KV tokens each."""
-    return StepWork(
-        prefill_tokens=sum(prompts),
-        prefill_attn=sum(p * (p + 1) // 2 for p in prompts),
-        decode_rows=decodes,
-        decode_ctx=decodes * ctx,
-    )
-
-
-def simulate(
-    workload: Workload | Sequence[Request],
-    cost: Any,
-    scheduler: str,
-    *,
-    slots: int = 32,
-    kv_tokens: int | float | str | None = "device",
-    kv_policy: str = "slab",
-    record_slots: bool = False,
-    fast: bool = True,
-    **options: Any,
-) -> RunResult:
-    """One simulated run. ``kv_tokens="device"`` takes the KV capacity the devices leave after
-    the weights, ``None`` none; ``options`` go to :func:`make_scheduler`. ``fast=False`` logs
-    every step on its own row (the fast path logs a run of identical decode steps as one,
-    with the KV and queue columns as they stand after its last step)."""
-    if kv_tokens == "device":
-        kv: float = cost.kv_capacity()
-    elif kv_tokens is None:
-        kv = math.inf
-    else:
-        kv = kv_tokens  # type: ignore[assignment]
-    sched = make_scheduler(
-        scheduler,
-        max_context=cost.model.max_context,
-        slots=slots,
-        kv_capacity=kv,
-        kv_policy=kv_policy,
-        **options,
-    )
-    reqs = workload.fresh() if isinstance(workload, Workload) else list(workload)
-    return run(reqs, sched, SimExecutor(cost), record_slots=record_slots, fast=fast)
-
-
-def useful_flops(requests: Iterable[Request], model: Accounting) -> float:
-    """FLOPs an ideal engine spends on these requests, by the cost model's formulas: each
-    prompt prefilled once and each later token decoded once over its context; no padding,
-    dead rows or recomputation after a preemption."""
-    p = np.array([r.prompt_len for r in requests], dtype=np.float64)
-    n = np.array([r.output_len for r in requests], dtype=np.float64)
-    pt = p.sum()
-    pa = (p * (p + 1) / 2).sum()
-    rows = (n - 1).sum()
-    ctx = ((n - 1) * p + n * (n - 1) / 2).sum()
-    return float(model.flops_arrays(float(pt), float(pa), float(rows), float(ctx)))
-
-
-class _DecodeOnly:
-    """A model's FLOPs and bytes of a step's decode rows alone (dead rows included): its
-    prefill tokens, padding and attention pairs counted as zero."""
-
-    def __init__(self, model: Accounting) -> None:
-        self.model = model
-
-    def flops_arrays(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
-        return self.model.flops_arrays(0.0 * pt, 0.0 * pa, rows, ctx)
-
-    def bytes_arrays(self, pt: Any, pa: Any, rows: Any, ctx: Any) -> Any:
-        return self.model.bytes_arrays(0.0 * pt, 0.0 * pa, rows, ctx)
-
-
-def metrics(result: RunResult) -> dict[str, float]:
-    """One run's :func:`~batching.metrics.summarize` as flat floats (times in s; a latency
-    statistic with no value is NaN). With a cost model beside the run also ``hw_compute`` and
-    ``hw_bandwidth`` (all FLOPs and bytes performed), ``decode_compute`` (the FLOPs of its
-    decode rows alone, dead rows included: ``hw_compute`` less prefill's, padding's and
-    their attention's) and ``useful_compute`` (:func:`useful_flops`), each over busy time at
-    peak."""
-    s = summarize(result)
-    out: dict[str, float] = {
-        "slot_util": s["slot_utilization"],
-        "slot_util_tw": s["slot_utilization_time_weighted"],
-        "padding_fraction": s["padding_fraction"],
-        "throughput_req": s["request_throughput"] or 0.0,
-        "throughput_tok": s["output_throughput"] or 0.0,
-        "preemptions": float(s["preemptions"]),
-        "steps": float(s["steps"]),
-        "busy_s": s["busy_s"],
-        "duration_s": s["duration_s"],
-        "kv_reserved_peak": s["kv_reserved_peak"],
-        "kv_used_peak": s["kv_used_peak"],
-        "kv_reserved_mean": s["kv_reserved_mean"],
-        "kv_used_mean": s["kv_used_mean"],
-        "running_peak": float(max(result.log.cols["running"])),
-    }
-    for k in ("queue", "ttft", "e2e", "itl", "tpot"):
-        for stat, v in s[k].items():
-            out[f"{k}_{stat}"] = float("nan") if v is None else float(v)
-    hw = result.hardware
-    if hw is not None and hw.model is not None:
-        out["hw_compute"] = s["hw_compute_utilization"]
-        out["hw_bandwidth"] = s["hw_bandwidth_utilization"]
-        decode = result.log.hardware(_DecodeOnly(hw.model))[0].sum()
-        out["decode_compute"] = decode / (s["busy_s"] * hw.peak_flops)
-        out["useful_compute"] = useful_flops(result.requests, hw.model) / (s["busy_s"] * hw.peak_flops)
-    return {k: float(v) for k, v in out.items()}
-
-
 class Claim(str, enum.Enum):
     """How a claim fares against the numbers that test it; the notebook words each one."""
 
@@ -195,6 +65,16 @@ class Claim(str, enum.Enum):
     #: Holds in slots, and in hardware FLOPs only once the slot cap is lifted.
     NEEDS_WIDE_BATCH = "needs-wide-batch"
     DOES_NOT_HOLD = "does not hold"
+
+
+#: How every page words a :class:`Claim`'s verdict in its prose (glued as text).
+CLAIM_WORDS: dict[Claim, str] = {
+    Claim.HOLDS: "holds",
+    Claim.PARTLY: "holds in part",
+    Claim.SLOT_LEVEL_ONLY: "holds at the slot level, not in hardware FLOPs",
+    Claim.NEEDS_WIDE_BATCH: "holds at the slot level; in hardware FLOPs only once the batch may grow past its slot cap",
+    Claim.DOES_NOT_HOLD: "does not hold",
+}
 
 
 class Versus(str, enum.Enum):
@@ -238,3 +118,26 @@ def flat(prefix: str, values: Mapping[str, Any], keys: Sequence[str] | None = No
     """``{f"{prefix}_{k}": v}`` for the chosen keys (glue keys; ``plots.glue_values`` makes
     numpy scalars plain)."""
     return {f"{prefix}_{k}": values[k] for k in (values if keys is None else keys)}
+
+
+#: How far above the roofline's own prediction a measured step may rise, at the largest swept
+#: batch at or below B*, for extra rows to count as nearly free there.
+FLAT_TOL = 1.25
+
+
+def flat_verdict(numbers: Mapping[str, float]) -> Claim:
+    """The claim "extra rows are nearly free until B*", on one measured curve (the live sweep's
+    :func:`~batching.book.decode.live_numbers`, a GPU profile's
+    :func:`~batching.book.gpu.decode_numbers`), tested on the kernels batching uses: from
+    ``base_batch`` (batch 2 where batch 1 ran a one-token kernel of its own, else batch 1) to
+    ``test_batch`` (the largest swept batch at or below B*). HOLDS: the step there is within
+    :data:`FLAT_TOL` of the roofline's ratio to ``base_batch``'s; PARTLY: it rises more, but
+    some larger batch stays within :data:`~batching.costs.knee.KNEE_FACTOR` of
+    ``base_batch``'s step; DOES_NOT_HOLD: none does."""
+    # A curve without a kernel change (the GPU profiles) counts from batch 1, at B*.
+    ratio = numbers.get("ratio_test", numbers["ratio_bstar"])
+    pred = numbers.get("pred_ratio_test", numbers["pred_ratio_bstar"])
+    base, knee_at = numbers.get("base_batch", 1.0), numbers.get("knee_base", numbers["knee"])
+    if ratio <= FLAT_TOL * pred:
+        return Claim.HOLDS
+    return Claim.PARTLY if knee_at > base else Claim.DOES_NOT_HOLD

@@ -10,24 +10,26 @@ from typing import Any
 
 import numpy as np
 
+from ..capacity import run_points, searches, slos
+from ..costs.base import CostModel
 from ..engine import RunResult
-from ..metrics import request_record
+from ..metrics import iterations, request_record, run_metrics
+from ..simulate import simulate
 from ..workloads import Workload, preset
-from .capacity import capacity, run_point, slos
-from .common import Claim, columns, metrics, simulate
+from .common import Claim, columns
 
 
 def rate_sweep(
-    workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], time_scales: Sequence[float]
+    workload: Workload,
+    cost: CostModel,
+    configs: Mapping[str, Mapping[str, Any]],
+    time_scales: Sequence[float],
 ) -> dict[str, dict[str, np.ndarray]]:
     """Each configuration (``{"scheduler": ..., **options}``) with the workload replayed ``k``
     times faster for each ``k`` in ``time_scales``: per config, arrays over the sweep of
-    :func:`~batching.book.capacity.run_point`'s ``time_scale``, ``offered_rate`` (req/s),
+    :func:`~batching.capacity.run_point`'s ``time_scale``, ``offered_rate`` (req/s),
     ``stable`` and every :func:`~batching.book.common.metrics` key."""
-    points: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
-    for k in time_scales:
-        for name, cfg in configs.items():
-            points[name].append(run_point(workload, cost, cfg, float(k)))
+    points = run_points(workload, cost, configs, time_scales)
     return {name: columns(ps) for name, ps in points.items()}
 
 
@@ -47,7 +49,7 @@ def with_probes(workload: Workload, every: int = 10, output: int = 20) -> tuple[
 
 
 def probe_runs(
-    workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], probes: Sequence[int]
+    workload: Workload, cost: CostModel, configs: Mapping[str, Mapping[str, Any]], probes: Sequence[int]
 ) -> dict[str, dict[str, np.ndarray]]:
     """:func:`iterations` of the probe requests under each configuration
     (``{name: {"scheduler": ..., **options}}``)."""
@@ -56,45 +58,6 @@ def probe_runs(
         cfg = dict(cfg)
         out[name] = iterations(simulate(workload, cost, cfg.pop("scheduler"), **cfg), probes)
     return out
-
-
-def _steps_ended_by(result: RunResult, times: np.ndarray) -> np.ndarray:
-    """Steps that ended at or before each time (a step inside a run of n identical steps is
-    counted pro rata: exact at step boundaries, which is where admissions and finishes fall)."""
-    C = result.log.cols
-    t0 = np.asarray(C["t"], dtype=float)
-    dur = np.asarray(C["dur"], dtype=float)
-    n = np.asarray(C["n"], dtype=float)
-    end = t0 + dur
-    cum = np.concatenate([[0.0], np.cumsum(n)])
-    eps = 1e-9 * max(1.0, float(end[-1]))
-    i = np.searchsorted(end, times + eps, side="right")  # rows fully ended
-    out = cum[i].copy()
-    inside = (i < len(end)) & (times > t0[np.minimum(i, len(end) - 1)] + eps)
-    j = i[inside]
-    out[inside] += np.floor(n[j] * (times[inside] - t0[j]) / dur[j] + 1e-9)
-    return out
-
-
-def iterations(result: RunResult, rids: Sequence[int] | None = None) -> dict[str, np.ndarray]:
-    """How many engine iterations each request (or each of ``rids``) lives through: arrays
-    ``rid``, ``output_len``, ``from_admission`` (steps from admission to last token, both
-    ends' steps included), ``from_arrival`` (steps that ended between arrival and last token),
-    ``e2e`` and ``service`` (s, admission to last token)."""
-    want = None if rids is None else set(rids)
-    reqs = [r for r in result.requests if want is None or r.rid in want]
-    fin = np.array([r.finish_time for r in reqs], dtype=float)
-    adm = np.array([r.admit_time for r in reqs], dtype=float)
-    arr = np.array([r.arrival for r in reqs], dtype=float)
-    done = _steps_ended_by(result, fin)
-    return {
-        "rid": np.array([r.rid for r in reqs]),
-        "output_len": np.array([r.output_len for r in reqs]),
-        "from_admission": done - _steps_ended_by(result, adm),
-        "from_arrival": done - _steps_ended_by(result, arr),
-        "e2e": fin - arr,
-        "service": fin - adm,
-    }
 
 
 def subset_latency(result: RunResult, rids: Sequence[int]) -> dict[str, float]:
@@ -140,17 +103,22 @@ def iterations_claim(summary: Mapping[str, float], probe: int) -> Claim:
 
 
 def utilization_at_capacity(
-    workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], itl_slo_ms: float, **options: Any
+    workload: Workload,
+    cost: CostModel,
+    configs: Mapping[str, Mapping[str, Any]],
+    itl_slo_ms: float,
+    **options: Any,
 ) -> dict[str, dict[str, float]]:
     """Each configuration's run at its own capacity under ``itl_slo_ms``
-    (:func:`~batching.book.capacity.capacity`, which gets ``options``): its ``rate`` (req/s
+    (:func:`~batching.capacity.capacity`, which gets ``options``): its ``rate`` (req/s
     offered), ``slot_util``, ``hw_compute`` (all FLOPs), ``decode_compute`` (its decode
     rows' FLOPs alone) and ``prefill_share``, the share of its FLOPs that is not decode's
     (prefill, with its attention); NaN where no rate met the SLO (``rate`` 0)."""
     out = {}
     keys = ("slot_util", "hw_compute", "decode_compute")
-    for name, cfg in configs.items():
-        c = capacity(workload, cost, cfg, itl_slo_ms, **options)
+    found = searches(workload, cost, configs, {"slo": itl_slo_ms}, **options)
+    for name in configs:
+        c = found[name]["slo"]
         p = c["point"]
         u = {k: float(p[k]) if p else math.nan for k in keys}
         hw = u["hw_compute"]
@@ -178,10 +146,10 @@ def utilization_claim(slot_capped: float, hw_capped: float, hw_wide: float) -> C
 
 
 def utilization_case(
-    workload: Workload, cost: Any, narrow: Mapping[str, Any], wide: Mapping[str, Any], **options: Any
+    workload: Workload, cost: CostModel, narrow: Mapping[str, Any], wide: Mapping[str, Any], **options: Any
 ) -> dict[str, Any]:
     """The utilization claim on one setup (a roofline or a measured profile): the relaxed
-    SLO (ms, :func:`~batching.book.capacity.slos` of ``cost``), :func:`kv_rows` at the
+    SLO (ms, :func:`~batching.capacity.slos` of ``cost``), :func:`kv_rows` at the
     workload's mean request length (``kv_slabs``, ``kv_exact``), ``kv_limited`` (fewer
     requests fit exactly than ``narrow``'s slots: memory, not the slot cap, bounds the batch),
     :func:`utilization_at_capacity` of the ``narrow`` (slot-capped) and ``wide`` configurations
@@ -230,7 +198,7 @@ SEVERAL_X = 3.0
 
 def capacity_gain(cap: Mapping[str, Mapping[str, float]], cont: str, dense: str, slo: str) -> dict[str, Any]:
     """The claim "continuous batching serves several times the traffic within the same latency
-    target" on :func:`~batching.book.capacity.capacity_by_config`: ``gain``, ``cont``'s
+    target" on :func:`~batching.capacity.capacity_by_config`: ``gain``, ``cont``'s
     capacity over ``dense``'s at ``slo`` (``math.inf`` where ``dense`` met no rate), and
     ``claim``: HOLDS at :data:`SEVERAL_X` or more, PARTLY above 1 (more, not several times),
     else DOES_NOT_HOLD."""
@@ -245,7 +213,7 @@ def capacity_gain(cap: Mapping[str, Mapping[str, float]], cont: str, dense: str,
     return {"gain": gain, "claim": claim}
 
 
-def kv_rows(cost: Any, mean_tokens: float) -> dict[str, int]:
+def kv_rows(cost: CostModel, mean_tokens: float) -> dict[str, int]:
     """How many requests the devices' KV memory holds at once, at most 256: as full-context
     slabs (``slabs``) or at ``mean_tokens`` each (``exact``)."""
     kv = float(cost.kv_capacity())
@@ -255,14 +223,15 @@ def kv_rows(cost: Any, mean_tokens: float) -> dict[str, int]:
 
 
 def p99_at(
-    workload: Workload, cost: Any, configs: Mapping[str, Mapping[str, Any]], time_scale: float
+    workload: Workload, cost: CostModel, configs: Mapping[str, Mapping[str, Any]], time_scale: float
 ) -> dict[str, dict[str, Any]]:
     """Each configuration at one replay speed: ``stable``, ``offered_rate``, ``throughput_req``
     and ``e2e_p99``, ``ttft_p99`` (s; NaN for an unstable run, whose percentiles grow with the
     replay's length)."""
     out = {}
-    for name, cfg in configs.items():
-        p = run_point(workload, cost, cfg, time_scale)
+    points = run_points(workload, cost, configs, [time_scale])
+    for name in configs:
+        p = points[name][0]
         ok = bool(p["stable"])
         out[name] = {
             "stable": ok,
@@ -309,7 +278,7 @@ def step_gap(static: RunResult, cont: RunResult) -> dict[str, float]:
     end (``static_end_s``, ``cont_end_s``) and ``gap``, 1 - continuous end / static end."""
     out = {}
     for tag, res in (("static", static), ("cont", cont)):
-        m = metrics(res)
+        m = run_metrics(res)
         out[f"{tag}_step_ms"] = 1e3 * m["busy_s"] / m["steps"]
         out[f"{tag}_end_s"] = max(float(r.finish_time) for r in res.requests if r.finish_time is not None)
     out["gap"] = 1.0 - out["cont_end_s"] / out["static_end_s"]
@@ -318,7 +287,7 @@ def step_gap(static: RunResult, cont: RunResult) -> dict[str, float]:
 
 class Tail(str, enum.Enum):
     """7.2's measured check of "p99 shrinks": which of the static and continuous runs kept up
-    with their arrivals (:func:`~batching.book.capacity.queue_growth`), and, where both did,
+    with their arrivals (:func:`~batching.metrics.queue_growth`), and, where both did,
     which p99 end-to-end latency is the lower. An unstable run's p99 only measures how long
     the replay lasted, so no ratio is taken from it."""
 

@@ -8,9 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from ..costs import roofline
+from ..costs.knee import knee
 from ..costs.models import ModelShape, get_model
-from .common import step_work
-from .why import bstar_of, knee, roofline_curve
+from ..costs.roofline import decode_curve
+from ..plan import StepWork
 
 
 def sweep_shape(sweep: Mapping[str, Any]) -> ModelShape:
@@ -20,9 +22,9 @@ def sweep_shape(sweep: Mapping[str, Any]) -> ModelShape:
 
 def live_roofline(sweep: Mapping[str, Any], points: int = 0) -> dict[str, np.ndarray]:
     """The roofline from the sweep's own matrix-vector bandwidth and matmul peak, no overhead
-    (:func:`~batching.book.why.roofline_curve`, at the sweep's batches or ``points`` of them)."""
+    (:func:`~batching.costs.roofline.decode_curve`, at the sweep's batches or ``points`` of them)."""
     bw, peak = sweep["matvec_gbs"] * 1e9, sweep["peak_tflops"] * 1e12
-    return roofline_curve(sweep_shape(sweep), sweep["batch"], sweep["ctx"], bw, peak, points=points)
+    return decode_curve(sweep_shape(sweep), sweep["batch"], sweep["ctx"], bw, peak, points=points)
 
 
 def base_index(sweep: Mapping[str, Any]) -> int:
@@ -53,8 +55,8 @@ def live_numbers(sweep: Mapping[str, Any]) -> dict[str, float]:
     roof = live_roofline(sweep)
     bw = sweep["matvec_gbs"] * 1e9
     peak = sweep["peak_tflops"] * 1e12
-    bstar = bstar_of(peak, bw, shape.bytes_per_param)
-    moved1 = shape.bytes_moved(step_work((), 1, sweep["ctx"]))
+    bstar = roofline.bstar(peak, bw, shape.bytes_per_param)
+    moved1 = shape.bytes_moved(StepWork.fresh((), 1, sweep["ctx"]))
     achieved = moved1 / (u[0] / 1e3)
     ib = int(np.flatnonzero(b <= max(bstar, 1.0))[-1])
     i0 = base_index(sweep)
@@ -125,7 +127,7 @@ def first_step_rates(sweep: Mapping[str, Any]) -> dict[str, float]:
         raise ValueError(f"batches {b}: need two at least")
     shape, u = sweep_shape(sweep), np.asarray(sweep["uniform_ms"], dtype=float)
     rate = [
-        shape.bytes_moved(step_work((), int(r), sweep["ctx"])) / (u[i] / 1e3) / 1e9
+        shape.bytes_moved(StepWork.fresh((), int(r), sweep["ctx"])) / (u[i] / 1e3) / 1e9
         for i, r in enumerate(b[:2])
     ]
     return {
@@ -254,9 +256,12 @@ def probe_rows(
     ]
     if registry_gbs is not None:
         probes.append(
-            ("device registry's matrix-vector figure (measured on the AMD EPYC of the notes)", registry_gbs)
+            (
+                "device registry's matrix-vector figure (cpu-here, measured on a 2-vCPU AMD EPYC, Zen 3)",
+                registry_gbs,
+            )
         )
     rows: list[list[Any]] = [
-        [name, f"{gbs:,.1f}", f"{bstar_of(peak, gbs * 1e9, bpp):,.1f}"] for name, gbs in probes
+        [name, f"{gbs:,.1f}", f"{roofline.bstar(peak, gbs * 1e9, bpp):,.1f}"] for name, gbs in probes
     ]
     return rows, ["bandwidth probe", "GB/s", "B* (this run's matmul peak)"]

@@ -17,15 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
-from ..costs.profile import ProfileCost
+from ..costs import roofline
+from ..costs.knee import first_reaching, knee
+from ..costs.profile import GPU_PROFILE_DIR, ProfileCost
 from ..plan import StepWork
-from .common import ROOT, Claim
-from .why import bstar_of, knee
+from .common import Claim, flat_verdict
 
 #: Where the derived GPU profiles live (data/README.md).
-GPU_PROFILE_DIR = ROOT / "data" / "profiles" / "gpu"
 #: The profiles the pages quote, by GPU: Llama-2-7B on the H100, Llama-3-8B on the A100, tp 1.
 BOOK_PROFILES: dict[str, str] = {"h100": "h100-llama-2-7b-tp1.json", "a100": "a100-llama-8b-tp1.json"}
 #: Token counts (decode batch or chunk) whose linear-layer time the pages quote.
@@ -63,17 +62,6 @@ def linear_part(doc: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(p["tokens"], dtype=np.float64), np.asarray(p["linear_ms"], dtype=np.float64)
 
 
-def first_reaching(batch: ArrayLike, times: ArrayLike, factor: float) -> int | None:
-    """The first batch whose time is at least ``factor`` times the first batch's; None if none."""
-    b, t = np.asarray(batch, dtype=np.float64), np.asarray(times, dtype=np.float64)
-    if b.ndim != 1 or b.shape != t.shape or len(b) == 0 or factor < 1:
-        raise ValueError(
-            f"batch {b.shape}, times {t.shape}, factor {factor}: need two equal 1-d arrays, factor >= 1"
-        )
-    hit = np.flatnonzero(t >= factor * t[0])
-    return int(b[hit[0]]) if len(hit) else None
-
-
 def decode_numbers(doc: dict[str, Any], ctx: int = 128) -> dict[str, Any]:
     """The linear part of a decode step of ``b`` rows (= ``b`` tokens) against batch: its ms at
     :data:`QUOTED_TOKENS` (``linear_ms``), the first batch at each of :data:`FACTORS` x batch
@@ -89,7 +77,7 @@ def decode_numbers(doc: dict[str, Any], ctx: int = 128) -> dict[str, Any]:
     keep = tokens <= DECODE_MAX
     b, t = tokens[keep], lin[keep]
     m, dev, tp = cost.model, cost.device, cost.tp
-    bstar = bstar_of(dev.peak(m.dtype), dev.bandwidth, m.bytes_per_param)
+    bstar = roofline.bstar(dev.peak(m.dtype), dev.bandwidth, m.bytes_per_param)
     lin1 = float(np.interp(1.0, tokens, lin))
     weights = m.layers * m.layer_matmul_params * m.bytes_per_param / tp
     achieved = weights / (lin1 / 1e3)
@@ -186,7 +174,6 @@ def decode_curves(profiles: dict[str, str] | None = None) -> dict[str, dict[str,
     and predicted ratios at B* (``ratio_bstar``, ``pred_ratio_bstar``) and the verdict on
     "extra rows are nearly free until B*" (:func:`~batching.book.why.flat_verdict`, the
     rule the live measurement is judged by)."""
-    from .why import flat_verdict
 
     out: dict[str, dict[str, Any]] = {}
     for gpu, name in (profiles or BOOK_PROFILES).items():
@@ -199,7 +186,7 @@ def decode_curves(profiles: dict[str, str] | None = None) -> dict[str, dict[str,
         n = float(m.layers * m.layer_matmul_params) / cost.tp
         peak = dev.peak(m.dtype)
         roof = np.maximum(n * m.bytes_per_param / dev.bandwidth, 2.0 * n * b / peak) * 1e3
-        bstar = bstar_of(peak, dev.bandwidth, m.bytes_per_param)
+        bstar = roofline.bstar(peak, dev.bandwidth, m.bytes_per_param)
         nums = {
             "bstar": bstar,
             "knee": float(knee(b, t)),

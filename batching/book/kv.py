@@ -10,9 +10,14 @@ from typing import Any
 
 import numpy as np
 
+from ..costs import RooflineCost
+from ..costs.base import CostModel
+from ..costs.models import get_model
 from ..engine import RunResult
+from ..metrics import run_metrics
+from ..simulate import simulate
 from ..workloads import Workload
-from .common import Claim, at, columns, metrics, simulate
+from .common import Claim, at, columns
 
 POLICIES = ("slab", "exact")
 
@@ -22,7 +27,7 @@ def _life_mean(workload: Workload) -> float:
     return float((workload.prompt_lens + workload.output_lens / 2).mean())
 
 
-def _kv_share(cost: Any, rows: int, ctx: float) -> float:
+def _kv_share(cost: CostModel, rows: int, ctx: float) -> float:
     """The share of a decode step's bytes that is KV (``rows`` rows of ``ctx`` tokens), not weights."""
     kv = rows * ctx * cost.model.kv_bytes_per_token
     return float(kv / (kv + cost.model.weight_read_bytes))
@@ -42,7 +47,7 @@ def kv_over_time(result: RunResult) -> dict[str, np.ndarray]:
 
 
 def kv_runs(
-    workload: Workload, cost: Any, slots: int = 256, kv_tokens: int | str = "device"
+    workload: Workload, cost: CostModel, slots: int = 256, kv_tokens: int | str = "device"
 ) -> dict[str, Any]:
     """Continuous batching under each KV policy, every step logged: ``series`` ({policy:
     :func:`kv_over_time`}) and ``numbers``, per policy ``<policy>_running_peak``, ``_ttft_p99``
@@ -56,7 +61,7 @@ def kv_runs(
         r = simulate(
             workload, cost, "continuous", slots=slots, kv_tokens=kv_tokens, kv_policy=pol, fast=False
         )
-        m = metrics(r)
+        m = run_metrics(r)
         series[pol] = kv_over_time(r)
         numbers.update({f"{pol}_{k}": m[k] for k in ("running_peak", "ttft_p99", "preemptions")})
         numbers[f"{pol}_unused"] = 1.0 - m["kv_used_mean"] / m["kv_reserved_mean"]
@@ -89,7 +94,7 @@ def reserved_verdict(
     return Claim.HOLDS if exact_ran_all and n["ttft_gain"] >= factor else Claim.PARTLY
 
 
-def kv_fit(cost: Any, workload: Workload) -> dict[str, float]:
+def kv_fit(cost: RooflineCost, workload: Workload) -> dict[str, float]:
     """How many sequences the device's KV capacity (``capacity`` tokens) holds: as slabs of
     ``max_context`` (``slab``), or reserved exactly at each request's final length
     (``exact_final``, mean ``mean_final``) or at its mean over its life (``exact_avg``);
@@ -130,7 +135,7 @@ def fit_verdict(fit: Mapping[str, float], far: float = FAR_BELOW) -> Claim:
     return Claim.HOLDS if fit["exact_over_bstar"] >= far else Claim.PARTLY
 
 
-def policy_roofline(cost: Any, workload: Workload, budget: float, slots: int) -> dict[str, float]:
+def policy_roofline(cost: RooflineCost, workload: Workload, budget: float, slots: int) -> dict[str, float]:
     """Roofline decode throughput (tokens/s) with the batch as full as a KV budget of
     ``budget`` tokens lets each policy keep it, every row at the workload's mean length over
     a request's life (``ctx``): ``rows_<policy>`` and ``tput_<policy>``, ``gain`` = exact over
@@ -157,7 +162,7 @@ BUDGET_KEYS = ("throughput_tok", "preemptions", "running_peak")
 
 def kv_budget_sweep(
     workload: Workload,
-    cost: Any,
+    cost: CostModel,
     budgets: Sequence[int],
     slots: int = 256,
     static_timeout: float | None = 2.0,
@@ -171,7 +176,7 @@ def kv_budget_sweep(
         (pol, "continuous", {"slots": slots, "kv_policy": pol}) for pol in POLICIES
     ]
     if static_timeout is not None:
-        runs.append(("static", "static", {"timeout": static_timeout}))
+        runs.append(("static", "static", {"max_wait": static_timeout}))
     ctx = cost.model.max_context
     out: dict[str, dict[str, np.ndarray]] = {}
     for name, sched, opts in runs:
@@ -179,7 +184,7 @@ def kv_budget_sweep(
         for b in budgets:
             if sched == "static":
                 opts = {**opts, "slots": min(slots, int(b) // ctx)}
-            ms.append(metrics(simulate(workload, cost, sched, kv_tokens=int(b), **opts)))
+            ms.append(run_metrics(simulate(workload, cost, sched, kv_tokens=int(b), **opts)))
         out[name] = {"budget": np.asarray(budgets, dtype=float), **columns(ms, BUDGET_KEYS)}
     return out
 
@@ -208,7 +213,7 @@ def gain_kept(slab_gain: float, exact_gain: float) -> float:
 
 
 def slab_growth(
-    sweep: Mapping[str, Mapping[str, np.ndarray]], cost: Any, workload: Workload
+    sweep: Mapping[str, Mapping[str, np.ndarray]], cost: RooflineCost, workload: Workload
 ) -> dict[str, float]:
     """Why slab throughput grows less than the budget between the sweep's two largest budgets:
     ``budget_ratio``, ``tput_ratio``, the peak running rows at each (``rows_lo``, ``rows_hi``),
@@ -260,7 +265,7 @@ def real_kv_configs(budget: int, max_context: int, slots: int) -> dict[str, dict
         raise ValueError(f"budget={budget} KV tokens holds no slab of max_context={max_context}")
     kv = {"kv_capacity": int(budget)}
     return {
-        "static": {"scheduler": "static", "slots": min(rows, slots), "timeout": 1.0, **kv},
+        "static": {"scheduler": "static", "slots": min(rows, slots), "max_wait": 1.0, **kv},
         "continuous, slab": {"scheduler": "continuous", "slots": slots, "kv_policy": "slab", **kv},
         "continuous, exact": {"scheduler": "continuous", "slots": slots, "kv_policy": "exact", **kv},
     }
@@ -276,17 +281,17 @@ def real_kv(
     profile: str | None = "auto",
 ) -> dict[str, Any]:
     """:func:`real_kv_configs` on the real model, under a budget of ``budget_slabs`` slabs of
-    its context (:func:`~batching.book.checks.real_schedulers`, with the simulator beside it
+    its context (:func:`~batching.real.session.compare_schedulers`, with the simulator beside it
     where this machine has a profile), plus ``budget``, ``max_context`` and ``slots``. The
     runner holds a slab per slot; the budget is the schedulers' KV accounting, as in the
     simulator."""
-    from ..costs.models import get_model
-    from .checks import real_model, real_schedulers
+    # The real engine imports torch: loaded only when a page measures (the pages import without it).
+    from ..real.session import compare_schedulers, default_model
 
-    name = real_model(model, device)
+    name = default_model(model, device)
     ctx = get_model(name).max_context
     budget = budget_slabs * ctx
-    rs = real_schedulers(
+    rs = compare_schedulers(
         workload,
         real_kv_configs(budget, ctx, slots),
         model=name,

@@ -10,21 +10,18 @@ from typing import Any
 
 import numpy as np
 
-from ..costs.profile import ProfileCost
-from .common import ROOT, machine_label
-from .why import bstar_of, knee, roofline_curve
-
-#: Where committed profiles live (data/README.md); every ``*.json`` there is shown.
-PROFILE_DIR = ROOT / "data" / "profiles"
+from ..costs import roofline
+from ..costs.knee import knee
+from ..costs.profile import PROFILE_DIR, ProfileCost
+from ..costs.roofline import decode_curve
+from .common import machine_label
 
 
 def profile_roofline(profile: Mapping[str, Any], points: int = 60) -> dict[str, np.ndarray]:
     """The roofline of a :func:`load_profiles` entry at its ``ref_ctx``, from its own bandwidth
     and peak, no overhead."""
     bw, peak = profile["bandwidth_gbs"] * 1e9, profile["peak_tflops"] * 1e12
-    return roofline_curve(
-        profile["shape"], profile["batch"], int(profile["ref_ctx"]), bw, peak, points=points
-    )
+    return decode_curve(profile["shape"], profile["batch"], int(profile["ref_ctx"]), bw, peak, points=points)
 
 
 def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[dict[str, Any]]:
@@ -57,7 +54,7 @@ def load_profiles(directory: str | Any = PROFILE_DIR, ctx: int = 128) -> list[di
                 "shape": cost.model,
                 "bandwidth_gbs": bw,
                 "peak_tflops": peak,
-                "bstar": bstar_of(peak * 1e12, bw * 1e9, cost.model.bytes_per_param),
+                "bstar": roofline.bstar(peak * 1e12, bw * 1e9, cost.model.bytes_per_param),
                 "mixed": cost.mixed,
                 "ref_ctx": float(cost.dc[j]),
                 "ref_ms": ms[:, j],

@@ -12,14 +12,14 @@ from typing import Any
 
 from ..costs.devices import machine_of
 from ..costs.models import canonical_dtype
-from ..costs.profile import ProfileCost
+from ..costs.profile import PROFILE_DIR, ProfileCost
 from ..engine import RunResult
 from ..metrics import request_records, summarize
 from ..results import machine_busy
+from ..simulate import simulate
 from ..workloads import Workload, preset
 from ..workloads.traces import load_trace
-from .common import ROOT, Versus, same_machine_as, simulate, versus
-from .profiles import PROFILE_DIR
+from .common import ROOT, Versus, same_machine_as, versus
 
 RESULT = ROOT / "benchmarks" / "results" / "serve-cpu-here-cpu-s.json"
 PROFILE = PROFILE_DIR / "cpu-here-cpu-s.json"

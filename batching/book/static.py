@@ -3,21 +3,23 @@ utilization against batch size, and what a timeout (dynamic batching) changes.""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from ..costs import RooflineCost
+from ..costs.base import CostModel
+from ..costs.models import get_model
 from ..engine import RunResult
+from ..metrics import queue_growth, run_metrics
+from ..plan import StepWork
+from ..request import Request
 from ..results import load_average, machine_load
+from ..schedulers import StaticScheduler
+from ..simulate import simulate
 from ..workloads import Workload
-from .capacity import queue_growth
-from .common import Claim, Versus, columns, metrics, simulate, step_work, versus
-
-#: A step log occupancy code as the timeline's kind of row.
-_OCC_KIND = {"P": "prefill", "D": "decode", "X": "dead"}
+from .common import Claim, Versus, columns, versus
 
 
 def _check_pair(short: Any, long: Any) -> None:
@@ -30,7 +32,7 @@ def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000) -> dict[
     of the pair packed and padded, the short prompt's padded over unpadded time, and what
     bounds the short and the padded prefill (``"memory"`` or ``"compute"``)."""
     _check_pair(short, long)
-    t = lambda *prompts: cost.step_time(step_work(prompts))
+    t = lambda *prompts: cost.step_time(StepWork.fresh(prompts))
     out = {
         "short": float(short),
         "long": float(long),
@@ -40,7 +42,7 @@ def padding_cost(cost: RooflineCost, short: int = 50, long: int = 4000) -> dict[
         "t_batch_padded": t(long, long),
     }
     out["time_ratio_short"] = out["t_short_padded"] / out["t_short"]
-    bound = lambda p: cost.terms(step_work((p,)))["bound"]
+    bound = lambda p: cost.terms(StepWork.fresh((p,)))["bound"]
     return {**out, "bound_short": bound(short), "bound_padded": bound(long)}
 
 
@@ -69,13 +71,14 @@ def real_padding(
     :func:`~batching.results.machine_load` around the runs (a busy machine inflates short
     steps most). ``model`` and ``long`` None take the device's defaults.
     """
-    from .checks import real_kind, real_runner, serve_real
+    # The real engine imports torch: loaded only when a page measures (the pages import without it).
+    from ..real.session import device_kind, serve, session
 
-    long = REAL_PADDING_LONG[real_kind(device)] if long is None else long
+    long = REAL_PADDING_LONG[device_kind(device)] if long is None else long
     _check_pair(short, long)
     if not (isinstance(reps, int) and reps >= 1):
         raise ValueError(f"reps={reps!r}: must be an integer >= 1")
-    runner = real_runner(model, device, slots=2, max_len=long + 1, threads=threads)
+    runner = session(model, device, slots=2, max_len=long + 1, threads=threads)
     pair = Workload.from_arrays([0.0, 0.0], [short, long], [1, 1], name="padding-pair, one token each")
     alone = {
         n: Workload.from_arrays([0.0], [p], [1], name=f"{n} prompt alone")
@@ -91,7 +94,7 @@ def real_padding(
     load0 = load_average()
     for _ in range(reps):
         for key, (w, sched, opts) in runs.items():
-            res = serve_real(runner, w, sched, slots=opts["slots"])
+            res = serve(runner, w, sched, slots=opts["slots"])
             L = res.log.cols
             if len(L["dur"]) != 1:  # one token each: the prefill step is the whole run
                 raise RuntimeError(f"{key}: expected one step, the engine ran {len(L['dur'])}")
@@ -120,7 +123,6 @@ def real_padding(
 def real_context(rp: Mapping[str, Any]) -> int:
     """The context (tokens) of the model a :func:`real_padding` run used, from the registry:
     what caps its long prompt on a CPU (cpu-s: 2,048, hence 2,000 rather than 4,000)."""
-    from ..costs.models import get_model
 
     return int(get_model(str(rp["model"])).max_context)
 
@@ -147,91 +149,23 @@ def per_position_ms(rp: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-class Segment(NamedTuple):
-    """One stretch of one batch row doing one thing: ``kind`` is one of
-    :data:`~batching.book.common.KINDS`, ``rid`` None for idle rows, ``steps`` the engine steps
-    spanned (a prefill split into prefill and padding counts its step in both)."""
-
-    slot: int
-    rid: int | None
-    kind: str
-    t0: float
-    t1: float
-    steps: int
-
-
-def timeline(result: RunResult) -> list[Segment]:
-    """Per-slot timeline of a run recorded with ``record_slots=True``, sorted by slot, then
-    time. A padded prefill's step is split between its tokens and its padding in proportion
-    to their counts; a static batch's finished but computed row is ``dead``; an empty slot,
-    or any slot while the engine waits for arrivals, is ``idle``. Consecutive pieces of one
-    slot, request and kind are merged."""
-    log = result.log
-    if not log.record_slots or len(log.occupancy) != len(log):
-        raise ValueError("timeline() needs a run recorded with record_slots=True")
-    C = log.cols
-    nslots = int(max(C["slots"]))
-    rows: dict[int, list[Segment]] = {s: [] for s in range(nslots)}
-
-    def add(slot: int, rid: int | None, kind: str, t0: float, t1: float, steps: int) -> None:
-        segs = rows.setdefault(slot, [])
-        if segs:
-            last = segs[-1]
-            if (last.rid, last.kind) == (rid, kind) and math.isclose(
-                last.t1, t0, rel_tol=1e-12, abs_tol=1e-12
-            ):
-                segs[-1] = last._replace(t1=t1, steps=last.steps + steps)
-                return
-        segs.append(Segment(slot, rid, kind, t0, t1, steps))
-
-    prev_end = C["t"][0] if len(log) else 0.0
-    for i in range(len(log)):
-        t0, dur, n = C["t"][i], C["dur"][i], int(C["n"][i])
-        t1 = t0 + dur
-        if t0 > prev_end and not math.isclose(t0, prev_end, rel_tol=1e-12, abs_tol=1e-12):
-            for s in range(nslots):  # the engine waited for an arrival: every slot idle
-                add(s, None, "idle", prev_end, t0, 0)
-        busy = set()
-        for slot, rid, k, tokens, pad in log.occupancy[i]:
-            busy.add(slot)
-            kind = _OCC_KIND[k]
-            if kind == "prefill" and pad:
-                tm = t0 + dur * tokens / (tokens + pad)
-                add(slot, rid, "prefill", t0, tm, n)
-                add(slot, rid, "padding", tm, t1, n)
-            else:
-                add(slot, rid, kind, t0, t1, n)
-        for s in range(int(C["slots"][i])):
-            if s not in busy:
-                add(s, None, "idle", t0, t1, n)
-        prev_end = t1
-    return [seg for s in sorted(rows) for seg in rows[s]]
-
-
 def static_batch_sizes(
     prompts: Sequence[int] | np.ndarray, outputs: Sequence[int] | np.ndarray, batch: int, max_context: int
 ) -> list[int]:
     """Sizes of the consecutive batches the static scheduler forms from a queue holding every
-    request: a batch closes at ``batch`` requests, or early before a request that cannot be
-    padded beside it (longest prompt + longest output must fit ``max_context``, as
-    ``DenseBatchScheduler.fits_beside``)."""
+    request: the scheduler itself is handed every request at t = 0 and its sealed batches
+    counted (a batch closes at ``batch`` requests, or early before a request that cannot be
+    padded beside it: :meth:`~batching.schedulers.static.DenseBatchScheduler.fits_beside`)."""
     p, o = np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
     if batch < 1 or p.shape != o.shape or p.size == 0:
         raise ValueError(
             f"batch={batch}, {p.size} prompts, {o.size} outputs: need batch >= 1 and "
             "as many prompts as outputs, at least one"
         )
-    sizes: list[int] = []
-    n, longest, most = 0, 0, 0
-    for pi, oi in zip(p.tolist(), o.tolist()):
-        if n and max(longest, pi) + max(most, oi) > max_context:
-            sizes.append(n)
-            n, longest, most = 0, 0, 0
-        n, longest, most = n + 1, max(longest, pi), max(most, oi)
-        if n == batch:
-            sizes.append(n)
-            n, longest, most = 0, 0, 0
-    return sizes + ([n] if n else [])
+    sched = StaticScheduler(batch, max_context)
+    for rid, (pi, oi) in enumerate(zip(p.tolist(), o.tolist())):
+        sched.on_arrival(Request(rid, 0.0, pi, oi))
+    return [len(b) for b in sched.sealed] + ([len(sched.forming)] if sched.forming else [])
 
 
 def analytic_static_utilization(
@@ -254,7 +188,9 @@ def analytic_static_utilization(
     return float(o.sum() / (batch * sum(maxes)))
 
 
-def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]) -> dict[str, np.ndarray]:
+def static_batch_sweep(
+    workload: Workload, cost: CostModel, batch_sizes: Sequence[int]
+) -> dict[str, np.ndarray]:
     """Static batching at each batch size, every request queued at t=0, KV unlimited. Arrays
     over ``batch``: ``slot_util``, ``padding_fraction``, ``analytic`` (the formula over full
     batches) and ``analytic_formed`` (over the batches formed: :func:`static_batch_sizes`)."""
@@ -267,7 +203,7 @@ def static_batch_sweep(workload: Workload, cost: Any, batch_sizes: Sequence[int]
     )
     rows = []
     for b in map(int, batch_sizes):
-        m = metrics(simulate(w, cost, "static", slots=b, kv_tokens=None, timeout=0.0))
+        m = run_metrics(simulate(w, cost, "static", slots=b, kv_tokens=None, max_wait=0.0))
         sizes = static_batch_sizes(w.prompt_lens, w.output_lens, b, cost.model.max_context)
         rows.append(
             {
@@ -293,20 +229,20 @@ def sweep_agreement(sweep: Mapping[str, np.ndarray]) -> dict[str, float | bool]:
 
 
 def wait_sweep(
-    workload: Workload, cost: Any, waits: Sequence[float], slots: int = 32
+    workload: Workload, cost: CostModel, waits: Sequence[float], slots: int = 32
 ) -> dict[str, dict[str, np.ndarray]]:
     """Static and dynamic batching at each timeout (s), KV unlimited. Per scheduler, arrays over
     ``wait`` of ``queue_mean``, ``slot_util``, ``e2e_p99``, ``ttft_p99``, ``throughput_req``,
     ``padding_fraction``, ``mean_batch`` (requests per batch) and ``stable`` (0.0 where the
-    queue grew over the replay, :func:`~batching.book.capacity.queue_growth`: its delay is then
+    queue grew over the replay, :func:`~batching.metrics.queue_growth`: its delay is then
     a lower bound, not a value)."""
     res: dict[str, dict[str, np.ndarray]] = {}
     keys = ("queue_mean", "slot_util", "e2e_p99", "ttft_p99", "throughput_req", "padding_fraction")
     for name in ("static", "dynamic"):
         rows = []
         for T in waits:
-            r = simulate(workload, cost, name, slots=slots, kv_tokens=None, timeout=float(T))
-            m = metrics(r)
+            r = simulate(workload, cost, name, slots=slots, kv_tokens=None, max_wait=float(T))
+            m = run_metrics(r)
             batches = sum(1 for p in r.log.cols["prefill"] if p > 0)
             rows.append(
                 {
@@ -420,20 +356,22 @@ def batch_durations(result: RunResult) -> np.ndarray:
     return t[ends] + dur[ends] - t[starts]
 
 
-def tail_numbers(workload: Workload, cost: Any, slots: int = 32, max_wait: float = 0.0) -> dict[str, float]:
+def tail_numbers(
+    workload: Workload, cost: CostModel, slots: int = 32, max_wait: float = 0.0
+) -> dict[str, float]:
     """Dynamic batching (``max_wait``) beside continuous batching with as many slots, KV
     unlimited: per scheduler (prefix ``dy_`` and ``cm_``) ``throughput_tok`` (output tokens/s),
     ``ttft_p50``, ``ttft_p99`` (s) and ``stable`` (1.0 unless the queue grew over the replay,
-    :func:`~batching.book.capacity.queue_growth`); and dynamic batching's batches:
+    :func:`~batching.metrics.queue_growth`); and dynamic batching's batches:
     ``batch_p50_s``, ``batch_p99_s``, ``batch_max_s`` (:func:`batch_durations`)."""
     out: dict[str, float] = {}
     runs: tuple[tuple[str, str, dict[str, Any]], ...] = (
-        ("dy", "dynamic", {"timeout": float(max_wait)}),
+        ("dy", "dynamic", {"max_wait": float(max_wait)}),
         ("cm", "continuous", {}),
     )
     for tag, name, opts in runs:
         r = simulate(workload, cost, name, slots=slots, kv_tokens=None, **opts)
-        m = metrics(r)
+        m = run_metrics(r)
         out.update({f"{tag}_{k}": m[k] for k in ("throughput_tok", "ttft_p50", "ttft_p99")})
         out[f"{tag}_stable"] = 1.0 - queue_growth(r)["growing"]
         if tag == "dy":

@@ -55,7 +55,14 @@ def add_scheduler_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--slots", type=int, default=32, help="batch size (static, dynamic) or max running requests"
     )
-    g.add_argument("--timeout", type=float, default=0.0, help="static: seal timeout; dynamic: max wait (s)")
+    g.add_argument(
+        "--max-wait",
+        "--timeout",
+        dest="max_wait",
+        type=float,
+        default=0.0,
+        help="static and dynamic: how long the oldest request waits for its batch to fill (s)",
+    )
     g.add_argument("--prefill-mode", choices=["mixed", "separate"], default="mixed")
     g.add_argument("--token-budget", type=int, default=512, help="chunked: tokens per step")
     g.add_argument("--chunk-size", type=int, help="chunked: max prefill chunk (default: the budget)")
@@ -104,7 +111,7 @@ def scheduler(a: argparse.Namespace, max_ctx: int, kv_tokens: float) -> Schedule
         a.scheduler,
         max_context=max_ctx,
         slots=a.slots,
-        timeout=a.timeout,
+        max_wait=a.max_wait,
         prefill_mode=a.prefill_mode,
         token_budget=a.token_budget,
         chunk_size=a.chunk_size,

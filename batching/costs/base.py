@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -15,6 +15,27 @@ from .models import ModelShape
 #: fragmentation: the complement of vLLM's gpu_memory_utilization, whose default was 0.9 for
 #: most of its releases (0.92 in vLLM 0.32.0, vllm/config/cache.py); the chapter keeps 0.9.
 MEM_RESERVE = 0.10
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """What a page, a metric or the simulator reads of a cost model (the roofline or a
+    measured profile): the model and device it prices, how many devices, their peak and
+    bandwidth summed, the KV they hold, and a step's time."""
+
+    model: ModelShape
+    device: DeviceSpec
+    tp: int
+    peak_flops: float
+    bandwidth: float
+
+    def kv_capacity(self) -> int: ...
+
+    def step_time(self, work: StepWork) -> float: ...
+
+    def decode_run(self, rows: int, ctx0: int, growth: int, k: int) -> np.ndarray: ...
+
+    def describe(self) -> dict[str, Any]: ...
 
 
 class _VectorCost:

@@ -65,8 +65,10 @@ _H200_SRC = (
     "NVLink 900 GB/s"
 )
 _CPU_SRC = (
-    "measured here: shared/notes/cpu-decode-measurements.md, AMD EPYC (Zen 3) 2 vCPU, "
-    "AVX2+FMA, torch 2.13.0+cpu, 2 threads, state 2026-11; memory from /proc/meminfo"
+    "measured here before the project started: AMD EPYC (Zen 3) 2 vCPU, AVX2+FMA, "
+    "torch 2.13.0+cpu, 2 threads, state 2026-11: MKL fp32 matrix-vector 18.5 GB/s (copy "
+    "32 GB/s read+write, sum 35 GB/s), fp32 ~110 GFLOP/s, a Llama-style decoder of 26.4M params "
+    "14.7 ms per batch-1 decode step; memory from /proc/meminfo"
 )
 
 
@@ -89,7 +91,8 @@ DEVICES: dict[str, DeviceSpec] = {
         _sxm("H200-SXM", 141e9, 4.8e12, _HOPPER, 900e9, _H200_SRC),
         # bandwidth: MKL fp32 matrix-vector, the best rate a decode step's weight reads reach
         # (copy 32 GB/s read+write and sum 35 GB/s are kept in notes as the other references).
-        # peak ~110 GFLOP/s fp32, so B* = 2 x 110 / 18.5 ~ 12 (the note: 7-12, knee observed ~4).
+        # peak ~110 GFLOP/s fp32, so B* = 2 x 110 / 18.5 ~ 12 (7 against the copy bandwidth;
+        # MKL's small-batch kernels put the observed knee at ~4).
         # step_overhead_s: config S at batch 1 takes 14.7 ms for 105 MB of weights (5.7 ms at
         # 18.5 GB/s): ~9 ms of Python/dispatch per step. M and L sit 13-22 ms above the
         # roofline, so for them it is a lower bound. No interconnect: tp must stay 1.

@@ -16,6 +16,7 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp8": 1}
 _DTYPE_ALIASES: dict[str, str] = {
     "float32": "fp32",
     "bfloat16": "bf16",
+    "float64": "fp64",
     "float8": "fp8",
     "float8_e4m3fn": "fp8",
     "e4m3": "fp8",
@@ -23,9 +24,16 @@ _DTYPE_ALIASES: dict[str, str] = {
 _BYTES_DTYPE: dict[int, str] = {b: d for d, b in DTYPE_BYTES.items()}
 
 
+def dtype_key(dtype: str) -> str:
+    """A dtype's short name, whichever way it is spelled (``'bfloat16'`` -> ``'bf16'``,
+    ``'float64'`` -> ``'fp64'``), unchecked: the registry's dtypes are :data:`DTYPE_BYTES`'
+    (:func:`canonical_dtype`), the real engine's its torch table's."""
+    return _DTYPE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
+
+
 def canonical_dtype(dtype: str) -> str:
     """``'bfloat16'`` -> ``'bf16'`` etc.; ValueError naming the valid dtypes otherwise."""
-    d = _DTYPE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
+    d = dtype_key(dtype)
     if d not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
     return d
@@ -193,7 +201,8 @@ MODELS: dict[str, ModelShape] = {
     for m in (
         # name, layers, hidden, heads, kv_heads, ffn
         ModelShape("tiny", 2, 64, 4, 2, 176, **{**_CPU, "vocab": 256, "max_context": 512}),  # unit tests
-        # S / M / L of shared/notes/cpu-decode-measurements.md (26.4M / 117.2M / 392.2M params)
+        # S / M / L, the shapes this CPU's device entry was measured on (costs/devices.py,
+        # cpu-here): 26.4M / 117.2M / 392.2M params
         ModelShape("cpu-s", 8, 512, 8, 2, 1376, **_CPU),
         ModelShape("cpu-m", 12, 768, 12, 4, 3328, **_CPU),
         ModelShape("cpu-l", 24, 1024, 16, 4, 4352, **_CPU),

@@ -11,8 +11,14 @@ from typing import Any
 import numpy as np
 
 from .base import _VectorCost
-from .devices import DeviceSpec, get_device
+from .devices import DeviceSpec, Machine, get_device, machine_of, same_machine
 from .models import ModelShape, canonical_dtype, get_model
+
+#: Where the committed profiles live (``data/profiles``, data/README.md): measured by
+#: ``python -m batching measure`` (one file per machine and model), and under ``gpu/`` the
+#: profiles derived from published GPU operator tables.
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "data" / "profiles"
+GPU_PROFILE_DIR = PROFILE_DIR / "gpu"
 
 
 class ProfileError(ValueError):
@@ -422,3 +428,14 @@ class ProfileCost(_VectorCost):
             "attn_s_per_pair": self.attn_s,
             "mixed_estimate": "grid" if self.mixed_grid is not None else "additive",
         }
+
+
+def profile_measured_here(model: str, here: Machine, directory: str | Path | None = None) -> str | None:
+    """The committed profile of ``model`` measured on the machine ``here`` (its CPU model and
+    threads, or its GPU), or None: every CPU's profile is filed as cpu-here, and another CPU's
+    would price steps this one does not take."""
+    for f in sorted(Path(directory or PROFILE_DIR).glob("*.json")):
+        meta = json.loads(f.read_text()).get("meta", {})
+        if meta.get("model") == model and same_machine(machine_of(meta), here):
+            return str(f)
+    return None

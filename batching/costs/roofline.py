@@ -6,11 +6,57 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..plan import StepWork
 from .base import MEM_RESERVE, _VectorCost
 from .devices import DeviceSpec
 from .models import ModelShape
+
+
+def bstar(peak_flops: float, bandwidth: float, bytes_per_param: float) -> float:
+    """B* = peak x bytes per weight / (2 x bandwidth): the batch at which a decode step's
+    2 FLOPs per weight per row take as long as streaming the weights once."""
+    if not (peak_flops > 0 and bandwidth > 0 and bytes_per_param > 0):
+        raise ValueError(f"peak={peak_flops}, bandwidth={bandwidth}, bytes={bytes_per_param}: must be > 0")
+    return float(peak_flops * bytes_per_param / (2.0 * bandwidth))
+
+
+def decode_curve(
+    shape: ModelShape,
+    batches: ArrayLike,
+    ctx: int,
+    bandwidth: float,
+    peak_flops: float,
+    overhead_s: float = 0.0,
+    points: int = 0,
+) -> dict[str, np.ndarray]:
+    """The roofline of one decode step of ``b`` rows of ``ctx`` KV tokens each on one device
+    of ``bandwidth`` and ``peak_flops``, at each of ``batches`` (or, with ``points`` > 1, that
+    many batches spread geometrically over them): a measured device's rates or a datasheet's
+    (:meth:`RooflineCost.curve`).
+
+    Arrays, times in s: ``batch``, ``weights_s`` (the weight stream alone), ``memory_s``
+    (weights and KV), ``compute_s``, ``time_s`` = max(memory, compute) + ``overhead_s``
+    (``RooflineCost.decode_step`` on one device), ``tokens_per_s`` and ``bound`` (1 where
+    compute binds).
+    """
+    b = np.asarray(batches, dtype=np.float64)
+    if points > 1:
+        b = np.geomspace(b[0], b[-1], points)
+    z = np.zeros_like(b)
+    mem = shape.bytes_arrays(z, z, b, b * float(ctx)) / bandwidth
+    cmp = shape.flops_arrays(z, z, b, b * float(ctx)) / peak_flops
+    t = np.maximum(mem, cmp) + overhead_s
+    return {
+        "batch": b,
+        "weights_s": np.full_like(b, shape.weight_read_bytes / bandwidth),
+        "memory_s": mem,
+        "compute_s": cmp,
+        "time_s": t,
+        "tokens_per_s": b / t,
+        "bound": (cmp > mem).astype(float),
+    }
 
 
 class RooflineCost(_VectorCost):
@@ -71,7 +117,15 @@ class RooflineCost(_VectorCost):
 
     def bstar(self) -> float:
         """Batch where decode turns compute-bound: peak x bytes per weight / (2 x bandwidth)."""
-        return self.device_peak * self.model.bytes_per_param / (2 * self.device.bandwidth)
+        return bstar(self.device_peak, self.device.bandwidth, self.model.bytes_per_param)
+
+    def curve(self, batches: ArrayLike, ctx: int, points: int = 0) -> dict[str, np.ndarray]:
+        """:func:`decode_curve` of this model on one of these devices, step overhead included."""
+        if self.tp != 1:
+            raise ValueError(f"curve() is the single-device roofline: tp is {self.tp}")
+        return decode_curve(
+            self.model, batches, ctx, self.bandwidth, self.peak_flops, self.device.step_overhead_s, points
+        )
 
     def decode_step(self, batch: int = 1, ctx: int = 1) -> float:
         """Seconds of one decode step of ``batch`` rows with ``ctx`` KV tokens each (quick checks)."""

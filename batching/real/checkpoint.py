@@ -8,6 +8,7 @@ rotate-half ``[heads, head_dim]``, so no row permutation. Needs ``safetensors`` 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,13 @@ def save_hf_tokenizer(path: str | Path, vocab: int) -> Path:
     ``t{i}`` (a prompt of N ids is N words, no BOS) and EOS (``<eos>``) is :data:`EOS_ID`; every
     id is one of the model's logits. Needs ``transformers`` (``bench``)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+
+    # Importing transformers imports huggingface_hub, which imports tqdm.auto: in a Jupyter
+    # kernel without ipywidgets that warns "IProgress not found" (once per process), about a
+    # progress bar that nothing here shows.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        from transformers import PreTrainedTokenizerFast
 
     words = {f"t{i}": i for i in range(vocab)}
     del words[f"t{EOS_ID}"]

@@ -14,6 +14,7 @@ import torch
 from ..costs import RooflineCost
 from ..costs.devices import get_device
 from ..costs.models import ModelShape, get_model
+from ..costs.unit import STEP_S
 from ..engine import RunResult, StepResult, run
 from ..plan import StepPlan
 from ..request import Request, RequestError
@@ -21,19 +22,9 @@ from ..schedulers.base import Scheduler
 from ..workloads import Workload
 from .checkpoint import load_hf_checkpoint, read_config
 from .hardware import device_entry, device_name, machine, resolve_device, set_threads, synchronize
-from .kernels import DTYPES, LinearPlan, plan_for
+from .kernels import DTYPES, LinearPlan, dtype_name, plan_for, torch_dtype
 from .model import default_dtype
 from .runner import ModelRunner, check_model_fits
-
-_DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp64": torch.float64,
-    "float64": torch.float64,
-}
-REGISTRY_DTYPE: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
 def resolve_dtype(dtype: str | None, device: torch.device, shape: ModelShape | None = None) -> torch.dtype:
@@ -46,9 +37,9 @@ def resolve_dtype(dtype: str | None, device: torch.device, shape: ModelShape | N
             raise ValueError("dtype='auto' needs the model's shape")
         return DTYPES[kernel_plan(shape, device, "auto").dtype]
     try:
-        return _DTYPES[str(dtype).lower()]
-    except KeyError:
-        raise ValueError(f"dtype={dtype!r}: must be auto or one of {', '.join(_DTYPES)}") from None
+        return torch_dtype(dtype)
+    except ValueError:
+        raise ValueError(f"dtype={dtype!r}: must be auto or one of {', '.join(DTYPES)}") from None
 
 
 def kernel_plan(shape: ModelShape, device: torch.device, dtype: str | torch.dtype | None) -> LinearPlan:
@@ -65,7 +56,7 @@ def kernel_plan(shape: ModelShape, device: torch.device, dtype: str | torch.dtyp
 def hardware_cost(runner: ModelRunner) -> RooflineCost | None:
     """The registry roofline behind hardware utilization (FLOPs, bytes, peak, bandwidth; never
     durations). None for an unknown GPU, float64 or a model of other sizes: none reported."""
-    cfg, dt, entry = runner.cfg, REGISTRY_DTYPE.get(runner.dtype), device_entry(runner.device)
+    cfg, dt, entry = runner.cfg, dtype_name(runner.dtype), device_entry(runner.device)
     try:
         shape = get_model(cfg.name)
         keys = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "tied_embeddings")
@@ -90,7 +81,7 @@ class RealExecutor:
     ) -> None:
         self.runner = runner
         self.device = runner.device
-        self.hardware = hardware_cost(runner)
+        self.utilization_basis = hardware_cost(runner)
         self.steps = 0
         self.warmup_s = 0.0
         if warmup:
@@ -148,7 +139,7 @@ class RealExecutor:
             "seed": r.seed,
             "rope_theta": r.cfg.rope_theta,
             "warmup_s": self.warmup_s,
-            "hardware": None if self.hardware is None else self.hardware.device.name,
+            "hardware": None if self.utilization_basis is None else self.utilization_basis.device.name,
         }
 
 
@@ -163,13 +154,13 @@ class StepClock:
         self.measured: list[float] = []
 
     @property
-    def hardware(self) -> RooflineCost | None:
-        return self.inner.hardware
+    def utilization_basis(self) -> RooflineCost | None:
+        return self.inner.utilization_basis
 
     def execute(self, plan: StepPlan) -> StepResult:
         res = self.inner.execute(plan)
         self.measured.append(res.duration)
-        return StepResult(duration=1.0, token_ids=res.token_ids)
+        return StepResult(duration=STEP_S, token_ids=res.token_ids)
 
     def decode_run(self, plan: StepPlan, k: int) -> None:
         return None

@@ -10,7 +10,8 @@ rows gets the fastest path (:func:`choose`, deterministic given the timings):
 
 * ``aten``: ``F.linear(x, W)`` (MKL or oneDNN, as torch dispatches it);
 * ``wx``: ``(W @ x.T).T``, which keeps MKL's fp32 product flat to about 4 rows where
-  ``F.linear`` doubles from 1 to 2 (shared/notes/cpu-decode-measurements.md);
+  ``F.linear`` doubles from 1 to 2 (214 MB of fp32 weights on the project's AMD EPYC:
+  15.4 / 14.5 / 14.9 ms at 1 / 2 / 4 rows, against 14.9 / 29.4 / 48.1 ms);
 * ``split`` (one row only): the transposed weight split one piece per thread, one ``bmm``,
   summed (MKL runs a one-row product on a single thread);
 * ``dnnl``: oneDNN with the weight reordered once into its blocked layout (what
@@ -39,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..costs.models import ModelShape
+from ..costs.models import ModelShape, dtype_key
 from ..results import busy_cpu_s
 
 #: Every path, in the order a tie goes (the plainest first).
@@ -70,6 +71,15 @@ PROBE_BYTES = 512 * 2**20
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 #: Bumped when the probe or the choice changes meaning: older cache files are ignored.
 PROBE_VERSION = 1
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of ``name``, spelled as the registry, plans and profiles spell it
+    (``fp32``, ``bf16``, ``fp64``) or as torch does (``float32``, ``bfloat16``, ``float64``)."""
+    try:
+        return DTYPES[dtype_key(name)]
+    except KeyError:
+        raise ValueError(f"dtype={name!r}: must be one of {', '.join(DTYPES)}") from None
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -460,7 +470,7 @@ def plan_for(shape: ModelShape, device: torch.device | str, dtype: torch.dtype |
     (or None), the faster of the two chosen."""
     dev = torch.device(device)
     if isinstance(dtype, str) and dtype != "auto":
-        dtype = DTYPES.get(dtype.lower()) or _bad_dtype(dtype)
+        dtype = DTYPES.get(dtype_key(dtype)) or _bad_dtype(dtype)
     if dev.type != "cpu":
         return LinearPlan.fixed("aten", dtype_name(dtype) if isinstance(dtype, torch.dtype) else "bf16")
     if dtype == torch.float64:

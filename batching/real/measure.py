@@ -22,7 +22,7 @@ from ..costs.models import ModelShape, get_model
 from ..plan import PrefillChunk, StepPlan
 from ..request import Request
 from ..results import load_average
-from .executor import REGISTRY_DTYPE, kernel_plan, resolve_dtype
+from .executor import kernel_plan, resolve_dtype
 from .hardware import (
     DeviceEntry,
     device_entry,
@@ -32,7 +32,7 @@ from .hardware import (
     resolve_device,
     synchronize,
 )
-from .kernels import apply, dnnl_available, prepare, split_ways
+from .kernels import apply, dnnl_available, dtype_name, prepare, split_ways
 from .model import Llama
 from .runner import SPAN_PER_ROW, ModelRunner
 
@@ -120,17 +120,35 @@ def bandwidth(device: torch.device, dtype: torch.dtype, nbytes: int, reps: int =
     return out
 
 
+#: The longest one product of :func:`matmul_peak` may take (s): where ``n`` would take longer
+#: (bf16 on a CPU without AVX-512 BF16 or AMX runs at ~1-3 GFLOP/s, so a 2,048-cubed product
+#: takes minutes), the size halves until it fits, down to :data:`PEAK_MIN_N`.
+PEAK_BUDGET_S = 2.0
+PEAK_MIN_N = 256
+
+
 @torch.inference_mode()
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, reps: int = 5) -> dict[str, float]:
-    """FLOP/s of an n x n x n matrix product."""
-    a = torch.rand(n, n, device=device).to(dtype)
-    b = torch.rand(n, n, device=device).to(dtype)
-    ts = time_fn(lambda: a @ b, device, reps)
+    """FLOP/s of an n x n x n matrix product. On a CPU at most ``n``: the size is halved while
+    one product would take longer than :data:`PEAK_BUDGET_S` (estimated from one timed product
+    at :data:`PEAK_MIN_N`, the time growing as the cube of the size; a GPU's small product
+    times its launch, not its arithmetic). ``n`` in the result is the size measured."""
+    if device.type == "cpu" and n > PEAK_MIN_N:
+        t_small = min(time_fn(_product(device, dtype, PEAK_MIN_N), device, 1, warmup=1))
+        while n > PEAK_MIN_N and t_small * (n / PEAK_MIN_N) ** 3 > PEAK_BUDGET_S:
+            n //= 2
+    ts = time_fn(_product(device, dtype, n), device, reps)
     return {
         "n": n,
         "TFLOPs_best": 2 * n**3 / min(ts) / 1e12,
         "TFLOPs_median": 2 * n**3 / statistics.median(ts) / 1e12,
     }
+
+
+def _product(device: torch.device, dtype: torch.dtype, n: int) -> Callable[[], Any]:
+    a = torch.rand(n, n, device=device).to(dtype)
+    b = torch.rand(n, n, device=device).to(dtype)
+    return lambda: a @ b
 
 
 @torch.inference_mode()
@@ -294,7 +312,7 @@ def target(
     ``auto``: the faster for ``shape`` here)."""
     dev = resolve_device(device)
     tdt = resolve_dtype(dtype, dev, shape)
-    if tdt not in REGISTRY_DTYPE:
+    if tdt not in (torch.float32, torch.bfloat16):
         raise ValueError(f"dtype={dtype!r}: profiles are fp32 or bf16")
     return dev, device_entry(dev), tdt
 
@@ -316,7 +334,7 @@ def rig(
     which the plan records). Probes first: their buffers (twice ``bandwidth_bytes``, default the weights' bytes) are
     freed before the slabs take the memory (an 8B profile's fill most of an H200)."""
     (dev, entry, tdt), load0, t0 = at, load_average(), time.perf_counter()
-    nbytes = bandwidth_bytes or shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
+    nbytes = bandwidth_bytes or shape.with_dtype(dtype_name(tdt)).weight_read_bytes
     bw = bandwidth(dev, tdt, nbytes)
     peak = matmul_peak(dev, tdt, peak_n or (2048 if dev.type == "cpu" else 8192))
     if dev.type == "cuda":
@@ -395,7 +413,7 @@ def measure(
         auto=str(dtype).lower() == "auto",
     )
     runner, bw, peak = rg.runner, rg.bw, rg.peak
-    weight_bytes = shape.with_dtype(REGISTRY_DTYPE[tdt]).weight_read_bytes
+    weight_bytes = shape.with_dtype(dtype_name(tdt)).weight_read_bytes
     timer = StepTimer(runner, reps, pool=True)
     grid: list[list[Any]] = [[None] * len(ctxs) for _ in batches]
     pre: list[Any] = [None] * len(prefill_tokens)
@@ -422,7 +440,7 @@ def measure(
             "meta": {
                 **rg.where(),
                 "model": shape.name,
-                "dtype": REGISTRY_DTYPE[tdt],
+                "dtype": dtype_name(tdt),
                 "element_bytes": tdt.itemsize,
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                 "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
@@ -451,7 +469,7 @@ def measure(
                 decode_ctx=[c for _, _, c in mixed],
             ),
         }
-        if (spec := rg.spec(REGISTRY_DTYPE[tdt])) is not None:
+        if (spec := rg.spec(dtype_name(tdt))) is not None:
             doc["meta"]["device_spec"] = spec
         if prefill_rows:
             doc["prefill_rows"] = section(

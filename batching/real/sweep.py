@@ -10,13 +10,14 @@ import numpy as np
 
 from ..costs.models import get_model
 from .attention import decode_kernel
-from .executor import REGISTRY_DTYPE
 from .hardware import available_bytes, resolve_device
+from .kernels import dtype_name
 from .measure import StepTimer, rig, stats, target
 from .runner import SPAN_PER_ROW
 
 #: Model and batch sizes per device type: on the CPU cpu-m is bandwidth-bound, cpu-s dominated
-#: by per-step overhead (shared/notes/cpu-decode-measurements.md).
+#: by per-step overhead (~9 ms of its 14.7 ms batch-1 step: the cpu-here entry's comment in
+#: :mod:`batching.costs.devices`).
 LIVE_DEFAULTS: dict[str, tuple[str, tuple[int, ...]]] = {
     "cpu": ("cpu-m", (1, 2, 4, 8, 16, 32, 64, 128)),
     "cuda": ("llama-8b", (1, 2, 4, 8, 16, 32, 64, 128, 256)),
@@ -77,7 +78,7 @@ def decode_sweep(
     name, bs = live_defaults(dev0.type, model, batches, free)
     base = get_model(name)
     dev, entry, tdt = at = target(device, dtype, base)
-    shape = base.with_dtype(REGISTRY_DTYPE[tdt])
+    shape = base.with_dtype(dtype_name(tdt))
     if not (isinstance(ctx, int) and ctx >= 2 and ctx * 3 // 2 + 2 <= shape.max_context):
         raise ValueError(f"ctx={ctx!r}: must be an integer >= 2 with 1.5 x ctx inside {name}'s context")
     paths = decode_paths(graphs=dev.type == "cuda", gathers=dev.type != "cpu" or decode_kernel() is None)
@@ -129,7 +130,7 @@ def decode_sweep(
         "decode_attention": r.runner.decode_attention,
         "kernels": plan.to_dict(),
         # Batch 1 runs another kernel than batch 2 (the CPU's one-row product, say): the
-        # claim is then read from batch 2 (batching.book.decode.base_batch).
+        # claim is then read from batch 2 (batching.book.decode.base_index).
         "linear_split": plan.lookup(1)[0] != plan.lookup(2)[0],
         "matvec_layout": r.bw["matvec"]["layout"],
     }

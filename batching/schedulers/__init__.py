@@ -32,7 +32,7 @@ def make_scheduler(
     *,
     max_context: int,
     slots: int = 32,
-    timeout: float = 0.0,
+    max_wait: float = 0.0,
     prefill_mode: str = "mixed",
     token_budget: int = 512,
     chunk_size: int | None = None,
@@ -40,12 +40,12 @@ def make_scheduler(
     kv_policy: str = "slab",
 ) -> Scheduler:
     """A scheduler by name with the CLI's option names (``slots``: static and dynamic batch
-    size; ``timeout``: their timeout / max wait)."""
+    size; ``max_wait``: how long the oldest waiting request may wait for its batch to fill)."""
     kv: dict[str, Any] = {"kv_capacity": kv_capacity, "kv_policy": kv_policy}
     if name == "static":
-        return StaticScheduler(slots, max_context, timeout=timeout, **kv)
+        return StaticScheduler(slots, max_context, max_wait=max_wait, **kv)
     if name == "dynamic":
-        return DynamicScheduler(slots, max_context, max_wait=timeout, **kv)
+        return DynamicScheduler(slots, max_context, max_wait=max_wait, **kv)
     if name == "continuous":
         return ContinuousScheduler(slots, max_context, prefill_mode=prefill_mode, **kv)
     if name == "chunked":

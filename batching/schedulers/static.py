@@ -81,7 +81,7 @@ class DenseBatchScheduler(Scheduler):
 
 class StaticScheduler(DenseBatchScheduler):
     """Batches are sealed when they hold ``batch_size`` requests or the oldest has waited
-    ``timeout`` seconds; a sealed batch waits for the executor, and later arrivals go to
+    ``max_wait`` seconds (its timeout); a sealed batch waits for the executor, and later arrivals go to
     the next batch."""
 
     name = "static"
@@ -90,22 +90,22 @@ class StaticScheduler(DenseBatchScheduler):
         self,
         batch_size: int,
         max_context: int,
-        timeout: float = 0.0,
+        max_wait: float = 0.0,
         kv_capacity: float = math.inf,
         kv_policy: str = "slab",
     ) -> None:
         super().__init__(batch_size, max_context, kv_capacity, kv_policy)
-        self.timeout = number("timeout", timeout, unit="seconds")
+        self.max_wait = number("max_wait", max_wait, unit="seconds")
         self.forming: list[Request] = []
         self.sealed: deque[list[Request]] = deque()
 
     def config(self) -> dict:
-        return {**super().config(), "timeout": self.timeout}
+        return {**super().config(), "max_wait": self.max_wait}
 
     def _seal_due(self, t: float, strict: bool = False) -> None:
         if not self.forming:
             return
-        due = self.forming[0].arrival + self.timeout
+        due = self.forming[0].arrival + self.max_wait
         if due < t if strict else due <= t:
             self.sealed.append(self.forming)
             self.forming = []
@@ -127,7 +127,7 @@ class StaticScheduler(DenseBatchScheduler):
         return self.sealed.popleft() if self.sealed else []
 
     def wakeup(self) -> float | None:
-        return self.forming[0].arrival + self.timeout if self.forming else None
+        return self.forming[0].arrival + self.max_wait if self.forming else None
 
     @property
     def has_work(self) -> bool:

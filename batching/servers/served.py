@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics import SLO, _dist, goodput
+from ..metrics import SLO, distribution, goodput
 from ..results import SCHEMA, run_meta
 
 # Request outcomes; every one but "ok" is counted in the summary and printed.
@@ -210,15 +210,15 @@ def summarize(
         **{k: None for k in _STEP_FIELDS},
         "request_throughput": len(ok) / window if window else None,
         "output_throughput": out_tokens / window if window else None,
-        "queue": _dist(np.array([], dtype=float)),
-        "ttft": _dist(col("ttft")),
-        "tpot": _dist(col("tpot")),
-        "e2e": _dist(col("e2e")),
-        "itl": _dist(itl),
+        "queue": distribution(np.array([], dtype=float)),
+        "ttft": distribution(col("ttft")),
+        "tpot": distribution(col("tpot")),
+        "e2e": distribution(col("e2e")),
+        "itl": distribution(itl),
         # From the send (vLLM's origin), and vLLM's ITL: the gaps between streamed chunks.
-        "ttft_from_send": _dist(col("ttft_from_send")),
-        "e2e_from_send": _dist(col("e2e_from_send")),
-        "itl_chunks": _dist(itl_chunks),
+        "ttft_from_send": distribution(col("ttft_from_send")),
+        "e2e_from_send": distribution(col("e2e_from_send")),
+        "itl_chunks": distribution(itl_chunks),
         "excluded": {k: dict(sorted(v.items())) for k, v in excluded.items()},
         # The load generator's own delay: when it, not the server, set the latency.
         "dispatch_lateness": {

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,14 @@ def write_tokenizer(folder: str | Path, vocab: int) -> Path:
     """A word-level tokenizer ``t0 .. t{vocab-1}`` plus an unreachable EOS (id ``vocab``),
     saved as ``PreTrainedTokenizerFast`` files beside the checkpoint."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+
+    # Importing transformers imports huggingface_hub, which imports tqdm.auto: in a Jupyter
+    # kernel without ipywidgets that warns "IProgress not found" (once per process), about a
+    # progress bar that nothing here shows; the measured page, which makes its checkpoint
+    # here (batching.book.serve), would print it.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        from transformers import PreTrainedTokenizerFast
 
     words = {f"t{i}": i for i in range(vocab)}
     words[EOS] = vocab
@@ -56,14 +64,13 @@ def prepare_checkpoint(folder: str | Path, model: str = "tiny", seed: int = 0) -
     (written once; the weights depend only on ``model`` and ``seed``)."""
     folder = Path(folder)
     if not (folder / "model.safetensors").exists() or not (folder / "tokenizer.json").exists():
-        import torch
-
         from ..costs.models import get_model
-        from ..real.checkpoint import save_hf_checkpoint
+        from ..real.checkpoint import save_hf_checkpoint  # torch loads here, after batching.real
+        from ..real.kernels import DTYPES
         from ..real.model import Llama, ModelConfig
 
         shape = get_model(model)
-        save_hf_checkpoint(Llama(ModelConfig.from_shape(shape), "cpu", torch.float32, seed=seed), folder)
+        save_hf_checkpoint(Llama(ModelConfig.from_shape(shape), "cpu", DTYPES["fp32"], seed=seed), folder)
         write_tokenizer(folder, shape.vocab)
     return folder
 
@@ -92,7 +99,9 @@ def transformers_serve(
     checkpoint: str | Path, *, threads: int | None = None, log: str | Path | None = None
 ) -> Iterator[Server]:
     """Start ``transformers serve CHECKPOINT --continuous-batching`` on a free loopback port,
-    wait until ``/v1/models`` answers, and stop its process group on exit."""
+    wait until ``/v1/models`` answers, and stop its process group on exit. The server gets
+    this engine's thread and huge-page settings (:data:`batching.real.ENV_DEFAULTS`) unless
+    the environment sets them."""
 
     port, startup_timeout_s = free_port(), 120.0
     ckpt = str(Path(checkpoint).resolve())
@@ -103,7 +112,9 @@ def transformers_serve(
         )
     cmd = [exe, "serve", ckpt, "--continuous-batching", "--device", "cpu", "--dtype", "float32"]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *CPU_CB_FLAGS]
-    env = dict(os.environ)
+    from ..real import ENV_DEFAULTS  # the thread and huge-page settings this engine runs with
+
+    env = {**ENV_DEFAULTS, **os.environ}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     log_path = Path(log) if log else Path(ckpt) / "serve.log"

@@ -35,8 +35,11 @@ def have_vllm(venv: Path = VLLM_VENV) -> bool:
 
 def vllm_env(threads: int = 2, kv_cache_gb: int = 1) -> dict[str, str]:
     """vLLM's processes' environment: its CPU KV cache in GB, ``threads`` unbound OpenMP
-    threads (binding to cores fails on a shared VM), offline, no usage reports."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    threads (binding to cores fails on a shared VM), offline, no usage reports, and this
+    engine's thread and huge-page settings (:data:`batching.real.ENV_DEFAULTS`) unless set."""
+    from ..real import ENV_DEFAULTS
+
+    env = {k: v for k, v in {**ENV_DEFAULTS, **os.environ}.items() if k != "OMP_WAIT_POLICY"}
     env.update(
         VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gb),
         VLLM_CPU_OMP_THREADS_BIND="nobind",

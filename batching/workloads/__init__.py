@@ -7,7 +7,7 @@ a real trace), its token-length distributions (``lengths``) and the trace loader
 from __future__ import annotations
 
 from .errors import WorkloadError
-from .traces import TraceError, load_trace
+from .traces import TraceError, load_trace, trace_workload
 from .workload import PRESETS, Workload, gamma_arrivals, poisson_arrivals, preset, synthetic
 
 __all__ = [
@@ -20,4 +20,5 @@ __all__ = [
     "poisson_arrivals",
     "preset",
     "synthetic",
+    "trace_workload",
 ]

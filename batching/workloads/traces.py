@@ -329,3 +329,9 @@ def load_trace(path_or_name: str | Path, *, download: bool = False, **options: o
         f"{path}: cannot tell the trace format from extension {suffix!r} "
         f"(.csv = Azure, .jsonl = Mooncake, either optionally .gz); named traces: {', '.join(TRACES)}"
     )
+
+
+def trace_workload(name: str, limit: int | None = None, max_context: int = 8192) -> Workload:
+    """The first ``limit`` requests of a named trace, each capped to ``max_context`` (a model's
+    context); how many were capped is in ``info["capped"]``."""
+    return load_trace(name, limit=limit).cap_to_context(max_context, mode="cap")[0]

@@ -130,7 +130,7 @@ def chunk_roofline_figure(chunks: np.ndarray, step_s: np.ndarray, decode_s: floa
 
 
 def chunk_profile_figure(curves: Sequence[Mapping[str, Any]]) -> Figure:
-    """7.3, measured: for each :func:`~batching.book.chunked_real.profile_chunk_steps` curve, the step
+    """7.3, measured: for each :func:`~batching.book.chunked.profile_chunk_steps` curve, the step
     carrying running decodes and one prefill chunk over the decode-only step (the running
     requests' ITL multiplier, left) and the chunk's prefill throughput as a share of the best
     measured (right), against the chunk size; dotted: each profile's B*."""

@@ -193,7 +193,7 @@ def iterations_figure(its: Mapping[str, Mapping[str, np.ndarray]], probe: int) -
 def capacity_figure(
     rows: Sequence[Mapping[str, Any]], trace_rate: float, slo_labels: Mapping[str, str]
 ) -> Figure:
-    """Capacity at a latency target (:func:`batching.book.capacity.capacity_table`): per
+    """Capacity at a latency target (:func:`batching.capacity.capacity_table`): per
     configuration one bar per SLO (labelled by ``slo_labels``), the sustained request rate
     written at its end, and the trace's own rate (req/s) dotted for scale."""
     configs = list(dict.fromkeys(r["config"] for r in rows))

@@ -12,9 +12,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ..common import KINDS
+from ...steplog import KINDS, Segment
 from ..plots import PHASE_COLORS, SCHEDULER_COLORS, WIDTH, box, legend_patches, log2_x, note, percent_axis
-from ..static import Segment
 
 #: The padding figures' bar colours: unpadded prefills light blue, padded ones orange.
 _UNPADDED_COLOR = "#7fb3d5"

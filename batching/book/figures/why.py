@@ -12,9 +12,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from ...costs.knee import KNEE_FACTOR
 from ..common import machine_label
 from ..plots import PHASE_COLORS, POLICY_COLORS, SOURCE_COLORS, WIDTH, box, log2_x, log_ticks, log_y, note
-from ..why import KNEE_FACTOR
 
 #: The measured decode paths (equal or mixed contexts, contiguous or gathered slabs) and the
 #: roofline's lines.

@@ -1,24 +1,26 @@
-"""Capacity at a latency target (7.2 and 7.3): the highest request rate a scheduler sustains.
+"""Capacity at a latency target: the highest request rate a scheduler configuration sustains.
 
 Sarathi-Serve's measure (Agrawal et al., OSDI 2024, section 5.1): the largest request rate at
 which a configuration keeps its p99 inter-token latency under an SLO and its median queueing
 delay under 2 s; strict = 5x and relaxed = 25x one decode step of 32 rows at 4,096 tokens of
 context. The rate is swept by replaying the same requests faster (:meth:`Workload.scale`),
 keeping the trace's burstiness and length mix. A run whose queue grows over the replay is
-*unstable*: its percentiles depend on the replay's length, so :func:`meets` never accepts it.
+*unstable* (:func:`~batching.metrics.queue_growth`): its percentiles depend on the replay's
+length, so :func:`meets` never accepts it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from ..plan import StepWork
-from ..workloads import Workload
-from .common import metrics, offered_rate, simulate
+from .costs.base import CostModel
+from .metrics import queue_growth, run_metrics
+from .parallel import pmap
+from .plan import StepWork
+from .simulate import offered_rate, simulate
+from .workloads import Workload
 
 #: SLO multipliers of the decode step time (Sarathi-Serve, section 5.1).
 STRICT_X = 5.0
@@ -28,10 +30,6 @@ SLO_BATCH = 32
 SLO_CONTEXT = 4096
 #: Median queueing delay a configuration may have at its capacity (s).
 QUEUE_P50_MAX_S = 2.0
-#: A queue "grows" when the last fifth of the arrivals waits this much longer (median, s)...
-GROWTH_S = 2.0
-#: ...and at least this many times as long as the first fifth.
-GROWTH_X = 2.0
 
 #: The six configurations of the capacity figure. Continuous and chunked batching run up to 256
 #: sequences (vLLM's default) with exact KV, so memory, not a slot cap, limits them; static and
@@ -39,8 +37,8 @@ GROWTH_X = 2.0
 #: either way (Azure conversations, llama-8b on an H100: a 2 s timeout sustained 1.6 req/s, 1 s
 #: 0.95, 0.25 s 0.64). Chunked prefill at Sarathi-Serve's two token budgets, 512 and 2,048.
 CONFIGS: dict[str, dict[str, Any]] = {
-    "static": {"scheduler": "static", "slots": 32, "timeout": 2.0, "kv_policy": "exact"},
-    "dynamic": {"scheduler": "dynamic", "slots": 32, "timeout": 0.0, "kv_policy": "exact"},
+    "static": {"scheduler": "static", "slots": 32, "max_wait": 2.0, "kv_policy": "exact"},
+    "dynamic": {"scheduler": "dynamic", "slots": 32, "max_wait": 0.0, "kv_policy": "exact"},
     "continuous, separate prefill": {
         "scheduler": "continuous",
         "slots": 256,
@@ -63,7 +61,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def slos(cost: Any, batch: int = SLO_BATCH, ctx: int = SLO_CONTEXT) -> dict[str, float]:
+def slos(cost: CostModel, batch: int = SLO_BATCH, ctx: int = SLO_CONTEXT) -> dict[str, float]:
     """The strict and relaxed p99 ITL SLOs (ms) for ``cost``'s model and device, and the decode
     step (ms) they are multiples of: ``batch`` rows of ``ctx`` KV tokens each, timed by the cost
     model's own ``step_time`` (a roofline's formula, or a measured profile's decode grid)."""
@@ -71,29 +69,18 @@ def slos(cost: Any, batch: int = SLO_BATCH, ctx: int = SLO_CONTEXT) -> dict[str,
     return {"decode_ms": d, "strict_ms": STRICT_X * d, "relaxed_ms": RELAXED_X * d}
 
 
-def queue_growth(result: Any) -> dict[str, float]:
-    """Median queueing delay (s) of the first and the last fifth of the requests by arrival,
-    and whether the queue grew between them (``growing``: 1.0 or 0.0)."""
-    reqs = sorted(result.requests, key=lambda r: (r.arrival, r.rid))
-    q = np.array(
-        [(math.nan if r.admit_time is None else r.admit_time) - r.arrival for r in reqs], dtype=float
-    )
-    k = max(1, len(q) // 5)
-    first, last = float(np.median(q[:k])), float(np.median(q[-k:]))
-    growing = last > first + GROWTH_S and last > GROWTH_X * first
-    return {"queue_first_p50": first, "queue_last_p50": last, "growing": float(growing)}
-
-
-def run_point(workload: Workload, cost: Any, config: Mapping[str, Any], time_scale: float) -> dict[str, Any]:
+def run_point(
+    workload: Workload, cost: CostModel, config: Mapping[str, Any], time_scale: float
+) -> dict[str, Any]:
     """One run of ``config`` on ``workload`` replayed ``time_scale`` times faster: its
-    :func:`~batching.book.common.metrics`, ``time_scale``, ``offered_rate`` and ``stable``."""
+    :func:`~batching.metrics.run_metrics`, ``time_scale``, ``offered_rate`` and ``stable``."""
     if not (isinstance(time_scale, (int, float)) and math.isfinite(time_scale) and time_scale > 0):
         raise ValueError(f"time_scale={time_scale!r}: must be a positive number")
     w = workload.scale(time=float(time_scale))
     cfg = dict(config)
     result = simulate(w, cost, cfg.pop("scheduler"), **cfg)
     return {
-        **metrics(result),
+        **run_metrics(result),
         "time_scale": float(time_scale),
         "offered_rate": offered_rate(w),
         "stable": not queue_growth(result)["growing"],
@@ -112,7 +99,7 @@ def meets(point: Mapping[str, Any], itl_slo_ms: float, queue_p50_max_s: float = 
 
 def capacity(
     workload: Workload,
-    cost: Any,
+    cost: CostModel,
     config: Mapping[str, Any],
     itl_slo_ms: float,
     *,
@@ -173,24 +160,52 @@ def capacity(
     }
 
 
+def _search(
+    job: tuple[Workload, CostModel, Mapping[str, Any], Mapping[str, float], dict[str, Any]],
+) -> dict[str, Any]:
+    """One configuration's :func:`capacity` under each SLO, sharing its runs (a
+    :func:`searches` job; top-level, so that a worker process can run it)."""
+    workload, cost, config, slo_ms, options = job
+    cache: dict[float, dict[str, Any]] = {}
+    return {slo: capacity(workload, cost, config, ms, cache=cache, **options) for slo, ms in slo_ms.items()}
+
+
+def searches(
+    workload: Workload,
+    cost: CostModel,
+    configs: Mapping[str, Mapping[str, Any]],
+    slo_ms: Mapping[str, float],
+    *,
+    workers: int | None = None,
+    **options: Any,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{config: {slo: capacity(...)}}``: every configuration's :func:`capacity` under every
+    SLO, one configuration per worker process (:func:`~batching.parallel.pmap`; the same
+    results whatever ``workers``). ``options`` go to :func:`capacity`."""
+    jobs = [(workload, cost, cfg, dict(slo_ms), dict(options)) for cfg in configs.values()]
+    return dict(zip(configs, pmap(_search, jobs, workers)))
+
+
 def capacity_table(
     workload: Workload,
-    cost: Any,
+    cost: CostModel,
     configs: Mapping[str, Mapping[str, Any]] = CONFIGS,
     slo_ms: Mapping[str, float] | None = None,
+    *,
+    workers: int | None = None,
     **options: Any,
 ) -> list[dict[str, Any]]:
     """Capacity of every configuration under every SLO (default: :func:`slos`' strict and
     relaxed), one row each, with the p99 ITL and median queueing delay at capacity (NaN where
-    no rate met the SLO). ``options`` go to :func:`capacity`."""
+    no rate met the SLO). ``workers`` and ``options`` go to :func:`searches`."""
     if slo_ms is None:
         s = slos(cost)
         slo_ms = {"strict": s["strict_ms"], "relaxed": s["relaxed_ms"]}
+    found = searches(workload, cost, configs, slo_ms, workers=workers, **options)
     rows = []
-    for name, cfg in configs.items():
-        cache: dict[float, dict[str, Any]] = {}
+    for name in configs:
         for slo, ms in slo_ms.items():
-            c = capacity(workload, cost, cfg, ms, cache=cache, **options)
+            c = found[name][slo]
             p = c["point"] or {"itl_p99": math.nan, "queue_p50": math.nan}
             rows.append(
                 {
@@ -204,6 +219,26 @@ def capacity_table(
                 }
             )
     return rows
+
+
+def _point(job: tuple[Workload, CostModel, Mapping[str, Any], float]) -> dict[str, Any]:
+    return run_point(*job)
+
+
+def run_points(
+    workload: Workload,
+    cost: CostModel,
+    configs: Mapping[str, Mapping[str, Any]],
+    time_scales: Sequence[float],
+    *,
+    workers: int | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """:func:`run_point` of every configuration at every time scale, ``{config: [point per
+    scale]}``, the runs spread over ``workers`` processes (:func:`~batching.parallel.pmap`)."""
+    jobs = [(workload, cost, cfg, float(k)) for cfg in configs.values() for k in time_scales]
+    points = pmap(_point, jobs, workers)
+    n = len(time_scales)
+    return {name: points[i * n : (i + 1) * n] for i, name in enumerate(configs)}
 
 
 def capacity_by_config(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

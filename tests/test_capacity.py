@@ -1,4 +1,4 @@
-"""Capacity at a latency target (batching/book/capacity.py): the SLOs by hand, the queue-growth
+"""Capacity at a latency target (batching/capacity.py): the SLOs by hand, the queue-growth
 verdict on hand-made runs, the search against a known boundary, and one small simulated case."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 from helpers import H100_8B, _gpu_profile
 
-from batching.book import capacity as cap
-from batching.costs.profile import ProfileCost
-from batching.workloads import synthetic
+from batching import capacity as cap
+from batching.costs.profile import GPU_PROFILE_DIR, ProfileCost
+from batching.workloads import synthetic, trace_workload
 from batching.workloads.lengths import LogNormal
 
 
@@ -149,7 +149,7 @@ def test_slos_on_vidurs_a100_read_its_decode_grid_at_32_rows() -> None:
 
     from batching.book import gpu
 
-    path = gpu.GPU_PROFILE_DIR / gpu.BOOK_PROFILES["a100"]
+    path = GPU_PROFILE_DIR / gpu.BOOK_PROFILES["a100"]
     doc = json.loads(path.read_text())
     dec = doc["decode"]
     row = dec["ms"][dec["batch"].index(32)]
@@ -164,8 +164,8 @@ def test_continuous_batching_serves_several_times_dynamics_traffic_on_the_measur
     SLO (the full page: about 15x measured, 12x on the H100 roofline)."""
     from batching.book import common, continuous, gpu
 
-    a100 = ProfileCost.from_json(gpu.GPU_PROFILE_DIR / gpu.BOOK_PROFILES["a100"])
-    w = common.trace_workload("azure-conv", limit=200, max_context=a100.model.max_context)
+    a100 = ProfileCost.from_json(GPU_PROFILE_DIR / gpu.BOOK_PROFILES["a100"])
+    w = trace_workload("azure-conv", limit=200, max_context=a100.model.max_context)
     configs = {k: cap.CONFIGS[k] for k in ("dynamic", "continuous, mixed prefill")}
     rows = cap.capacity_table(w, a100, configs, {"relaxed": cap.slos(a100)["relaxed_ms"]}, iters=3)
     g = continuous.capacity_gain(
@@ -174,3 +174,34 @@ def test_continuous_batching_serves_several_times_dynamics_traffic_on_the_measur
     assert g["claim"] is common.Claim.HOLDS and g["gain"] >= continuous.SEVERAL_X
     for r in rows:
         assert r["rate"] > 0 and r["itl_p99_ms"] <= r["slo_ms"]
+
+
+# ------------------------------------------------------------------ the searches on several cores
+def test_searches_give_the_same_results_on_two_workers_as_on_one():
+    """A capacity search and a sweep's runs are pure functions of their arguments: spread over
+    two spawned processes they give the very same numbers, in the same order."""
+    w = trace_workload("azure-conv", limit=40, max_context=H100_8B.model.max_context)
+    configs = {k: cap.CONFIGS[k] for k in ("dynamic", "continuous, mixed prefill")}
+    one = cap.capacity_table(w, H100_8B, configs, iters=2, workers=1)
+    two = cap.capacity_table(w, H100_8B, configs, iters=2, workers=2)
+    assert repr(one) == repr(two) and [r["config"] for r in two] == [
+        n for n in configs for _ in ("strict", "relaxed")
+    ]
+    p1 = cap.run_points(w, H100_8B, configs, [0.5, 2.0], workers=1)
+    p2 = cap.run_points(w, H100_8B, configs, [0.5, 2.0], workers=2)
+    assert repr(p1) == repr(p2) and [p["time_scale"] for p in p2["dynamic"]] == [0.5, 2.0]
+
+
+def test_workers_default_comes_from_the_environment(monkeypatch):
+    from batching.parallel import default_workers, pmap
+    from batching.validate import ConfigError
+
+    monkeypatch.delenv("BATCHING_WORKERS", raising=False)
+    assert default_workers() == 1
+    monkeypatch.setenv("BATCHING_WORKERS", "3")
+    assert default_workers() == 3
+    for bad in ("0", "two", "1.5"):
+        monkeypatch.setenv("BATCHING_WORKERS", bad)
+        with pytest.raises(ConfigError, match="BATCHING_WORKERS"):
+            default_workers()
+    assert pmap(abs, [-1, 2, -3], workers=1) == [1, 2, 3]

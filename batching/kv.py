@@ -65,6 +65,25 @@ class KVCache:
         self._reqs[req.rid] = req
         self.reserved += n
 
+    def reserve_each(self, reqs: list[Request], new_tokens: int) -> bool:
+        """``reserve(r, new_tokens)`` for every one of ``reqs``, if all of them fit at once;
+        else nothing, and False (the caller then goes one by one, preempting). One check for
+        the batch instead of one per row: a scheduler reserves every running decode each step."""
+        held, slab = self._held, self.policy == "slab"
+        fresh = [r for r in reqs if r.rid not in held] if slab else reqs
+        per_row = self.max_context if slab else new_tokens
+        need = per_row * len(fresh)
+        if need > self.free:
+            return False
+        limit = self.max_context - new_tokens
+        for r in reqs:
+            assert r.kv_tokens <= limit, (r.rid, r.kv_tokens, new_tokens)
+        for r in fresh:  # a slab already held needs nothing more
+            held[r.rid] = held.get(r.rid, 0) + per_row
+            self._reqs[r.rid] = r
+        self.reserved += need
+        return True
+
     def free_request(self, req: Request) -> None:
         self.reserved -= self._held.pop(req.rid)
         del self._reqs[req.rid]

@@ -240,3 +240,29 @@ def test_dense_batch_never_pads_past_the_context():
     R = reqs((0, 20, 50), (0, 90, 10), (0, 10, 5))
     go(R, DynamicScheduler(4, 100, max_wait=0.0))
     assert R[1].admit_time > R[0].admit_time and R[2].admit_time >= R[1].admit_time  # FCFS
+
+
+def test_reserve_each_takes_the_whole_batch_or_nothing():
+    """The scheduler's one-check reservation of every running decode: all rows at once when
+    they fit, as one reserve() each would; nothing at all when they do not (the scheduler
+    then goes row by row and preempts)."""
+    from batching.kv import KVCache
+    from batching.request import Request
+
+    a, b = Request(0, 0.0, 4, 8), Request(1, 0.0, 6, 8)
+    exact = KVCache(20, "exact", 16)
+    exact.reserve(a, 4)
+    exact.reserve(b, 6)
+    assert exact.reserve_each([a, b], 1) and exact.reserved == 12 and exact.free == 8
+    assert exact.reserve_each([a, b], 4) and exact.reserved == 20
+    assert not exact.reserve_each([a, b], 1) and exact.reserved == 20  # 2 more do not fit: nothing taken
+    exact.free_request(a)
+    exact.free_request(b)
+    exact.check_empty()
+    # Slabs: a held slab needs nothing more; a new holder takes a whole one.
+    slab = KVCache(32, "slab", 16)
+    slab.reserve(a, 4)
+    assert slab.reserve_each([a], 1) and slab.reserved == 16
+    assert slab.reserve_each([a, b], 1) and slab.reserved == 32 and slab.num_holders == 2
+    c = Request(2, 0.0, 4, 8)
+    assert not slab.reserve_each([a, b, c], 1) and slab.reserved == 32 and slab.num_holders == 2

@@ -91,9 +91,14 @@ class Scheduler:
             c.req.on_prefill(c.n, c.pad)
             if c.completes:
                 c.req.on_token(now, token_ids.get(c.req.rid) if token_ids else None)
-        for r in plan.decodes:
-            r.on_decode()
-            r.on_token(now, token_ids.get(r.rid) if token_ids else None)
+        if token_ids:
+            for r in plan.decodes:
+                r.on_decode()
+                r.on_token(now, token_ids.get(r.rid))
+        else:
+            step = [now]
+            for r in plan.decodes:  # one decode step each, checked as cheaply as a fast run
+                r.on_decode_run(step)
         self._retire(plan.emitting)
 
     def commit_run(self, plan: StepPlan, ends: Sequence[float]) -> None:
@@ -145,11 +150,13 @@ class Scheduler:
     def _reserve_decodes(self, decodes: list[Request]) -> tuple[list[Request], bool]:
         """Reserve one KV token per decode, oldest first, preempting the newest when full;
         the decodes that keep running, and whether anything was preempted."""
+        if self.kv.reserve_each(decodes, 1):
+            return list(decodes), False
         kept: list[Request] = []
         preempted = False
-        queue = list(decodes)
+        queue = deque(decodes)
         while queue:
-            r = queue.pop(0)
+            r = queue.popleft()
             while not self.kv.can_reserve(r, 1):
                 victim = self._newest()
                 self._preempt(victim)

@@ -169,6 +169,7 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
             "device": "cpu-here",
             "device_name": here.name,
             "threads": 1,
+            "machine": here.to_dict(),
             "model": "tiny",
             "dtype": "fp32",
             "date": "2026-11-30",
@@ -178,6 +179,13 @@ def test_real_schedulers_measure_the_first_finisher_and_meet_a_profile_of_this_m
     }
     (tmp_path / "cpu-here-tiny.json").write_text(json.dumps(prof))
     assert profile_measured_here("tiny", here, str(tmp_path)) == str(tmp_path / "cpu-here-tiny.json")
+    # A profile that recorded no CPU flags (written before they were kept) may be of another CPU
+    # of this name: it is not this machine's.
+    del prof["meta"]["machine"]
+    (tmp_path / "cpu-here-tiny.json").write_text(json.dumps(prof))
+    assert here.flags is None or profile_measured_here("tiny", here, str(tmp_path)) is None
+    prof["meta"]["machine"] = here.to_dict()
+    (tmp_path / "cpu-here-tiny.json").write_text(json.dumps(prof))
     # Another CPU, or this one at other threads, is another machine: its profile is not this one's.
     assert profile_measured_here("tiny", Machine("cpu", "another CPU", 1), str(tmp_path)) is None
     assert profile_measured_here("tiny", Machine("cpu", here.name, 8), str(tmp_path)) is None

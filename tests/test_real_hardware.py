@@ -128,15 +128,29 @@ def test_the_cli_turns_a_model_too_big_into_its_numbers(capsys) -> None:
 # ------------------------------------------------------------------ what the device is (issue 21)
 def test_a_cpu_is_its_model_name_and_threads_and_a_gpu_its_name(monkeypatch) -> None:
     """Every CPU is filed as cpu-here; its machine tells an AMD EPYC at 2 threads from an
-    Intel Xeon, or from the same EPYC at 8 threads."""
-    from batching.costs.devices import Machine, same_machine
+    Intel Xeon, from the same EPYC at 8 threads, and from an EPYC of other flags."""
+    from batching.costs.devices import Machine, machine_of, same_machine
 
     monkeypatch.setattr(hardware, "_proc", lambda path, key: "Intel(R) Xeon(R) Platinum 8375C")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: "amx_bf16,avx2,avx512_bf16,avx512f")
     cpu = hardware.machine(torch.device("cpu"))
-    assert cpu == Machine("cpu", "Intel(R) Xeon(R) Platinum 8375C", 8)
-    assert cpu.to_dict() == {"kind": "cpu", "name": "Intel(R) Xeon(R) Platinum 8375C", "threads": 8}
-    assert cpu.label == "Intel(R) Xeon(R) Platinum 8375C (8 threads)"
+    xeon = "Intel(R) Xeon(R) Platinum 8375C"
+    assert cpu == Machine("cpu", xeon, 8, "amx_bf16,avx2,avx512_bf16,avx512f")
+    assert cpu.to_dict() == {
+        "kind": "cpu",
+        "name": xeon,
+        "threads": 8,
+        "flags": "amx_bf16,avx2,avx512_bf16,avx512f",
+    }
+    assert machine_of({"machine": cpu.to_dict()}) == cpu
+    assert cpu.label == "Intel(R) Xeon(R) Platinum 8375C (8 threads, AMX)"
+    # One model name, two CPUs: an EPYC with AVX-512 BF16 is not one with AVX2 only, and a
+    # record written before flags were kept is neither.
+    zen4, zen3 = (Machine("cpu", "AMD EPYC", 2, f) for f in ("avx2,avx512_bf16,avx512f", "avx2"))
+    assert not same_machine(zen4, zen3) and zen3.label == "AMD EPYC (2 threads, AVX2)"
+    assert not same_machine(zen3, Machine("cpu", "AMD EPYC", 2))
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: None)
     assert hardware.device_entry(torch.device("cpu")).name == "cpu-here"  # the entry cannot tell
     epyc = Machine("cpu", "AMD EPYC", 2)
     assert not same_machine(cpu, epyc) and not same_machine(epyc, Machine("cpu", "AMD EPYC", 8))
@@ -145,6 +159,7 @@ def test_a_cpu_is_its_model_name_and_threads_and_a_gpu_its_name(monkeypatch) -> 
     monkeypatch.setattr(hardware, "_proc", lambda path, key: None)
     monkeypatch.setattr(hardware.platform, "processor", lambda: "arm")
     assert hardware.machine(torch.device("cpu")) == Machine("cpu", "arm", 8)
+    assert hardware.machine(torch.device("cpu")).label == "arm (8 threads)"
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "NVIDIA H200")
     gpu = hardware.machine(torch.device("cuda"))
     assert gpu == Machine("cuda", "NVIDIA H200") and gpu.to_dict() == {"kind": "cuda", "name": "NVIDIA H200"}

@@ -134,21 +134,33 @@ class Machine:
     kind: str  # "cpu" or "cuda"
     name: str
     threads: int | None = None  # a CPU's torch threads; None for a GPU (or where unrecorded)
+    # A CPU's flags that change which kernel wins (avx2, avx512f, avx512_bf16, amx_bf16, ...,
+    # sorted, comma-separated); None for a GPU, or in a file written before they were recorded,
+    # which is then never this machine's: CPUs of one model name differ by them.
+    flags: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON record (``meta.machine``): a GPU's has no threads."""
+        """The JSON record (``meta.machine``): a GPU's has no threads or flags."""
         d: dict[str, Any] = {"kind": self.kind, "name": self.name}
         if self.kind == "cpu":
             d["threads"] = self.threads
+            if self.flags is not None:
+                d["flags"] = self.flags
         return d
 
     @property
     def label(self) -> str:
-        """The machine as tables and legends name it: ``AMD EPYC (2 threads)``, ``NVIDIA H200``
-        (parentheses, not a comma: labels are listed with commas)."""
+        """The machine as tables and legends name it: ``AMD EPYC (2 threads, AVX2)``,
+        ``NVIDIA H200`` (parentheses, not a comma: labels are listed with commas); a record
+        without flags shows none."""
         if self.kind != "cpu" or self.threads is None:
             return self.name
-        return f"{self.name} ({self.threads} thread{'' if self.threads == 1 else 's'})"
+        isa = next((n for f, n in _ISA if f in (self.flags or "").split(",")), None)
+        return f"{self.name} ({self.threads} thread{'' if self.threads == 1 else 's'}{f', {isa}' if isa else ''})"
+
+
+#: How a label names a CPU's widest vector unit, from its flags (the first that it has).
+_ISA = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
 
 
 def machine_of(record: Mapping[str, Any]) -> Machine | None:
@@ -158,8 +170,14 @@ def machine_of(record: Mapping[str, Any]) -> Machine | None:
     ``cpu...`` or :data:`CPU_ENTRY`, says a CPU). None where the record names no device."""
     m = record.get("machine")
     if isinstance(m, Mapping):
-        threads = m.get("threads") if m["kind"] == "cpu" else None
-        return Machine(str(m["kind"]), str(m["name"]), None if threads is None else int(threads))
+        cpu = m["kind"] == "cpu"
+        threads, flags = (m.get("threads"), m.get("flags")) if cpu else (None, None)
+        return Machine(
+            str(m["kind"]),
+            str(m["name"]),
+            None if threads is None else int(threads),
+            None if flags is None else str(flags),
+        )
     name = record.get("device_name")
     if not name:
         return None
@@ -172,6 +190,7 @@ def machine_of(record: Mapping[str, Any]) -> Machine | None:
 
 
 def same_machine(a: Machine | None, b: Machine | None) -> bool:
-    """Whether two measurements ran on one machine; an unrecorded one is never the same (a page
-    must not call another machine's file this machine's)."""
+    """Whether two measurements ran on one machine (kind, name, a CPU's threads and flags); an
+    unrecorded one is never the same (a page must not call another machine's file this
+    machine's), nor a CPU without recorded flags the same as one with them."""
     return a is not None and b is not None and a == b

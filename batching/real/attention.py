@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .kernels import cpu_flags, user_cache
+from .hardware import cpu_flags
+from .kernels import user_cache
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "decode_attention.cpp"
 #: Floating-point reassociation lets the compiler vectorize the dot products and the

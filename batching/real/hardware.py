@@ -80,12 +80,26 @@ def device_name(device: torch.device) -> str:
     return _proc("/proc/cpuinfo", "model name") or platform.processor() or platform.machine()
 
 
+def cpu_flags() -> str:
+    """The CPU flags that change which kernel wins (sorted), from /proc/cpuinfo."""
+    want = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni")
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        line = ""
+    have = set(line.split(":", 1)[-1].split())
+    return ",".join(sorted(set(want) & have))
+
+
 def machine(device: torch.device) -> Machine:
     """What ``device`` is, now: a GPU's name, or the CPU's model name with the threads torch
-    uses (a profile measured with 2 threads does not price a run with 8)."""
+    uses (a profile measured with 2 threads does not price a run with 8) and the flags that
+    change which kernel wins (two "AMD EPYC"s, one with AVX-512 BF16 and one with AVX2 only,
+    run bf16 7x apart)."""
     if device.type == "cuda":
         return Machine("cuda", device_name(device))
-    return Machine("cpu", device_name(device), torch.get_num_threads())
+    return Machine("cpu", device_name(device), torch.get_num_threads(), cpu_flags())
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from ..costs.models import ModelShape, dtype_key
 from ..results import busy_cpu_s
+from .hardware import cpu_flags, device_name
 
 #: Every path, in the order a tie goes (the plainest first).
 PATHS = ("aten", "wx", "split", "dnnl")
@@ -363,22 +364,9 @@ def _probe_dtype(
 
 
 # ------------------------------------------------------------------------------ the cache
-def cpu_flags() -> str:
-    """The CPU flags that change which kernel wins (sorted), from /proc/cpuinfo."""
-    want = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "avx_vnni")
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        line = ""
-    have = set(line.split(":", 1)[-1].split())
-    return ",".join(sorted(set(want) & have))
-
-
 def machine_key(shape: ModelShape) -> dict[str, Any]:
     """What a cached probe is valid for: the CPU (model name, flags, torch's threads), torch's
     version and the model's matrix shapes."""
-    from .hardware import device_name
 
     return {
         "probe_version": PROBE_VERSION,

@@ -616,6 +616,7 @@ def main() -> None:
     from batching.real import ENV_DEFAULTS
     from batching.real.checkpoint import save_hf_checkpoint, save_hf_tokenizer
     from batching.real.executor import device_name
+    from batching.real.hardware import cpu_flags
     from batching.real.model import Llama, ModelConfig
     from batching.results import load_average
 
@@ -770,7 +771,7 @@ def main() -> None:
         "device": "cpu-here",
         "device_name": device_name(torch.device("cpu")),
         # The workers' torch threads, not this process's: what the timed steps ran on.
-        "machine": Machine("cpu", device_name(torch.device("cpu")), a.threads).to_dict(),
+        "machine": Machine("cpu", device_name(torch.device("cpu")), a.threads, cpu_flags()).to_dict(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": version("transformers"),
